@@ -1,0 +1,80 @@
+"""Shared plumbing for CLI commands: settings, the store, output and exit codes.
+
+Exit codes (every command): 0 success, 1 integrity failure, 2 usage error or
+bad input, 3 could not do it (Redis unreachable, could not verify).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+import click
+import orjson
+import redis
+
+from saga_store.connection import connect, connect_or_embedded
+from saga_store.errors import CannotVerify, InvalidInput, SagaError, StoreUnavailable
+from saga_store.settings import Settings
+from saga_store.store import Store
+
+EXIT_OK, EXIT_INTEGRITY, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
+
+
+@dataclass
+class Context:
+    redis_url: str | None
+    settings: Settings
+    _store: Store | None = field(default=None, repr=False)
+
+    def store(self) -> Store:
+        """A store on ``--redis-url`` (default address when unset); never embedded."""
+        if self._store is None:
+            url = self.redis_url or "redis://127.0.0.1:6379/0"
+            self._store = Store(connect(url), self.settings)
+        return self._store
+
+    def store_or_embedded(self) -> tuple[Store, bool]:
+        client, is_embedded = connect_or_embedded(self.redis_url)
+        self._store = Store(client, self.settings)
+        return self._store, is_embedded
+
+
+pass_ctx = click.make_pass_decorator(Context)
+
+
+def emit_json(value: Any) -> None:
+    click.echo(orjson.dumps(value, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS))
+
+
+def fail(message: str, code: int) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+@contextmanager
+def errors_to_exit() -> Iterator[None]:
+    """Map Saga Store errors to the documented exit codes with a one-line message."""
+    try:
+        yield
+    except InvalidInput as exc:
+        fail(str(exc), EXIT_USAGE)
+    except (StoreUnavailable, CannotVerify) as exc:
+        fail(str(exc), EXIT_UNAVAILABLE)
+    except redis.RedisError as exc:
+        fail(f"Redis error: {exc}; check the server and SAGA_REDIS_URL", EXIT_UNAVAILABLE)
+    except SagaError as exc:
+        fail(str(exc), EXIT_INTEGRITY)
+
+
+def progress_reporter(enabled: bool, total: int | None, label: str,
+                      ) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
+    """A stderr progress bar when enabled and stderr is a terminal; else nothing."""
+    if not enabled or not sys.stderr.isatty():
+        return None, lambda: None
+    bar = click.progressbar(length=total or 0, label=label, file=sys.stderr)
+    bar.__enter__()
+    return bar.update, lambda: bar.__exit__(None, None, None)

@@ -1,0 +1,35 @@
+"""``saga``: run, inspect and verify sagas."""
+
+from __future__ import annotations
+
+import click
+
+from saga_store.chain import load_key
+from saga_store.settings import Settings
+
+from . import demo, inspect, verify
+from .common import Context, errors_to_exit
+
+
+@click.group(context_settings={"auto_envvar_prefix": "SAGA", "help_option_names": ["-h", "--help"]})
+@click.option("--redis-url", envvar="SAGA_REDIS_URL", default=None, metavar="URL",
+              help="Redis to use (redis://, rediss://, unix://). Env: SAGA_REDIS_URL.")
+@click.option("--hmac-key-file", envvar="SAGA_HMAC_KEY_FILE", default=None, metavar="FILE",
+              help="Chain with HMAC-SHA256 using this key (kept outside Redis). "
+                   "Env: SAGA_HMAC_KEY_FILE, or SAGA_HMAC_KEY for the key itself.")
+@click.pass_context
+def cli(ctx: click.Context, redis_url: str | None, hmac_key_file: str | None) -> None:
+    """Durable, verifiable sagas for AI agent tool calls."""
+    with errors_to_exit():
+        import os
+        key = load_key(os.environ.get("SAGA_HMAC_KEY"), hmac_key_file)
+        ctx.obj = Context(redis_url, Settings.from_env(hmac_key=key))
+
+
+for module in (demo, inspect, verify):
+    for command in module.COMMANDS:
+        cli.add_command(command)
+
+
+def main() -> None:
+    cli(prog_name="saga")

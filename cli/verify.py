@@ -1,0 +1,156 @@
+"""Integrity commands: ``saga verify``, ``saga anchor``, ``saga export``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from saga_store import keys
+from saga_store.chain import Chain
+from saga_store.errors import AnchorMismatch
+from saga_store.export import export as export_log
+from saga_store.export import verify_file
+from saga_store.ids import check_id
+from saga_store.ledger import read_anchor
+from saga_store.verify import VerifyResult, Verifier
+
+from .common import (
+    EXIT_INTEGRITY,
+    EXIT_OK,
+    EXIT_USAGE,
+    Context,
+    emit_json,
+    errors_to_exit,
+    pass_ctx,
+    progress_reporter,
+)
+
+
+@click.command("verify")
+@click.option("--saga", "saga_id", envvar="SAGA_VERIFY_SAGA", help="Verify only this saga "
+              "(and the ledger).")
+@click.option("--anchor", "anchor_file", type=click.Path(dir_okay=False), envvar="SAGA_ANCHOR",
+              help="Also check the ledger is not behind or forked from this anchor file.")
+@click.option("--file", "export_file", type=click.Path(dir_okay=False), envvar="SAGA_VERIFY_FILE",
+              help="Verify an exported JSONL file offline instead of Redis.")
+@click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON", help="Machine-readable output.")
+@pass_ctx
+def verify(ctx: Context, saga_id: str | None, anchor_file: str | None,
+           export_file: str | None, as_json: bool) -> None:
+    """Verify hash chains, the ledger and saga invariants.
+
+    Exit codes: 0 intact, 1 integrity failure, 2 usage error, 3 could not verify.
+    """
+    with errors_to_exit():
+        if export_file and (saga_id or anchor_file):
+            click.echo("error: --file verifies a whole export; drop --saga/--anchor", err=True)
+            sys.exit(EXIT_USAGE)
+        if saga_id:
+            check_id(saga_id, "saga_id")
+        anchor = read_anchor(_read(anchor_file)) if anchor_file else None
+        if export_file:
+            total = sum(1 for _ in open(export_file, "rb")) - 1 if sys.stderr.isatty() else None
+            update, close = progress_reporter(not as_json, total, "verifying")
+            try:
+                result = verify_file(export_file, Chain(ctx.settings.hmac_key), update)
+            finally:
+                close()
+            _finish(result, None, as_json)
+        store = ctx.store()
+        total = _count_events(store, saga_id) if sys.stderr.isatty() and not as_json else None
+        update, close = progress_reporter(not as_json, total, "verifying")
+        try:
+            result = Verifier(store.log).verify(saga_id, update)
+        finally:
+            close()
+        anchor_msg = None
+        if anchor is not None:
+            try:
+                warnings = store.ledger.check_anchor(anchor)
+                anchor_msg = {"ok": True, "seq": anchor.get("seq"), "warnings": warnings}
+            except AnchorMismatch as exc:
+                anchor_msg = {"ok": False, "seq": anchor.get("seq"), "reason": str(exc)}
+        _finish(result, anchor_msg, as_json)
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        click.echo(f"error: cannot read {path}: {exc.strerror}", err=True)
+        sys.exit(EXIT_USAGE)
+
+
+def _count_events(store: object, saga_id: str | None) -> int:
+    from saga_store.store import Store
+    assert isinstance(store, Store)
+    ids = [saga_id] if saga_id else list(store.log.chain_ids())
+    pipe = store.redis.pipeline(transaction=False)
+    for sid in [*ids, keys.LEDGER_ID]:
+        pipe.xlen(keys.log_key_for(sid))
+    return sum(pipe.execute())
+
+
+def _finish(result: VerifyResult, anchor: dict[str, object] | None, as_json: bool) -> None:
+    ok = result.ok and (anchor is None or bool(anchor["ok"]))
+    if as_json:
+        out = result.to_dict()
+        out["ok"] = ok
+        if anchor is not None:
+            out["anchor"] = anchor
+        emit_json(out)
+    else:
+        for c in result.failures:
+            click.echo(f"FAIL {c.chain_id}: first bad seq {c.first_bad_seq}: {c.reason}: "
+                       f"{c.detail}")
+        for c in result.chains:
+            for w in c.warnings:
+                click.echo(f"warning {c.chain_id}: {w}", err=True)
+        if anchor is not None:
+            if anchor["ok"]:
+                click.echo(f"anchor at ledger seq {anchor['seq']}: consistent")
+            else:
+                click.echo(f"FAIL anchor: {anchor['reason']}")
+        word = "intact" if ok else "INTEGRITY FAILURE"
+        click.echo(f"{word}: {len(result.chains)} chains, {result.events} events verified, "
+                   f"{len(result.failures)} failed")
+    sys.exit(EXIT_OK if ok else EXIT_INTEGRITY)
+
+
+@click.command("anchor")
+@click.option("--out", "out", type=click.Path(dir_okay=False), envvar="SAGA_ANCHOR_OUT",
+              help="Write the anchor to this file (default: print it).")
+@pass_ctx
+def anchor(ctx: Context, out: str | None) -> None:
+    """Print the ledger head (seq, hash, time; HMAC-signed with a key) to keep outside Redis."""
+    with errors_to_exit():
+        from saga_store.canonical import canonical
+        doc = canonical(ctx.store().ledger.anchor())
+        if out:
+            Path(out).write_bytes(doc + b"\n")
+            click.echo(f"anchor written to {out}", err=True)
+        else:
+            click.echo(doc)
+
+
+@click.command("export")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--saga", "saga_ids", multiple=True, envvar="SAGA_EXPORT_SAGA",
+              help="Export only this saga (repeatable); the ledger is always included.")
+@pass_ctx
+def export(ctx: Context, file: str, saga_ids: tuple[str, ...]) -> None:
+    """Export sagas and the ledger to a JSONL file that verifies offline."""
+    with errors_to_exit():
+        for sid in saga_ids:
+            check_id(sid, "saga_id")
+        store = ctx.store()
+        tmp = Path(file + ".partial")
+        with open(tmp, "wb") as fh:
+            n = export_log(store.log, fh, list(saga_ids) or None)
+        tmp.replace(file)  # a reader never sees a half-written export
+        click.echo(f"exported {n} events to {file}", err=True)
+
+
+COMMANDS = [verify, anchor, export]

@@ -1,0 +1,44 @@
+"""Identifier rules and generation.
+
+Ids end up inside Redis key names and stream fields, so they are checked
+before any key is built: a ``:`` or ``{`` would break the key schema or the
+Cluster hash tag, and ``*`` / ``?`` / ``[`` would turn into glob patterns.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .errors import InvalidInput
+
+MAX_ID_LEN = 128
+_FORBIDDEN = frozenset(":*?{}[]\\\"'")
+_CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+def check_id(value: object, what: str = "id") -> str:
+    """Return ``value`` if it is a usable id, else raise :class:`InvalidInput`."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be a string, got {type(value).__name__}", field=what)
+    if not value or len(value) > MAX_ID_LEN:
+        raise InvalidInput(
+            f"{what} must be 1 to {MAX_ID_LEN} characters long, got {len(value)}", field=what
+        )
+    for ch in value:
+        if ch in _FORBIDDEN or not ch.isprintable() or ch.isspace():
+            raise InvalidInput(
+                f"{what} {value[:40]!r} contains {ch!r}; use letters, digits and . _ - / @ + =",
+                field=what,
+            )
+    return value
+
+
+def new_id() -> str:
+    """A 26-character, time-ordered, random id (ULID layout, Crockford base32)."""
+    n = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10), "big")
+    out = []
+    for _ in range(26):
+        out.append(_CROCKFORD[n & 31])
+        n >>= 5
+    return "".join(reversed(out))

@@ -1,0 +1,77 @@
+"""Every Redis key Saga Store uses, in one place.
+
+All keys of one saga share the hash tag ``{<saga_id>}``, so every script
+touches a single Redis Cluster slot.
+
+    ss:{S}:log            stream   the saga's events; entry id 0-(seq+1);
+                                   fields b (canonical body), p (prev, 32 raw
+                                   bytes), h (hash, 32 raw bytes)
+    ss:{S}:meta           hash     cached projection: agent_id, state, phase,
+                                   seq, created_ms, updated_ms (rebuildable)
+    ss:{S}:lease          string   current lease token (fencing), PX-expiring
+    ss:{S}:fence          string   monotonically increasing fencing counter
+    ss:{S}:blob:<sha256>  string   large payload stored by content hash
+    ss:ledger:{ledger}:log stream  the ledger chain (one entry per saga open/close)
+    ss:idem:{<key>}       hash     dedupe record of one idempotency key
+    ss:ctx:{<agent_id>}   stream   context-sync events for one agent
+
+The ledger key does not begin with ``ss:{`` so no saga id can collide with it.
+"""
+
+from __future__ import annotations
+
+PREFIX = "ss"
+LEDGER_ID = "ledger"
+LEDGER_LOG = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:log"
+
+
+def saga_log(saga_id: str) -> str:
+    return f"{PREFIX}:{{{saga_id}}}:log"
+
+
+def saga_meta(saga_id: str) -> str:
+    return f"{PREFIX}:{{{saga_id}}}:meta"
+
+
+def saga_lease(saga_id: str) -> str:
+    return f"{PREFIX}:{{{saga_id}}}:lease"
+
+
+def saga_fence(saga_id: str) -> str:
+    return f"{PREFIX}:{{{saga_id}}}:fence"
+
+
+def saga_blob(saga_id: str, digest_hex: str) -> str:
+    return f"{PREFIX}:{{{saga_id}}}:blob:{digest_hex}"
+
+
+def idem(key: str) -> str:
+    return f"{PREFIX}:idem:{{{key}}}"
+
+
+def agent_ctx(agent_id: str) -> str:
+    return f"{PREFIX}:ctx:{{{agent_id}}}"
+
+
+def log_key_for(chain_id: str) -> str:
+    """The stream that holds the chain ``chain_id`` (a saga id, or the ledger)."""
+    return LEDGER_LOG if chain_id == LEDGER_ID else saga_log(chain_id)
+
+
+def saga_id_from_log_key(key: str) -> str | None:
+    if key.startswith(f"{PREFIX}:{{") and key.endswith("}:log"):
+        return key[len(PREFIX) + 2 : -5]
+    return None
+
+
+def entry_id(seq: int) -> str:
+    """Stream entry id of event ``seq``: Redis itself then refuses out-of-order ids."""
+    return f"0-{seq + 1}"
+
+
+def seq_of_entry_id(entry: bytes | str) -> int:
+    text = entry.decode() if isinstance(entry, bytes) else entry
+    ms, _, n = text.partition("-")
+    if ms != "0" or not n.isdigit():
+        return -1
+    return int(n) - 1

@@ -1,0 +1,211 @@
+"""Appending to and reading hash-chained streams.
+
+:class:`SagaLog` knows nothing about sagas beyond the chain: it turns event
+bodies into canonical bytes, links them, and appends them by compare-and-set
+(see :mod:`saga_store.scripts`). A writer that loses the race gets
+:class:`~saga_store.errors.ConflictError` carrying the new head; it re-reads
+and decides again, it never blindly re-appends.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import redis
+
+from . import keys
+from .canonical import canonical, check_json
+from .chain import Chain
+from .errors import ConflictError, FencedOff, InvalidInput, StoreUnavailable
+from .settings import Settings
+
+PAGE = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """The last event of a chain; ``seq == -1`` and empty hash for an empty chain."""
+
+    seq: int
+    hash: bytes
+
+    @property
+    def empty(self) -> bool:
+        return self.seq < 0
+
+
+EMPTY = Head(-1, b"")
+
+
+@dataclass(frozen=True, slots=True)
+class RawEntry:
+    """One stream entry as stored: entry id, canonical body, prev and hash."""
+
+    entry_id: bytes
+    body: bytes
+    prev: bytes
+    hash: bytes
+    fields: Mapping[bytes, bytes] | None = None  # set only when the layout is unusual
+
+    def event(self) -> dict[str, Any]:
+        """The full envelope: body plus prev/hash in hex."""
+        ev: dict[str, Any] = orjson.loads(self.body)
+        ev["prev"] = self.prev.hex()
+        ev["hash"] = self.hash.hex()
+        return ev
+
+
+def _identity(response: Any, **_: Any) -> Any:
+    return response
+
+
+def parse_entry(item: Sequence[Any]) -> RawEntry:
+    eid, f = item[0], item[1]
+    if len(f) == 6 and f[0] == b"b" and f[2] == b"p" and f[4] == b"h":
+        return RawEntry(eid, f[1], f[3], f[5])
+    fields = {f[i]: f[i + 1] for i in range(0, len(f) - 1, 2)}
+    return RawEntry(eid, fields.get(b"b", b""), fields.get(b"p", b""),
+                    fields.get(b"h", b""), fields)
+
+
+class SagaLog:
+    """Chain-level access to Redis. Thread-safe as redis-py's client is."""
+
+    def __init__(self, client: redis.Redis, settings: Settings | None = None,
+                 chain: Chain | None = None) -> None:
+        self.settings = settings or Settings()
+        self.chain = chain or Chain(self.settings.hmac_key)
+        self.redis = client
+        # A second client on the same pool returns stream replies untouched:
+        # redis-py's per-entry dict building would cost more than the hashing.
+        self.raw = redis.Redis(connection_pool=client.connection_pool)
+        for cmd in ("XRANGE", "XREVRANGE", "XREAD"):
+            self.raw.set_response_callback(cmd, _identity)
+        from .scripts import Scripts
+        self.scripts = Scripts(client)
+
+    # -- writing ---------------------------------------------------------
+
+    def encode(self, chain_id: str, bodies: Sequence[dict[str, Any]], expect: Head,
+               ) -> list[tuple[bytes, bytes, bytes]]:
+        """Number, size-check and link ``bodies`` after ``expect``. Writes nothing
+        except content-addressed blobs for large payloads."""
+        prev = expect.hash if not expect.empty else self.chain.genesis(chain_id)
+        seq = expect.seq
+        out = []
+        for body in bodies:
+            seq += 1
+            body["seq"] = seq
+            raw = canonical(body)
+            if len(raw) > self.settings.blob_threshold and "data" in body:
+                body["data"] = self._store_blob(chain_id, body["data"])
+                raw = canonical(body)
+            if len(raw) > self.settings.max_event_bytes:
+                raise InvalidInput(
+                    f"event of {len(raw)} bytes exceeds the {self.settings.max_event_bytes}-byte "
+                    "limit; move large fields into the payload or raise SAGA_MAX_EVENT_BYTES")
+            h = self.chain.link(prev, raw)
+            out.append((raw, prev, h))
+            prev = h
+        return out
+
+    def append(self, chain_id: str, bodies: Sequence[dict[str, Any]], expect: Head, *,
+               lease_token: str | None = None, phase: str | None = None,
+               meta: Mapping[str, str | int] | None = None) -> Head:
+        """Append ``bodies`` (each gets its ``seq``) if the head is still ``expect``.
+
+        Raises :class:`ConflictError` (with ``.head``) when another writer moved
+        the head, :class:`FencedOff` when the lease or phase check fails.
+        """
+        linked = self.encode(chain_id, bodies, expect)
+        argv: list[Any] = [expect.seq, expect.hash, lease_token or "", phase or "", len(linked)]
+        for raw, prev, h in linked:
+            argv += (raw, prev, h)
+        if meta:
+            for k, v in meta.items():
+                argv += (k, v)
+        k = keys.log_key_for(chain_id)
+        meta_key = k[:-4] + ":meta"
+        lease_key = k[:-4] + ":lease"
+        try:
+            code, seq, extra = self.scripts.append(keys=[k, meta_key, lease_key], args=argv)
+        except redis.ConnectionError as exc:
+            raise StoreUnavailable(f"Redis unreachable during append: {exc}") from exc
+        if code == 1:
+            return Head(int(seq), linked[-1][2])
+        if code == 0:
+            err = ConflictError(f"chain {chain_id} moved to seq {seq}; re-read and decide again")
+            err.head = Head(int(seq), extra or b"")  # type: ignore[attr-defined]
+            raise err
+        if code == -1:
+            raise FencedOff(f"saga {chain_id}: lease is no longer held; stop working on it")
+        raise FencedOff(f"saga {chain_id} is in phase {extra.decode()!r}, not {phase!r}")
+
+    def _store_blob(self, chain_id: str, data: Any) -> dict[str, Any]:
+        raw = canonical(data)
+        if len(raw) > self.settings.max_event_bytes:
+            raise InvalidInput(
+                f"payload of {len(raw)} bytes exceeds the {self.settings.max_event_bytes}-byte "
+                "limit; store it elsewhere and pass a reference, or raise SAGA_MAX_EVENT_BYTES")
+        digest = hashlib.sha256(raw).hexdigest()
+        self.redis.set(keys.saga_blob(chain_id, digest), raw)
+        return {"$blob": f"sha256:{digest}", "bytes": len(raw)}
+
+    def load_blob(self, chain_id: str, ref: Mapping[str, Any]) -> Any:
+        digest = str(ref["$blob"]).removeprefix("sha256:")
+        raw = self.redis.get(keys.saga_blob(chain_id, digest))
+        if raw is None or hashlib.sha256(raw).hexdigest() != digest:
+            return None
+        return orjson.loads(raw)
+
+    def check_payload(self, data: Any, what: str = "data") -> Any:
+        return check_json(data, what, self.settings.max_depth)
+
+    # -- reading ---------------------------------------------------------
+
+    def head(self, chain_id: str) -> Head:
+        try:
+            last = self.raw.execute_command(
+                "XREVRANGE", keys.log_key_for(chain_id), "+", "-", "COUNT", 1)
+        except redis.ConnectionError as exc:
+            raise StoreUnavailable(f"Redis unreachable: {exc}") from exc
+        if not last:
+            return EMPTY
+        e = parse_entry(last[0])
+        return Head(keys.seq_of_entry_id(e.entry_id), e.hash)
+
+    def entries(self, chain_id: str, start_seq: int = 0, page: int = PAGE) -> Iterator[RawEntry]:
+        """Every stored entry from ``start_seq`` on, in pages, as stored (unverified)."""
+        key = keys.log_key_for(chain_id)
+        start = keys.entry_id(start_seq) if start_seq > 0 else "-"
+        while True:
+            rows = self.raw.execute_command("XRANGE", key, start, "+", "COUNT", page)
+            for row in rows:
+                yield parse_entry(row)
+            if len(rows) < page:
+                return
+            start = b"(" + rows[-1][0]
+
+    def events(self, chain_id: str, start_seq: int = 0) -> list[dict[str, Any]]:
+        return [e.event() for e in self.entries(chain_id, start_seq)]
+
+    def wait(self, chain_id: str, after_seq: int, block_ms: int) -> list[RawEntry]:
+        """Block until entries after ``after_seq`` exist (XREAD BLOCK), or time out."""
+        key = keys.log_key_for(chain_id)
+        after = keys.entry_id(after_seq) if after_seq >= 0 else "0-0"
+        reply = self.raw.execute_command("XREAD", "BLOCK", block_ms, "STREAMS", key, after)
+        if not reply:
+            return []
+        stream = reply[0] if isinstance(reply, list) else next(iter(reply.items()))
+        return [parse_entry(row) for row in stream[1]]
+
+    def chain_ids(self) -> Iterator[str]:
+        """Saga ids that have a log in Redis (SCAN; for verification and repair)."""
+        for k in self.redis.scan_iter(match=f"{keys.PREFIX}:{{*}}:log", count=1000):
+            sid = keys.saga_id_from_log_key(k.decode() if isinstance(k, bytes) else k)
+            if sid is not None:
+                yield sid

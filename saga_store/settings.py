@@ -1,0 +1,36 @@
+"""Settings, built once from the environment by the CLI and passed down."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Self
+
+from . import chain
+
+
+@dataclass(frozen=True)
+class Settings:
+    redis_url: str | None = None
+    hmac_key: bytes | None = field(default=None, repr=False)
+    max_event_bytes: int = 256 * 1024
+    blob_threshold: int = 16 * 1024
+    max_depth: int = 32
+    dedupe_ttl_s: int = 7 * 24 * 3600
+    lease_ms: int = 10_000
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Self:
+        e = os.environ if env is None else env
+        values: dict[str, object] = {
+            "redis_url": e.get("SAGA_REDIS_URL") or None,
+            "hmac_key": chain.load_key(e.get("SAGA_HMAC_KEY"), e.get("SAGA_HMAC_KEY_FILE")),
+        }
+        for name, var in (("max_event_bytes", "SAGA_MAX_EVENT_BYTES"),
+                          ("blob_threshold", "SAGA_BLOB_THRESHOLD"),
+                          ("dedupe_ttl_s", "SAGA_DEDUPE_TTL"),
+                          ("lease_ms", "SAGA_LEASE_MS")):
+            if e.get(var):
+                values[name] = int(e[var])
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)  # type: ignore[arg-type]

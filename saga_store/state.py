@@ -1,0 +1,146 @@
+"""A saga's state is the fold of its events; nothing else is the truth.
+
+:func:`fold` rebuilds it from scratch; :meth:`SagaState.apply` advances it by
+one event, so a process that follows a stream keeps it current cheaply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from .events import EventKind as K
+
+
+class Status(StrEnum):
+    RUNNING = "running"
+    COMPENSATING = "compensating"
+    COMMITTED = "committed"
+    COMPENSATED = "compensated"
+    NEEDS_ATTENTION = "needs_attention"
+    STUCK = "stuck"
+
+
+FINAL = frozenset({Status.COMMITTED, Status.COMPENSATED, Status.NEEDS_ATTENTION})
+
+
+def phase_of(status: Status) -> str:
+    """The phase the append script checks: forward work is refused once unwinding."""
+    if status is Status.RUNNING:
+        return "forward"
+    return "closed" if status in FINAL else "unwinding"
+
+
+@dataclass
+class StepState:
+    step: int
+    tool: str | None = None
+    tool_call_id: str | None = None
+    idem_key: str | None = None
+    args: Any = None
+    status: str = "intent"  # intent, started, succeeded, failed, in_doubt, suppressed
+    result: Any = None
+    error: Any = None
+    attempts: int = 0
+    compensation: str | None = None  # intent, succeeded, failed, not_compensable
+    compensation_result: Any = None
+    compensation_attempts: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("succeeded", "failed", "in_doubt")
+
+
+@dataclass
+class SagaState:
+    saga_id: str
+    agent_id: str | None = None
+    conversation_id: str | None = None
+    status: Status = Status.RUNNING
+    steps: dict[int, StepState] = field(default_factory=dict)
+    seq: int = -1
+    created_ts: int | None = None
+    updated_ts: int | None = None
+    reason: Any = None
+    invalid_calls: int = 0
+    plan: bool = False
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL
+
+    def step_state(self, n: int) -> StepState:
+        st = self.steps.get(n)
+        if st is None:
+            st = self.steps[n] = StepState(n)
+        return st
+
+    def apply(self, ev: dict[str, Any]) -> None:
+        kind = ev["kind"]
+        self.seq = ev["seq"]
+        self.updated_ts = ev.get("ts")
+        data = ev.get("data")
+        n = ev.get("step")
+        if kind == K.SAGA_STARTED:
+            self.agent_id = ev.get("agent_id")
+            self.created_ts = ev.get("ts")
+            if isinstance(data, dict):
+                self.conversation_id = data.get("conversation_id")
+                self.plan = bool(data.get("plan"))
+            return
+        if n is not None:
+            self._apply_step(kind, self.step_state(n), ev, data)
+            return
+        if kind == K.STEP_INVALID:
+            self.invalid_calls += 1
+        elif kind == K.SAGA_FAILED:
+            self.status, self.reason = Status.COMPENSATING, data
+        elif kind == K.SAGA_COMMITTED:
+            self.status = Status.COMMITTED
+        elif kind == K.SAGA_COMPENSATED:
+            self.status = Status.COMPENSATED
+        elif kind == K.SAGA_NEEDS_ATTENTION:
+            self.status, self.reason = Status.NEEDS_ATTENTION, data
+        elif kind == K.SAGA_STUCK:
+            self.status, self.reason = Status.STUCK, data
+        elif kind == K.SAGA_RESUMED:
+            self.status = Status.COMPENSATING
+
+    def _apply_step(self, kind: str, st: StepState, ev: dict[str, Any], data: Any) -> None:
+        if kind == K.STEP_INTENT:
+            st.tool, st.tool_call_id = ev.get("tool"), ev.get("tool_call_id")
+            st.idem_key = ev.get("idem_key")
+            st.args = data.get("args") if isinstance(data, dict) else None
+        elif kind == K.STEP_STARTED:
+            st.status, st.attempts = "started", ev.get("attempt") or st.attempts + 1
+        elif kind == K.STEP_SUCCEEDED:
+            st.status, st.result = "succeeded", _get(data, "result")
+        elif kind == K.STEP_FAILED:
+            st.status, st.error = "failed", _get(data, "error")
+        elif kind == K.STEP_IN_DOUBT:
+            st.status, st.error = "in_doubt", _get(data, "error")
+        elif kind == K.COMPENSATION_INTENT:
+            st.compensation = "intent"
+            st.compensation_attempts = ev.get("attempt") or st.compensation_attempts + 1
+            if self.status is Status.RUNNING:
+                self.status = Status.COMPENSATING
+        elif kind == K.COMPENSATION_SUCCEEDED:
+            st.compensation, st.compensation_result = "succeeded", _get(data, "result")
+        elif kind == K.COMPENSATION_FAILED:
+            st.compensation = "failed"
+            st.error = _get(data, "error")
+        elif kind == K.STEP_NOT_COMPENSABLE:
+            st.compensation = "not_compensable"
+
+
+def _get(data: Any, name: str) -> Any:
+    return data.get(name) if isinstance(data, dict) else None
+
+
+def fold(saga_id: str, events: Iterable[dict[str, Any]]) -> SagaState:
+    state = SagaState(saga_id)
+    for ev in events:
+        state.apply(ev)
+    return state

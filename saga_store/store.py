@@ -1,0 +1,143 @@
+"""The store: one Redis client, the log, the ledger, and saga-level writes.
+
+:class:`ChainWriter` appends to one saga's chain with a cached head. It keeps
+the cached projection in ``ss:{S}:meta`` in step with the log (same script
+call) and records the saga's opening and close in the ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Self
+
+import redis
+
+from . import keys
+from .connection import connect
+from .errors import ConflictError, InvalidInput
+from .events import EventKind as K
+from .events import body_dict
+from .ids import check_id, new_id
+from .ledger import Ledger
+from .log import EMPTY, Head, SagaLog
+from .settings import Settings
+from .state import SagaState, Status, fold, phase_of
+
+# The cached projection each kind moves a saga to: (state, phase).
+_META: dict[str, Status] = {
+    K.SAGA_FAILED: Status.COMPENSATING,
+    K.COMPENSATION_INTENT: Status.COMPENSATING,
+    K.STEP_NOT_COMPENSABLE: Status.COMPENSATING,
+    K.SAGA_RESUMED: Status.COMPENSATING,
+    K.SAGA_STUCK: Status.STUCK,
+    K.SAGA_COMMITTED: Status.COMMITTED,
+    K.SAGA_COMPENSATED: Status.COMPENSATED,
+    K.SAGA_NEEDS_ATTENTION: Status.NEEDS_ATTENTION,
+}
+
+
+class Store:
+    """Entry point for writing and reading sagas.
+
+    >>> store = Store.from_url("redis://127.0.0.1:6379/0")  # doctest: +SKIP
+    >>> w = store.open("agent-7")                            # doctest: +SKIP
+    """
+
+    def __init__(self, client: redis.Redis, settings: Settings | None = None) -> None:
+        self.settings = settings or Settings()
+        self.redis = client
+        self.log = SagaLog(client, self.settings)
+        self.ledger = Ledger(self.log)
+
+    @classmethod
+    def from_url(cls, url: str, settings: Settings | None = None) -> Self:
+        return cls(connect(url), settings)
+
+    def open(self, agent_id: str, *, saga_id: str | None = None,
+             conversation_id: str | None = None, data: Mapping[str, Any] | None = None,
+             ) -> ChainWriter:
+        """Start a saga: ``saga_started`` in its chain, then its opening in the ledger."""
+        check_id(agent_id, "agent_id")
+        sid = check_id(saga_id, "saga_id") if saga_id is not None else new_id()
+        if conversation_id is not None:
+            check_id(conversation_id, "conversation_id")
+        payload = dict(data or {})
+        if conversation_id is not None:
+            payload["conversation_id"] = conversation_id
+        self.log.check_payload(payload)
+        writer = ChainWriter(self, sid, EMPTY)
+        try:
+            head = writer.append(K.SAGA_STARTED, agent_id=agent_id, data=payload or None,
+                                 meta={"agent_id": agent_id, "state": Status.RUNNING,
+                                       "phase": "forward"})
+        except ConflictError:
+            raise InvalidInput(f"saga {sid} already exists; choose another id or omit it",
+                               field="saga_id") from None
+        self.ledger.opened(sid, agent_id, head.hash)
+        return writer
+
+    def writer(self, saga_id: str) -> ChainWriter:
+        """A writer for an existing saga, positioned at its current head."""
+        check_id(saga_id, "saga_id")
+        return ChainWriter(self, saga_id, self.log.head(saga_id))
+
+    def state(self, saga_id: str) -> SagaState:
+        check_id(saga_id, "saga_id")
+        return fold(saga_id, self.log.events(saga_id))
+
+    def meta(self, saga_id: str) -> dict[str, str]:
+        raw = self.redis.hgetall(keys.saga_meta(saga_id))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def rebuild_meta(self, saga_id: str) -> dict[str, str]:
+        """Recompute the cached projection from the log (repair after tampering or loss)."""
+        st = self.state(saga_id)
+        meta = {"agent_id": st.agent_id or "", "state": str(st.status),
+                "phase": phase_of(st.status), "seq": str(st.seq)}
+        self.redis.hset(keys.saga_meta(saga_id), mapping=meta)
+        return meta
+
+    def saga_ids(self, limit: int | None = None) -> list[str]:
+        """Saga ids, newest first, from the ledger's opening entries."""
+        out: list[str] = []
+        seen: set[str] = set()
+        for entry in self.log.entries(keys.LEDGER_ID):
+            ev = entry.event()
+            sid = (ev.get("data") or {}).get("saga_id")
+            if ev["kind"] == K.LEDGER_OPENED and sid not in seen:
+                seen.add(sid)
+                out.append(sid)
+        out.reverse()
+        return out[:limit] if limit else out
+
+
+class ChainWriter:
+    """Appends to one saga's chain; not shared between threads."""
+
+    def __init__(self, store: Store, saga_id: str, head: Head) -> None:
+        self.store, self.saga_id, self.head = store, saga_id, head
+
+    def append(self, kind: str, *, lease_token: str | None = None, phase: str | None = None,
+               meta: Mapping[str, str | int] | None = None, **fields: Any) -> Head:
+        return self.append_many([(kind, fields)], lease_token=lease_token, phase=phase, meta=meta)
+
+    def append_many(self, items: Sequence[tuple[str, Mapping[str, Any]]], *,
+                    lease_token: str | None = None, phase: str | None = None,
+                    meta: Mapping[str, str | int] | None = None) -> Head:
+        """Append events in one CAS. On :class:`ConflictError` the cached head is
+        refreshed and the error re-raised: the caller re-reads and decides."""
+        bodies = [body_dict(self.saga_id, 0, kind, **f) for kind, f in items]
+        meta = dict(meta or {})
+        last = items[-1][0]
+        if last in _META and "state" not in meta:
+            status = _META[last]
+            meta.update(state=status, phase=phase_of(status))
+        try:
+            self.head = self.store.log.append(self.saga_id, bodies, self.head,
+                                              lease_token=lease_token, phase=phase, meta=meta)
+        except ConflictError as exc:
+            self.head = exc.head  # type: ignore[attr-defined]
+            raise
+        if last in (K.SAGA_COMMITTED, K.SAGA_COMPENSATED, K.SAGA_NEEDS_ATTENTION):
+            self.store.ledger.closed(self.saga_id, str(_META[last]), self.head)
+        return self.head

@@ -1,0 +1,259 @@
+"""Verification of chains, the ledger, and saga invariants.
+
+One :class:`ChainChecker` judges one chain event by event, whatever the
+events come from (Redis or an exported file). It stops at the first bad seq
+and names a reason class:
+
+    missing_entry   a seq is absent (deleted entry)
+    head_trimmed    the chain does not start at seq 0
+    bad_entry_id    an entry id that is not 0-(seq+1)
+    broken_link     prev is not the previous hash (edited prev, insert, swap)
+    hash_mismatch   the hash does not cover the body (edited payload or hash,
+                    or a rewrite without the HMAC key)
+    seq_mismatch    the body's seq is not its position (replay, swap)
+    wrong_chain     the body names another saga (splice)
+    bad_version     unknown schema version, or lower than earlier events
+    bad_body        the body is not a valid event
+    invariant       a saga invariant does not hold (see invariants.py)
+    tail_cut        the ledger closed the saga at a later seq than it has
+    rewritten       the saga's head differs from the one the ledger recorded
+    saga_deleted    the ledger opened a saga that no longer exists
+    unregistered    a saga with events that the ledger never opened
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from . import keys
+from .chain import Chain
+from .events import KNOWN_KINDS, SCHEMA_VERSION
+from .events import EventKind as K
+from .invariants import Invariants
+from .log import SagaLog
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class ChainReport:
+    chain_id: str
+    ok: bool = True
+    events: int = 0
+    first_bad_seq: int | None = None
+    reason: str | None = None
+    detail: str = ""
+    head_seq: int = -1
+    head_hash: bytes = b""
+    first_hash: bytes = b""
+    last_kind: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def fail(self, seq: int, reason: str, detail: str) -> None:
+        if self.ok:
+            self.ok, self.first_bad_seq, self.reason, self.detail = False, seq, reason, detail
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"chain": self.chain_id, "ok": self.ok, "events": self.events,
+                "first_bad_seq": self.first_bad_seq, "reason": self.reason,
+                "detail": self.detail, "head_seq": self.head_seq,
+                "head_hash": self.head_hash.hex(), "warnings": self.warnings}
+
+
+class ChainChecker:
+    """Checks one chain; feed entries in stored order, then read ``report``."""
+
+    __slots__ = ("chain", "chain_id", "expect", "invariants", "link", "prev", "report", "version")
+
+    def __init__(self, chain: Chain, chain_id: str) -> None:
+        self.chain, self.chain_id = chain, chain_id
+        self.link = chain.link
+        self.prev = chain.genesis(chain_id)
+        self.expect = 0
+        self.version = 0
+        self.invariants = None if chain_id == keys.LEDGER_ID else Invariants()
+        self.report = ChainReport(chain_id)
+
+    def feed(self, pos: int, body: bytes, prev: bytes, h: bytes,
+             ev: dict[str, Any] | None = None) -> bool:
+        """Check one entry at stored position ``pos``; False once the chain is bad."""
+        rep, n = self.report, self.expect
+        if not rep.ok:
+            return False
+        if pos != n:
+            if pos < 0:
+                rep.fail(n, "bad_entry_id", "entry id is not of the form 0-(seq+1)")
+            elif n == 0:
+                rep.fail(0, "head_trimmed", f"chain starts at seq {pos}, not 0")
+            else:
+                rep.fail(n, "missing_entry", f"seq {n} is missing; next stored is {pos}")
+            return False
+        if prev != self.prev:
+            why = "does not start from the genesis of this chain" if n == 0 else \
+                "prev is not the hash of the event before"
+            rep.fail(n, "broken_link", why)
+            return False
+        if self.link(prev, body) != h:
+            rep.fail(n, "hash_mismatch", "hash does not match the event's bytes")
+            return False
+        if ev is None:
+            try:
+                ev = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                rep.fail(n, "bad_body", "body is not JSON")
+                return False
+        if not self._check_body(n, ev):
+            return False
+        self.prev = h
+        self.expect = n + 1
+        rep.events = n + 1
+        rep.head_seq, rep.head_hash = n, h
+        if n == 0:
+            rep.first_hash = h
+        rep.last_kind = ev["kind"]
+        return True
+
+    def _check_body(self, n: int, ev: Any) -> bool:
+        rep = self.report
+        if not isinstance(ev, dict) or not isinstance(ev.get("kind"), str):
+            rep.fail(n, "bad_body", "event is not an object with a kind")
+            return False
+        if ev.get("seq") != n:
+            rep.fail(n, "seq_mismatch", f"event says seq {ev.get('seq')!r} at position {n}")
+            return False
+        if ev.get("saga_id") != self.chain_id:
+            rep.fail(n, "wrong_chain", f"event belongs to saga {ev.get('saga_id')!r}")
+            return False
+        v = ev.get("v")
+        if not isinstance(v, int) or not 1 <= v <= SCHEMA_VERSION or v < self.version:
+            rep.fail(n, "bad_version", f"schema version {v!r} after {self.version}")
+            return False
+        self.version = v
+        kind = ev["kind"]
+        if kind not in KNOWN_KINDS:
+            rep.fail(n, "bad_body", f"unknown event kind {kind!r}")
+            return False
+        if self.invariants is not None:
+            why = self.invariants.feed(kind, ev.get("step"), ev.get("data"))
+            if why:
+                rep.fail(n, "invariant", why)
+                return False
+        return True
+
+
+@dataclass
+class LedgerView:
+    """What the ledger says about each saga."""
+
+    opened: dict[str, bytes] = field(default_factory=dict)  # saga -> first hash
+    closed: dict[str, tuple[int, bytes]] = field(default_factory=dict)  # saga -> (seq, hash)
+
+    def note(self, ev: dict[str, Any]) -> None:
+        data = ev.get("data") or {}
+        sid = data.get("saga_id")
+        if not isinstance(sid, str):
+            return
+        if ev["kind"] == K.LEDGER_OPENED:
+            self.opened[sid] = bytes.fromhex(str(data.get("first", "")))
+        elif ev["kind"] == K.LEDGER_CLOSED:
+            self.closed[sid] = (int(data.get("seq", -1)), bytes.fromhex(str(data.get("hash", ""))))
+
+
+def cross_check(rep: ChainReport, view: LedgerView) -> None:
+    """Judge a verified saga chain against what the ledger recorded of it."""
+    sid = rep.chain_id
+    if not rep.ok:
+        return
+    if rep.events == 0:
+        if sid in view.opened:
+            rep.fail(0, "saga_deleted", "the ledger opened this saga but its log is gone")
+        return
+    if sid not in view.opened:
+        if rep.events == 1:
+            rep.warnings.append("not in the ledger: its opening was interrupted")
+        else:
+            rep.fail(0, "unregistered", "saga has events but the ledger never opened it")
+        return
+    if view.opened[sid] != rep.first_hash:
+        rep.fail(0, "rewritten", "first event differs from the one the ledger recorded")
+        return
+    closed = view.closed.get(sid)
+    if closed is None:
+        return
+    seq, h = closed
+    if rep.head_seq < seq:
+        rep.fail(rep.head_seq + 1, "tail_cut",
+                 f"the ledger closed this saga at seq {seq}, the log ends at {rep.head_seq}")
+    elif rep.head_seq > seq:
+        rep.fail(seq + 1, "invariant", f"events after the ledger closed the saga at seq {seq}")
+    elif rep.head_hash != h:
+        rep.fail(seq, "rewritten", "final hash differs from the one the ledger recorded")
+
+
+@dataclass
+class VerifyResult:
+    chains: list[ChainReport]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.chains)
+
+    @property
+    def events(self) -> int:
+        return sum(c.events for c in self.chains)
+
+    @property
+    def failures(self) -> list[ChainReport]:
+        return [c for c in self.chains if not c.ok]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "chains": len(self.chains), "events": self.events,
+                "failures": [c.to_dict() for c in self.failures],
+                "warnings": [f"{c.chain_id}: {w}" for c in self.chains for w in c.warnings]}
+
+
+class Verifier:
+    """Verifies what is in Redis."""
+
+    def __init__(self, log: SagaLog) -> None:
+        self.log = log
+
+    def check(self, chain_id: str, progress: Progress | None = None,
+              view: LedgerView | None = None) -> ChainReport:
+        checker = ChainChecker(self.log.chain, chain_id)
+        feed, seq_of = checker.feed, keys.seq_of_entry_id
+        count = 0
+        for e in self.log.entries(chain_id):
+            if view is not None and checker.report.ok:
+                # the ledger is folded as it is read, so it is read once
+                ok = feed(seq_of(e.entry_id), e.body, e.prev, e.hash, ev := orjson.loads(e.body))
+                if ok:
+                    view.note(ev)
+            elif not feed(seq_of(e.entry_id), e.body, e.prev, e.hash):
+                break
+            count += 1
+            if progress is not None and count % 10_000 == 0:
+                progress(10_000)
+        if progress is not None:
+            progress(count % 10_000)
+        return checker.report
+
+    def verify(self, saga_id: str | None = None, progress: Progress | None = None,
+               ) -> VerifyResult:
+        view = LedgerView()
+        ledger = self.check(keys.LEDGER_ID, progress, view)
+        if saga_id is not None:
+            ids: list[str] = [saga_id]
+        else:
+            ids = sorted(set(self.log.chain_ids()) | set(view.opened))
+        reports = [ledger]
+        for sid in ids:
+            rep = self.check(sid, progress)
+            if ledger.ok:
+                cross_check(rep, view)
+            reports.append(rep)
+        return VerifyResult(reports)

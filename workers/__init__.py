@@ -1,0 +1,1 @@
+"""Worker processes: step worker, compensator and sweeper."""
