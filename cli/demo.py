@@ -33,10 +33,10 @@ def demo(ctx: Context) -> None:
         click.echo(f"saga {w.saga_id} written to the {where}:")
         for ev in store.log.events(w.saga_id):
             click.echo(timeline_line(ev))
-        result = Verifier(store.log).verify(w.saga_id)
-        click.echo(f"verify: {'intact' if result.ok else 'FAILED'} "
-                   f"({result.events} events in {len(result.chains)} chains)")
-        sys.exit(0 if result.ok else 1)
+        verdict = Verifier(store.log).verify(w.saga_id)
+        click.echo(f"verify: {'intact' if verdict.ok else 'FAILED'} "
+                   f"({verdict.events} events in {len(verdict.chains)} chains)")
+        sys.exit(0 if verdict.ok else 1)
 
 
 COMMANDS = [demo]

@@ -21,13 +21,14 @@ STATES = [s.value for s in Status]
               help="Only sagas in this state.")
 @click.option("--limit", type=int, default=100, show_default=True, envvar="SAGA_LS_LIMIT",
               help="At most this many, newest first (0: all).")
-@click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON", help="Machine-readable output.")
+@click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
+              help="Machine-readable output.")
 @pass_ctx
 def ls(ctx: Context, state: str | None, limit: int, as_json: bool) -> None:
     """List sagas, newest first, with their state."""
     with errors_to_exit():
         store = ctx.store()
-        rows = []
+        rows: list[dict[str, Any]] = []
         for sid in store.saga_ids():
             meta = store.meta(sid)
             if state and meta.get("state") != state:
@@ -46,7 +47,8 @@ def ls(ctx: Context, state: str | None, limit: int, as_json: bool) -> None:
 
 @click.command("show")
 @click.argument("saga_id")
-@click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON", help="Machine-readable output.")
+@click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
+              help="Machine-readable output.")
 @pass_ctx
 def show(ctx: Context, saga_id: str, as_json: bool) -> None:
     """Show one saga's timeline and folded state."""

@@ -14,7 +14,7 @@ from saga_store.export import export as export_log
 from saga_store.export import verify_file
 from saga_store.ids import check_id
 from saga_store.ledger import read_anchor
-from saga_store.verify import VerifyResult, Verifier
+from saga_store.verify import Verifier, VerifyResult
 
 from .common import (
     EXIT_INTEGRITY,
@@ -35,7 +35,8 @@ from .common import (
               help="Also check the ledger is not behind or forked from this anchor file.")
 @click.option("--file", "export_file", type=click.Path(dir_okay=False), envvar="SAGA_VERIFY_FILE",
               help="Verify an exported JSONL file offline instead of Redis.")
-@click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON", help="Machine-readable output.")
+@click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
+              help="Machine-readable output.")
 @pass_ctx
 def verify(ctx: Context, saga_id: str | None, anchor_file: str | None,
            export_file: str | None, as_json: bool) -> None:
@@ -51,7 +52,7 @@ def verify(ctx: Context, saga_id: str | None, anchor_file: str | None,
             check_id(saga_id, "saga_id")
         anchor = read_anchor(_read(anchor_file)) if anchor_file else None
         if export_file:
-            total = sum(1 for _ in open(export_file, "rb")) - 1 if sys.stderr.isatty() else None
+            total = _count_lines(export_file) if sys.stderr.isatty() and not as_json else None
             update, close = progress_reporter(not as_json, total, "verifying")
             try:
                 result = verify_file(export_file, Chain(ctx.settings.hmac_key), update)
@@ -81,6 +82,11 @@ def _read(path: str) -> bytes:
     except OSError as exc:
         click.echo(f"error: cannot read {path}: {exc.strerror}", err=True)
         sys.exit(EXIT_USAGE)
+
+
+def _count_lines(path: str) -> int:
+    with open(path, "rb") as fh:
+        return sum(1 for _ in fh) - 1
 
 
 def _count_events(store: object, saga_id: str | None) -> int:

@@ -55,9 +55,14 @@ class AnchorMismatch(IntegrityError):
 
 
 class ConflictError(SagaError):
-    """A compare-and-set append lost the race or was fenced off."""
+    """A compare-and-set append lost the race (``head`` is the chain's head now)
+    or was fenced off (``head`` is None)."""
 
     code = "conflict"
+
+    def __init__(self, message: str, head: Any = None) -> None:
+        super().__init__(message)
+        self.head = head
 
 
 class FencedOff(ConflictError):

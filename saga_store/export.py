@@ -20,7 +20,7 @@ from .canonical import canonical
 from .chain import Chain
 from .errors import CannotVerify, InvalidInput
 from .log import SagaLog
-from .verify import ChainChecker, LedgerView, Progress, VerifyResult, cross_check
+from .verify import ChainChecker, ChainReport, LedgerView, Progress, VerifyResult, cross_check
 
 HEADER = {"export": "saga-store", "v": 1}
 
@@ -42,6 +42,7 @@ def verify_file(path: str | Path, chain: Chain, progress: Progress | None = None
     """Verify an export offline. Raises :class:`InvalidInput` if it is not an export."""
     checkers: dict[str, ChainChecker] = {}
     view = LedgerView()
+    broken: ChainReport | None = None
     with open(path, "rb") as fh:
         _check_header(fh.readline(), chain)
         count = 0
@@ -50,23 +51,28 @@ def verify_file(path: str | Path, chain: Chain, progress: Progress | None = None
                 ev: dict[str, Any] = orjson.loads(line)
                 cid = ev["saga_id"]
                 prev, h = bytes.fromhex(ev.pop("prev")), bytes.fromhex(ev.pop("hash"))
+                if not isinstance(cid, str):
+                    raise TypeError(cid)
             except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
-                raise InvalidInput(f"{path}:{lineno}: not an exported event; "
-                                   "re-export with 'saga export'") from None
+                # a damaged line is an integrity failure of the export, not a usage error
+                broken = ChainReport(f"{Path(path).name}:{lineno}")
+                broken.fail(-1, "bad_body", "line is not an exported event")
+                break
             checker = checkers.get(cid)
             if checker is None:
-                checker = checkers[cid] = ChainChecker(chain, str(cid))
+                checker = checkers[cid] = ChainChecker(chain, cid)
             pos = checker.expect if checker.report.ok else -1
-            if checker.feed(pos, canonical(ev), prev, h, ev) and cid == keys.LEDGER_ID:
-                view.note(ev)
+            if (checker.feed(pos, canonical(ev), prev, h, ev) and cid == keys.LEDGER_ID
+                    and (why := view.note(ev))):
+                checker.report.fail(checker.expect - 1, "bad_body", why)
             count += 1
             if progress is not None and count % 10_000 == 0:
                 progress(10_000)
     if progress is not None:
         progress(count % 10_000)
     ledger = checkers.pop(keys.LEDGER_ID, ChainChecker(chain, keys.LEDGER_ID)).report
-    reports = [ledger]
-    for cid, checker in sorted(checkers.items()):
+    reports = [ledger] if broken is None else [broken, ledger]
+    for _, checker in sorted(checkers.items()):
         if ledger.ok:
             cross_check(checker.report, view)
         reports.append(checker.report)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .events import EventKind as K
 from .events import TERMINAL_KINDS
+from .events import EventKind as K
 
 _UNWIND_STARTS = frozenset({K.SAGA_FAILED, K.COMPENSATION_INTENT, K.STEP_NOT_COMPENSABLE})
 

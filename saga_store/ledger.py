@@ -19,7 +19,7 @@ from . import keys
 from .canonical import canonical
 from .errors import AnchorMismatch, ConflictError, InvalidInput, StoreUnavailable
 from .events import EventKind, body_dict
-from .log import Head, SagaLog
+from .log import Head, SagaLog, command
 
 MAX_CAS_ROUNDS = 200
 
@@ -38,7 +38,7 @@ class Ledger:
                 try:
                     head = self.log.append(keys.LEDGER_ID, [body], head)
                 except ConflictError as exc:
-                    head = exc.head  # type: ignore[attr-defined]
+                    head = exc.head
                     continue
                 self._head = head
                 return head
@@ -84,8 +84,8 @@ class Ledger:
             warnings.append("anchor is unsigned: anyone could have written it")
         if seq < 0:
             return warnings
-        rows = self.log.raw.execute_command(
-            "XRANGE", keys.LEDGER_LOG, keys.entry_id(seq), keys.entry_id(seq))
+        rows = command(
+            self.log.raw, "XRANGE", keys.LEDGER_LOG, keys.entry_id(seq), keys.entry_id(seq))
         if not rows:
             have = self.log.head(keys.LEDGER_ID).seq
             raise AnchorMismatch(

@@ -63,6 +63,11 @@ def _identity(response: Any, **_: Any) -> Any:
     return response
 
 
+def command(client: redis.Redis, *args: Any) -> Any:
+    """``execute_command`` with its reply typed as Any (redis-py leaves it untyped)."""
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
 def parse_entry(item: Sequence[Any]) -> RawEntry:
     eid, f = item[0], item[1]
     if len(f) == 6 and f[0] == b"b" and f[2] == b"p" and f[4] == b"h":
@@ -138,9 +143,8 @@ class SagaLog:
         if code == 1:
             return Head(int(seq), linked[-1][2])
         if code == 0:
-            err = ConflictError(f"chain {chain_id} moved to seq {seq}; re-read and decide again")
-            err.head = Head(int(seq), extra or b"")  # type: ignore[attr-defined]
-            raise err
+            raise ConflictError(f"chain {chain_id} moved to seq {seq}; re-read and decide again",
+                                Head(int(seq), extra or b""))
         if code == -1:
             raise FencedOff(f"saga {chain_id}: lease is no longer held; stop working on it")
         raise FencedOff(f"saga {chain_id} is in phase {extra.decode()!r}, not {phase!r}")
@@ -157,7 +161,7 @@ class SagaLog:
 
     def load_blob(self, chain_id: str, ref: Mapping[str, Any]) -> Any:
         digest = str(ref["$blob"]).removeprefix("sha256:")
-        raw = self.redis.get(keys.saga_blob(chain_id, digest))
+        raw = command(self.redis, "GET", keys.saga_blob(chain_id, digest))
         if raw is None or hashlib.sha256(raw).hexdigest() != digest:
             return None
         return orjson.loads(raw)
@@ -169,8 +173,8 @@ class SagaLog:
 
     def head(self, chain_id: str) -> Head:
         try:
-            last = self.raw.execute_command(
-                "XREVRANGE", keys.log_key_for(chain_id), "+", "-", "COUNT", 1)
+            last = command(
+                self.raw, "XREVRANGE", keys.log_key_for(chain_id), "+", "-", "COUNT", 1)
         except redis.ConnectionError as exc:
             raise StoreUnavailable(f"Redis unreachable: {exc}") from exc
         if not last:
@@ -183,7 +187,7 @@ class SagaLog:
         key = keys.log_key_for(chain_id)
         start = keys.entry_id(start_seq) if start_seq > 0 else "-"
         while True:
-            rows = self.raw.execute_command("XRANGE", key, start, "+", "COUNT", page)
+            rows = command(self.raw, "XRANGE", key, start, "+", "COUNT", page)
             for row in rows:
                 yield parse_entry(row)
             if len(rows) < page:
@@ -197,7 +201,7 @@ class SagaLog:
         """Block until entries after ``after_seq`` exist (XREAD BLOCK), or time out."""
         key = keys.log_key_for(chain_id)
         after = keys.entry_id(after_seq) if after_seq >= 0 else "0-0"
-        reply = self.raw.execute_command("XREAD", "BLOCK", block_ms, "STREAMS", key, after)
+        reply = command(self.raw, "XREAD", "BLOCK", block_ms, "STREAMS", key, after)
         if not reply:
             return []
         stream = reply[0] if isinstance(reply, list) else next(iter(reply.items()))

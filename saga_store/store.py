@@ -19,7 +19,7 @@ from .events import EventKind as K
 from .events import body_dict
 from .ids import check_id, new_id
 from .ledger import Ledger
-from .log import EMPTY, Head, SagaLog
+from .log import EMPTY, Head, SagaLog, command
 from .settings import Settings
 from .state import SagaState, Status, fold, phase_of
 
@@ -86,7 +86,9 @@ class Store:
         return fold(saga_id, self.log.events(saga_id))
 
     def meta(self, saga_id: str) -> dict[str, str]:
-        raw = self.redis.hgetall(keys.saga_meta(saga_id))
+        raw: dict[bytes, bytes] = command(self.redis, "HGETALL", keys.saga_meta(saga_id))
+        if isinstance(raw, list):  # RESP2 without redis-py's callback
+            raw = dict(zip(raw[::2], raw[1::2], strict=True))
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     def rebuild_meta(self, saga_id: str) -> dict[str, str]:
@@ -94,7 +96,8 @@ class Store:
         st = self.state(saga_id)
         meta = {"agent_id": st.agent_id or "", "state": str(st.status),
                 "phase": phase_of(st.status), "seq": str(st.seq)}
-        self.redis.hset(keys.saga_meta(saga_id), mapping=meta)
+        command(self.redis, "HSET", keys.saga_meta(saga_id),
+                *(x for kv in meta.items() for x in kv))
         return meta
 
     def saga_ids(self, limit: int | None = None) -> list[str]:
@@ -104,7 +107,7 @@ class Store:
         for entry in self.log.entries(keys.LEDGER_ID):
             ev = entry.event()
             sid = (ev.get("data") or {}).get("saga_id")
-            if ev["kind"] == K.LEDGER_OPENED and sid not in seen:
+            if ev["kind"] == K.LEDGER_OPENED and isinstance(sid, str) and sid not in seen:
                 seen.add(sid)
                 out.append(sid)
         out.reverse()
@@ -136,7 +139,8 @@ class ChainWriter:
             self.head = self.store.log.append(self.saga_id, bodies, self.head,
                                               lease_token=lease_token, phase=phase, meta=meta)
         except ConflictError as exc:
-            self.head = exc.head  # type: ignore[attr-defined]
+            if exc.head is not None:
+                self.head = exc.head
             raise
         if last in (K.SAGA_COMMITTED, K.SAGA_COMPENSATED, K.SAGA_NEEDS_ATTENTION):
             self.store.ledger.closed(self.saga_id, str(_META[last]), self.head)

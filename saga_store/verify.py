@@ -67,7 +67,8 @@ class ChainReport:
 class ChainChecker:
     """Checks one chain; feed entries in stored order, then read ``report``."""
 
-    __slots__ = ("chain", "chain_id", "expect", "invariants", "link", "prev", "report", "version")
+    __slots__ = ("chain", "chain_id", "expect", "invariants", "last", "link", "prev", "report",
+                 "version")
 
     def __init__(self, chain: Chain, chain_id: str) -> None:
         self.chain, self.chain_id = chain, chain_id
@@ -77,6 +78,7 @@ class ChainChecker:
         self.version = 0
         self.invariants = None if chain_id == keys.LEDGER_ID else Invariants()
         self.report = ChainReport(chain_id)
+        self.last: dict[str, Any] = {}  # the last event that passed
 
     def feed(self, pos: int, body: bytes, prev: bytes, h: bytes,
              ev: dict[str, Any] | None = None) -> bool:
@@ -108,6 +110,7 @@ class ChainChecker:
                 return False
         if not self._check_body(n, ev):
             return False
+        self.last = ev
         self.prev = h
         self.expect = n + 1
         rep.events = n + 1
@@ -152,15 +155,20 @@ class LedgerView:
     opened: dict[str, bytes] = field(default_factory=dict)  # saga -> first hash
     closed: dict[str, tuple[int, bytes]] = field(default_factory=dict)  # saga -> (seq, hash)
 
-    def note(self, ev: dict[str, Any]) -> None:
-        data = ev.get("data") or {}
-        sid = data.get("saga_id")
-        if not isinstance(sid, str):
-            return
-        if ev["kind"] == K.LEDGER_OPENED:
-            self.opened[sid] = bytes.fromhex(str(data.get("first", "")))
-        elif ev["kind"] == K.LEDGER_CLOSED:
-            self.closed[sid] = (int(data.get("seq", -1)), bytes.fromhex(str(data.get("hash", ""))))
+    def note(self, ev: dict[str, Any]) -> str | None:
+        """Fold one ledger event; returns a reason if it is malformed."""
+        data = ev.get("data")
+        sid = data.get("saga_id") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or not isinstance(sid, str):
+            return "ledger entry without a saga_id"
+        try:
+            if ev["kind"] == K.LEDGER_OPENED:
+                self.opened[sid] = bytes.fromhex(str(data["first"]))
+            elif ev["kind"] == K.LEDGER_CLOSED:
+                self.closed[sid] = (int(data["seq"]), bytes.fromhex(str(data["hash"])))
+        except (KeyError, TypeError, ValueError):
+            return f"malformed ledger entry for saga {sid}"
+        return None
 
 
 def cross_check(rep: ChainReport, view: LedgerView) -> None:
@@ -228,12 +236,10 @@ class Verifier:
         feed, seq_of = checker.feed, keys.seq_of_entry_id
         count = 0
         for e in self.log.entries(chain_id):
-            if view is not None and checker.report.ok:
-                # the ledger is folded as it is read, so it is read once
-                ok = feed(seq_of(e.entry_id), e.body, e.prev, e.hash, ev := orjson.loads(e.body))
-                if ok:
-                    view.note(ev)
-            elif not feed(seq_of(e.entry_id), e.body, e.prev, e.hash):
+            if not feed(seq_of(e.entry_id), e.body, e.prev, e.hash):
+                break
+            if view is not None and (why := view.note(checker.last)):
+                checker.report.fail(checker.expect - 1, "bad_body", why)
                 break
             count += 1
             if progress is not None and count % 10_000 == 0:

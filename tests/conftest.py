@@ -1,0 +1,63 @@
+"""Fixtures: a private redis-server for the whole run (never the machine's own
+Redis), flushed before each test; or, with SAGA_TEST_BACKEND=fakeredis, a
+fresh embedded store per test for the parity run of the log tests."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from saga_store.connection import embedded
+from saga_store.settings import Settings
+from saga_store.store import Store
+from saga_store.testing import RedisServer
+
+FAKE = os.environ.get("SAGA_TEST_BACKEND") == "fakeredis"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if FAKE:
+        skip = pytest.mark.skip(reason="needs a real redis-server")
+        for item in items:
+            if "real_redis" in item.keywords:
+                item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer | None]:
+    if FAKE:
+        yield None
+        return
+    with RedisServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer | None) -> str:
+    if redis_server is None:
+        pytest.skip("needs a real redis-server")
+    return redis_server.url
+
+
+@pytest.fixture
+def client(redis_server: RedisServer | None) -> Iterator[redis.Redis]:
+    if redis_server is None:
+        c = embedded()
+    else:
+        c = redis.Redis.from_url(redis_server.url)
+        c.flushdb()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def settings() -> Settings:
+    return Settings()
+
+
+@pytest.fixture
+def store(client: redis.Redis, settings: Settings) -> Store:
+    return Store(client, settings)

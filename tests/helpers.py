@@ -1,0 +1,72 @@
+"""Test helpers: build sagas, and tamper with stored streams as an attacker
+with write access to Redis would (read, change, rewrite)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import redis
+
+from saga_store import keys
+from saga_store.canonical import canonical
+from saga_store.chain import Chain
+from saga_store.events import EventKind as K
+from saga_store.store import ChainWriter, Store
+
+Entry = tuple[bytes, dict[bytes, bytes]]
+
+
+def committed_saga(store: Store, steps: int = 3, agent: str = "agent-1") -> ChainWriter:
+    """A saga of ``steps`` succeeded steps, committed: 2 + 3*steps events."""
+    w = store.open(agent, conversation_id="conv-1")
+    for n in range(steps):
+        w.append(K.STEP_INTENT, step=n, tool=f"tool_{n}", tool_call_id=f"call-{n}",
+                 data={"args": {"n": n, "pad": "x" * 40}, "reversibility": "compensable"})
+        w.append(K.STEP_STARTED, step=n, attempt=1)
+        w.append(K.STEP_SUCCEEDED, step=n, data={"result": {"ok": n}})
+    w.append(K.SAGA_COMMITTED)
+    return w
+
+
+def read_stream(client: redis.Redis, key: str) -> list[Entry]:
+    return [(eid, dict(f)) for eid, f in client.xrange(key)]
+
+
+def write_stream(client: redis.Redis, key: str, entries: list[Entry]) -> None:
+    client.delete(key)
+    for eid, fields in entries:
+        client.xadd(key, fields, id=eid)  # type: ignore[arg-type]
+
+
+def tamper(client: redis.Redis, chain_id: str, fn: Callable[[list[Entry]], list[Entry]]) -> None:
+    key = keys.log_key_for(chain_id)
+    write_stream(client, key, fn(read_stream(client, key)))
+
+
+def edit_body(entry: Entry, fn: Callable[[dict[str, Any]], None], chain: Chain | None = None,
+              prev: bytes | None = None) -> Entry:
+    """Change an entry's body; with ``chain``, re-hash it (a forger without the HMAC key)."""
+    eid, f = entry
+    body = orjson.loads(f[b"b"])
+    fn(body)
+    f = dict(f)
+    f[b"b"] = canonical(body)
+    if chain is not None:
+        f[b"p"] = prev if prev is not None else f[b"p"]
+        f[b"h"] = chain.link(f[b"p"], f[b"b"])
+    return eid, f
+
+
+def rehash_from(entries: list[Entry], start: int, chain: Chain) -> list[Entry]:
+    """Recompute links and hashes from ``start`` on, as a forger with SHA-256 would."""
+    out = list(entries)
+    for i in range(start, len(out)):
+        eid, f = out[i]
+        f = dict(f)
+        if i > 0:
+            f[b"p"] = out[i - 1][1][b"h"]
+        f[b"h"] = chain.link(f[b"p"], f[b"b"])
+        out[i] = (eid, f)
+    return out
