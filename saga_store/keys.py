@@ -4,8 +4,8 @@ All keys of one saga share the hash tag ``{<saga_id>}``, so every script
 touches a single Redis Cluster slot.
 
     ss:{S}:log            stream   the saga's events; entry id 0-(seq+1);
-                                   fields b (canonical body), p (prev, 32 raw
-                                   bytes), h (hash, 32 raw bytes)
+                                   fields b (canonical body) and h (hash, 32
+                                   raw bytes); prev is the entry before's h
     ss:{S}:meta           hash     cached projection: agent_id, state, phase,
                                    seq, created_ms, updated_ms (rebuildable)
     ss:{S}:lease          string   current lease token (fencing), PX-expiring

@@ -19,7 +19,7 @@ from . import keys
 from .canonical import canonical
 from .errors import AnchorMismatch, ConflictError, InvalidInput, StoreUnavailable
 from .events import EventKind, body_dict
-from .log import Head, SagaLog, command
+from .log import Head, SagaLog, body_and_hash, command
 
 MAX_CAS_ROUNDS = 200
 
@@ -91,9 +91,7 @@ class Ledger:
             raise AnchorMismatch(
                 f"log behind anchor: ledger ends at seq {have}, anchor has seq {seq}; "
                 "Redis lost data or was rolled back")
-        got = rows[0][1]
-        fields = {got[i]: got[i + 1] for i in range(0, len(got) - 1, 2)}
-        if fields.get(b"h", b"").hex() != want:
+        if body_and_hash(rows[0][1])[1].hex() != want:
             raise AnchorMismatch(
                 f"ledger forked from anchor at seq {seq}: history was rewritten after the anchor")
         return warnings

@@ -43,13 +43,12 @@ EMPTY = Head(-1, b"")
 
 @dataclass(frozen=True, slots=True)
 class RawEntry:
-    """One stream entry as stored: entry id, canonical body, prev and hash."""
+    """One stream entry: entry id, canonical body, hash, and the hash before it."""
 
     entry_id: bytes
     body: bytes
-    prev: bytes
     hash: bytes
-    fields: Mapping[bytes, bytes] | None = None  # set only when the layout is unusual
+    prev: bytes
 
     def event(self) -> dict[str, Any]:
         """The full envelope: body plus prev/hash in hex."""
@@ -68,13 +67,12 @@ def command(client: redis.Redis, *args: Any) -> Any:
     return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
-def parse_entry(item: Sequence[Any]) -> RawEntry:
-    eid, f = item[0], item[1]
-    if len(f) == 6 and f[0] == b"b" and f[2] == b"p" and f[4] == b"h":
-        return RawEntry(eid, f[1], f[3], f[5])
-    fields = {f[i]: f[i + 1] for i in range(0, len(f) - 1, 2)}
-    return RawEntry(eid, fields.get(b"b", b""), fields.get(b"p", b""),
-                    fields.get(b"h", b""), fields)
+def body_and_hash(fields: Sequence[bytes]) -> tuple[bytes, bytes]:
+    """The b and h fields of a stored entry (b"" for one that is missing)."""
+    if len(fields) == 4 and fields[0] == b"b" and fields[2] == b"h":
+        return fields[1], fields[3]
+    named = {fields[i]: fields[i + 1] for i in range(0, len(fields) - 1, 2)}
+    return named.get(b"b", b""), named.get(b"h", b"")
 
 
 class SagaLog:
@@ -128,8 +126,8 @@ class SagaLog:
         """
         linked = self.encode(chain_id, bodies, expect)
         argv: list[Any] = [expect.seq, expect.hash, lease_token or "", phase or "", len(linked)]
-        for raw, prev, h in linked:
-            argv += (raw, prev, h)
+        for raw, _prev, h in linked:
+            argv += (raw, h)
         if meta:
             for k, v in meta.items():
                 argv += (k, v)
@@ -179,20 +177,34 @@ class SagaLog:
             raise StoreUnavailable(f"Redis unreachable: {exc}") from exc
         if not last:
             return EMPTY
-        e = parse_entry(last[0])
-        return Head(keys.seq_of_entry_id(e.entry_id), e.hash)
+        return Head(keys.seq_of_entry_id(last[0][0]), body_and_hash(last[0][1])[1])
 
-    def entries(self, chain_id: str, start_seq: int = 0, page: int = PAGE) -> Iterator[RawEntry]:
-        """Every stored entry from ``start_seq`` on, in pages, as stored (unverified)."""
+    def pages(self, chain_id: str, start_seq: int = 0, page: int = PAGE,
+              ) -> Iterator[list[Any]]:
+        """Stored rows ``[entry_id, [field, value, ...]]`` from ``start_seq`` on, a page
+        at a time, untouched (the verifier's fast path)."""
         key = keys.log_key_for(chain_id)
-        start = keys.entry_id(start_seq) if start_seq > 0 else "-"
+        start: str | bytes = keys.entry_id(start_seq) if start_seq > 0 else "-"
         while True:
             rows = command(self.raw, "XRANGE", key, start, "+", "COUNT", page)
-            for row in rows:
-                yield parse_entry(row)
+            if rows:
+                yield rows
             if len(rows) < page:
                 return
             start = b"(" + rows[-1][0]
+
+    def entries(self, chain_id: str, start_seq: int = 0) -> Iterator[RawEntry]:
+        """Every stored entry from ``start_seq`` on (unverified)."""
+        prev = self.chain.genesis(chain_id)
+        if start_seq > 0:
+            before = command(self.raw, "XRANGE", keys.log_key_for(chain_id),
+                             keys.entry_id(start_seq - 1), keys.entry_id(start_seq - 1))
+            prev = body_and_hash(before[0][1])[1] if before else b""
+        for rows in self.pages(chain_id, start_seq):
+            for eid, fields in rows:
+                body, h = body_and_hash(fields)
+                yield RawEntry(eid, body, h, prev)
+                prev = h
 
     def events(self, chain_id: str, start_seq: int = 0) -> list[dict[str, Any]]:
         return [e.event() for e in self.entries(chain_id, start_seq)]
@@ -205,7 +217,11 @@ class SagaLog:
         if not reply:
             return []
         stream = reply[0] if isinstance(reply, list) else next(iter(reply.items()))
-        return [parse_entry(row) for row in stream[1]]
+        out = []
+        for eid, fields in stream[1]:
+            body, h = body_and_hash(fields)
+            out.append(RawEntry(eid, body, h, b""))  # prev unknown to a follower
+        return out
 
     def chain_ids(self) -> Iterator[str]:
         """Saga ids that have a log in Redis (SCAN; for verification and repair)."""

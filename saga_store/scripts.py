@@ -9,8 +9,8 @@ APPEND
     ARGV[3] lease token that must hold KEYS[3] ('' = no check)
     ARGV[4] phase the meta must be in ('' = no check; missing phase = forward)
     ARGV[5] n, the number of events
-    ARGV[6 .. 5+3n] body, prev, hash of each event, in order
-    ARGV[6+3n ..] field/value pairs written to meta after the append
+    ARGV[6 .. 5+2n] body and hash of each event, in order
+    ARGV[6+2n ..] field/value pairs written to meta after the append
     returns {1, new head seq, ''}            appended
             {0, head seq, head hash}         head moved: re-read, decide again
             {-1, 0, ''}                      lease not held (fenced off)
@@ -44,11 +44,11 @@ if ARGV[4] ~= '' then
 end
 local n = tonumber(ARGV[5])
 for i = 0, n - 1 do
-  local a = 6 + 3 * i
+  local a = 6 + 2 * i
   seq = seq + 1
-  redis.call('XADD', KEYS[1], '0-' .. (seq + 1), 'b', ARGV[a], 'p', ARGV[a + 1], 'h', ARGV[a + 2])
+  redis.call('XADD', KEYS[1], '0-' .. (seq + 1), 'b', ARGV[a], 'h', ARGV[a + 1])
 end
-local m = 6 + 3 * n
+local m = 6 + 2 * n
 if #ARGV >= m then
   redis.call('HSET', KEYS[2], 'seq', seq, unpack(ARGV, m))
 end

@@ -23,7 +23,10 @@ and names a reason class:
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,7 +37,7 @@ from .chain import Chain
 from .events import KNOWN_KINDS, SCHEMA_VERSION
 from .events import EventKind as K
 from .invariants import Invariants
-from .log import SagaLog
+from .log import SagaLog, body_and_hash
 
 Progress = Callable[[int], None]
 
@@ -67,76 +70,111 @@ class ChainReport:
 class ChainChecker:
     """Checks one chain; feed entries in stored order, then read ``report``."""
 
-    __slots__ = ("chain", "chain_id", "expect", "invariants", "last", "link", "prev", "report",
-                 "version")
+    __slots__ = ("chain_id", "expect", "expect_eid", "invariants", "last", "link", "prev",
+                 "prev_hex", "report", "version")
 
     def __init__(self, chain: Chain, chain_id: str) -> None:
-        self.chain, self.chain_id = chain, chain_id
+        self.chain_id = chain_id
         self.link = chain.link
         self.prev = chain.genesis(chain_id)
+        self.prev_hex = self.prev.hex()
         self.expect = 0
+        self.expect_eid = b"0-1"
         self.version = 0
         self.invariants = None if chain_id == keys.LEDGER_ID else Invariants()
         self.report = ChainReport(chain_id)
         self.last: dict[str, Any] = {}  # the last event that passed
 
-    def feed(self, pos: int, body: bytes, prev: bytes, h: bytes,
+    def feed(self, body: bytes, h: bytes, *, eid: bytes | None = None,
              ev: dict[str, Any] | None = None) -> bool:
-        """Check one entry at stored position ``pos``; False once the chain is bad."""
+        """Check the next entry as stored in Redis; False once the chain is bad.
+
+        ``eid`` is the stored entry id; ``ev`` the parsed body, if the caller has it.
+        """
         rep, n = self.report, self.expect
         if not rep.ok:
             return False
-        if pos != n:
-            if pos < 0:
-                rep.fail(n, "bad_entry_id", "entry id is not of the form 0-(seq+1)")
-            elif n == 0:
-                rep.fail(0, "head_trimmed", f"chain starts at seq {pos}, not 0")
-            else:
-                rep.fail(n, "missing_entry", f"seq {n} is missing; next stored is {pos}")
+        if eid is not None and eid != self.expect_eid:
+            return self._bad_position(n, keys.seq_of_entry_id(eid))
+        if self.link(self.prev, body) != h:
+            rep.fail(n, "hash_mismatch", "hash does not match the event's bytes and its prev")
             return False
-        if prev != self.prev:
+        return self._accept(n, body, h, ev)
+
+    def feed_export(self, body: bytes, h_hex: str, prev_hex: str, ev: dict[str, Any]) -> bool:
+        """Check the next event of an export, whose prev and hash are hex text.
+
+        Comparing text with the digest's lower-case hex (never decoding the text)
+        also holds the export to its canonical spelling.
+        """
+        rep, n = self.report, self.expect
+        if not rep.ok:
+            return False
+        if prev_hex != self.prev_hex:
             why = "does not start from the genesis of this chain" if n == 0 else \
                 "prev is not the hash of the event before"
             rep.fail(n, "broken_link", why)
             return False
-        if self.link(prev, body) != h:
-            rep.fail(n, "hash_mismatch", "hash does not match the event's bytes")
+        digest = self.link(self.prev, body)
+        if digest.hex() != h_hex:
+            rep.fail(n, "hash_mismatch", "hash does not match the event's bytes and its prev")
             return False
+        self.prev_hex = h_hex
+        return self._accept(n, body, digest, ev)
+
+    def _accept(self, n: int, body: bytes, h: bytes, ev: dict[str, Any] | None) -> bool:
         if ev is None:
             try:
                 ev = orjson.loads(body)
             except orjson.JSONDecodeError:
-                rep.fail(n, "bad_body", "body is not JSON")
+                self.report.fail(n, "bad_body", "body is not JSON")
                 return False
         if not self._check_body(n, ev):
             return False
         self.last = ev
+        if n == 0:
+            self.report.first_hash = h
         self.prev = h
         self.expect = n + 1
-        rep.events = n + 1
-        rep.head_seq, rep.head_hash = n, h
-        if n == 0:
-            rep.first_hash = h
-        rep.last_kind = ev["kind"]
+        self.expect_eid = b"0-%d" % (n + 2)
         return True
+
+    def _bad_position(self, n: int, pos: int) -> bool:
+        if pos < 0:
+            self.report.fail(n, "bad_entry_id", "entry id is not of the form 0-(seq+1)")
+        elif n == 0:
+            self.report.fail(0, "head_trimmed", f"chain starts at seq {pos}, not 0")
+        else:
+            self.report.fail(n, "missing_entry", f"seq {n} is missing; next stored is {pos}")
+        return False
+
+    def finish(self) -> ChainReport:
+        """The report, with the head and counts filled in."""
+        rep = self.report
+        rep.events = self.expect
+        if self.expect:
+            rep.head_seq, rep.head_hash = self.expect - 1, self.prev
+            rep.last_kind = self.last.get("kind")
+        return rep
 
     def _check_body(self, n: int, ev: Any) -> bool:
         rep = self.report
-        if not isinstance(ev, dict) or not isinstance(ev.get("kind"), str):
-            rep.fail(n, "bad_body", "event is not an object with a kind")
+        try:
+            kind, seq, sid, v = ev["kind"], ev["seq"], ev["saga_id"], ev["v"]
+        except (KeyError, TypeError):
+            rep.fail(n, "bad_body", "event lacks kind, seq, saga_id or v")
             return False
-        if ev.get("seq") != n:
-            rep.fail(n, "seq_mismatch", f"event says seq {ev.get('seq')!r} at position {n}")
+        if seq != n:
+            rep.fail(n, "seq_mismatch", f"event says seq {seq!r} at position {n}")
             return False
-        if ev.get("saga_id") != self.chain_id:
-            rep.fail(n, "wrong_chain", f"event belongs to saga {ev.get('saga_id')!r}")
+        if sid != self.chain_id:
+            rep.fail(n, "wrong_chain", f"event belongs to saga {sid!r}")
             return False
-        v = ev.get("v")
-        if not isinstance(v, int) or not 1 <= v <= SCHEMA_VERSION or v < self.version:
-            rep.fail(n, "bad_version", f"schema version {v!r} after {self.version}")
-            return False
-        self.version = v
-        kind = ev["kind"]
+        if v != self.version:
+            if not isinstance(v, int) or not 1 <= v <= SCHEMA_VERSION or v < self.version:
+                rep.fail(n, "bad_version", f"schema version {v!r} after {self.version}")
+                return False
+            self.version = v
         if kind not in KNOWN_KINDS:
             rep.fail(n, "bad_body", f"unknown event kind {kind!r}")
             return False
@@ -225,28 +263,34 @@ class VerifyResult:
 
 
 class Verifier:
-    """Verifies what is in Redis."""
+    """Verifies what is in Redis, across ``jobs`` processes for large logs."""
 
-    def __init__(self, log: SagaLog) -> None:
+    PARALLEL_MIN_EVENTS = 200_000
+
+    def __init__(self, log: SagaLog, jobs: int | None = None) -> None:
         self.log = log
+        self.jobs = jobs if jobs is not None else (os.cpu_count() or 1)
 
     def check(self, chain_id: str, progress: Progress | None = None,
               view: LedgerView | None = None) -> ChainReport:
         checker = ChainChecker(self.log.chain, chain_id)
-        feed, seq_of = checker.feed, keys.seq_of_entry_id
-        count = 0
-        for e in self.log.entries(chain_id):
-            if not feed(seq_of(e.entry_id), e.body, e.prev, e.hash):
+        feed = checker.feed
+        for rows in self.log.pages(chain_id):
+            for eid, fields in rows:
+                if len(fields) == 4 and fields[0] == b"b" and fields[2] == b"h":
+                    ok = feed(fields[1], fields[3], eid=eid)
+                else:
+                    ok = feed(*body_and_hash(fields), eid=eid)
+                if not ok:
+                    break
+                if view is not None and (why := view.note(checker.last)):
+                    checker.report.fail(checker.expect - 1, "bad_body", why)
+                    break
+            if progress is not None:
+                progress(len(rows))
+            if not checker.report.ok:
                 break
-            if view is not None and (why := view.note(checker.last)):
-                checker.report.fail(checker.expect - 1, "bad_body", why)
-                break
-            count += 1
-            if progress is not None and count % 10_000 == 0:
-                progress(10_000)
-        if progress is not None:
-            progress(count % 10_000)
-        return checker.report
+        return checker.finish()
 
     def verify(self, saga_id: str | None = None, progress: Progress | None = None,
                ) -> VerifyResult:
@@ -256,10 +300,44 @@ class Verifier:
             ids: list[str] = [saga_id]
         else:
             ids = sorted(set(self.log.chain_ids()) | set(view.opened))
-        reports = [ledger]
-        for sid in ids:
-            rep = self.check(sid, progress)
-            if ledger.ok:
+        reports = self._check_many(ids, progress)
+        if ledger.ok:
+            for rep in reports:
                 cross_check(rep, view)
-            reports.append(rep)
-        return VerifyResult(reports)
+        return VerifyResult([ledger, *reports])
+
+    def _check_many(self, ids: list[str], progress: Progress | None) -> list[ChainReport]:
+        kwargs = getattr(self.log.redis.connection_pool, "connection_kwargs", {})
+        if self.jobs < 2 or len(ids) < 2 * self.jobs or "server" in kwargs:  # not embedded
+            return [self.check(sid, progress) for sid in ids]
+        pipe = self.log.redis.pipeline(transaction=False)
+        for sid in ids:
+            pipe.xlen(keys.saga_log(sid))
+        if sum(pipe.execute()) < self.PARALLEL_MIN_EVENTS:
+            return [self.check(sid, progress) for sid in ids]
+        # Chains are independent: split them over forked processes. A child inherits
+        # this verifier (redis-py reopens connections after a fork); only saga ids
+        # go to it and only reports come back.
+        chunks = [ids[i::self.jobs] for i in range(self.jobs)]
+        ctx = mp.get_context("fork")
+        with ProcessPoolExecutor(self.jobs, mp_context=ctx, initializer=_adopt,
+                                 initargs=(self,)) as pool:
+            futures = [pool.submit(_check_chunk, c) for c in chunks]
+            by_id: dict[str, ChainReport] = {}
+            for fut in futures:
+                for rep in fut.result():
+                    by_id[rep.chain_id] = rep
+                    if progress is not None:
+                        progress(rep.events)
+        return [by_id[sid] for sid in ids]
+
+
+_child: list[Verifier] = []
+
+
+def _adopt(verifier: Verifier) -> None:
+    _child.append(verifier)
+
+
+def _check_chunk(ids: list[str]) -> list[ChainReport]:
+    return [_child[0].check(sid) for sid in ids]

@@ -47,26 +47,23 @@ def tamper(client: redis.Redis, chain_id: str, fn: Callable[[list[Entry]], list[
 
 def edit_body(entry: Entry, fn: Callable[[dict[str, Any]], None], chain: Chain | None = None,
               prev: bytes | None = None) -> Entry:
-    """Change an entry's body; with ``chain``, re-hash it (a forger without the HMAC key)."""
+    """Change an entry's body; with ``chain`` and ``prev``, re-hash it as a forger
+    without the HMAC key would."""
     eid, f = entry
     body = orjson.loads(f[b"b"])
     fn(body)
     f = dict(f)
     f[b"b"] = canonical(body)
-    if chain is not None:
-        f[b"p"] = prev if prev is not None else f[b"p"]
-        f[b"h"] = chain.link(f[b"p"], f[b"b"])
+    if chain is not None and prev is not None:
+        f[b"h"] = chain.link(prev, f[b"b"])
     return eid, f
 
 
-def rehash_from(entries: list[Entry], start: int, chain: Chain) -> list[Entry]:
-    """Recompute links and hashes from ``start`` on, as a forger with SHA-256 would."""
+def rehash_from(entries: list[Entry], start: int, chain: Chain, chain_id: str) -> list[Entry]:
+    """Recompute hashes from ``start`` on, as a forger with SHA-256 would."""
     out = list(entries)
     for i in range(start, len(out)):
         eid, f = out[i]
-        f = dict(f)
-        if i > 0:
-            f[b"p"] = out[i - 1][1][b"h"]
-        f[b"h"] = chain.link(f[b"p"], f[b"b"])
-        out[i] = (eid, f)
+        prev = out[i - 1][1][b"h"] if i > 0 else chain.genesis(chain_id)
+        out[i] = (eid, {**f, b"h": chain.link(prev, f[b"b"])})
     return out

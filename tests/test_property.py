@@ -19,7 +19,7 @@ from saga_store.verify import Verifier
 from .helpers import committed_saga, read_stream, write_stream
 
 pytestmark = pytest.mark.parity
-FIELDS = [b"b", b"p", b"h"]
+FIELDS = [b"b", b"h"]
 
 
 def _flip(data: bytes, pos: int, delta: int) -> bytes:

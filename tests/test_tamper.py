@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
+import orjson
 import pytest
 import redis
 
 from saga_store import keys
+from saga_store.canonical import canonical
 from saga_store.chain import Chain
 from saga_store.errors import AnchorMismatch
+from saga_store.export import export, verify_file
 from saga_store.settings import Settings
 from saga_store.store import Store
 from saga_store.verify import ChainReport, Verifier
@@ -38,12 +42,6 @@ def _edit_hash(es: list[Entry]) -> list[Entry]:
     return es
 
 
-def _edit_prev(es: list[Entry]) -> list[Entry]:
-    eid, f = es[4]
-    es[4] = (eid, {**f, b"p": bytes(32)})
-    return es
-
-
 def _delete(es: list[Entry]) -> list[Entry]:
     return es[:4] + es[5:]
 
@@ -68,7 +66,7 @@ def _replay(es: list[Entry]) -> list[Entry]:
 
 def _downgrade(es: list[Entry]) -> list[Entry]:
     es[4] = edit_body(es[4], lambda b: b.update(v=0))
-    return rehash_from(es, 4, SHA)
+    return rehash_from(es, 4, SHA, orjson.loads(es[0][1][b"b"])["saga_id"])
 
 
 def _trim_head(es: list[Entry]) -> list[Entry]:
@@ -78,11 +76,10 @@ def _trim_head(es: list[Entry]) -> list[Entry]:
 CASES: list[tuple[str, Callable[[list[Entry]], list[Entry]], int, str]] = [
     ("edited payload", _edit_payload, 4, "hash_mismatch"),
     ("edited hash", _edit_hash, 4, "hash_mismatch"),
-    ("edited prev", _edit_prev, 4, "broken_link"),
     ("deleted entry", _delete, 4, "missing_entry"),
-    ("swapped entries", _swap, 4, "broken_link"),
-    ("inserted forged entry", _insert_forged, 5, "broken_link"),
-    ("replayed entry", _replay, 11, "broken_link"),
+    ("swapped entries", _swap, 4, "hash_mismatch"),
+    ("inserted forged entry", _insert_forged, 5, "hash_mismatch"),
+    ("replayed entry", _replay, 11, "hash_mismatch"),
     ("version downgrade, rehashed", _downgrade, 4, "bad_version"),
     ("head trimmed", _trim_head, 0, "head_trimmed"),
 ]
@@ -96,6 +93,7 @@ def test_tamper_is_detected_at_the_first_bad_seq(store: Store, client: redis.Red
     other = committed_saga(store)  # an untouched neighbour stays intact
     w = committed_saga(store)
     tamper(client, w.saga_id, change)
+    assert store.log.head(w.saga_id).seq >= 0
     rep = report_for(store, w.saga_id)
     assert (rep.first_bad_seq, rep.reason) == (bad_seq, reason), rep.detail
     assert Verifier(store.log).verify(other.saga_id).ok
@@ -108,7 +106,7 @@ def test_event_spliced_from_another_saga_is_detected(store: Store, client: redis
 
     def splice(es: list[Entry]) -> list[Entry]:
         es[4] = (es[4][0], dict(b_entries[4][1]))
-        return rehash_from(es, 4, SHA)
+        return rehash_from(es, 4, SHA, a.saga_id)
     tamper(client, a.saga_id, splice)
     rep = report_for(store, a.saga_id)
     assert (rep.first_bad_seq, rep.reason) == (4, "wrong_chain")
@@ -135,7 +133,7 @@ def test_full_rewrite_of_a_saga_is_caught_by_the_ledger(store: Store, client: re
 
     def rewrite(es: list[Entry]) -> list[Entry]:
         es[1] = edit_body(es[1], lambda b: b["data"].update(args={"n": -1}))
-        return rehash_from(es, 1, SHA)
+        return rehash_from(es, 1, SHA, w.saga_id)
     tamper(client, w.saga_id, rewrite)
     rep = report_for(store, w.saga_id)
     assert rep.reason == "rewritten"
@@ -147,7 +145,8 @@ def test_full_rewrite_including_the_ledger_needs_an_anchor(store: Store,
     w = committed_saga(store)
     anchor = store.ledger.anchor()
     tamper(client, w.saga_id, lambda es: rehash_from(
-        [es[0], edit_body(es[1], lambda b: b["data"].update(args={"n": -1})), *es[2:]], 1, SHA))
+        [es[0], edit_body(es[1], lambda b: b["data"].update(args={"n": -1})), *es[2:]], 1, SHA,
+        w.saga_id))
     new_head = store.log.head(w.saga_id)
     new_first = read_stream(client, keys.saga_log(w.saga_id))[0][1][b"h"]
 
@@ -162,7 +161,7 @@ def test_full_rewrite_including_the_ledger_needs_an_anchor(store: Store,
                 else:
                     data["hash"] = new_head.hash.hex()
             out.append(edit_body(e, upd))
-        return rehash_from(out, 0, SHA)
+        return rehash_from(out, 0, SHA, keys.LEDGER_ID)
     tamper(client, keys.LEDGER_ID, fix_ledger)
     assert Verifier(store.log).verify().ok  # the documented limit of plain SHA-256
     with pytest.raises(AnchorMismatch, match="forked"):
@@ -174,7 +173,7 @@ def test_rewrite_without_the_hmac_key_is_caught(client: redis.Redis) -> None:
     store = Store(client, Settings(hmac_key=b"k" * 32))
     w = committed_saga(store)
     tamper(client, w.saga_id, lambda es: rehash_from(
-        [*es[:3], edit_body(es[3], lambda b: b.update(ts=1)), *es[4:]], 3, SHA))
+        [*es[:3], edit_body(es[3], lambda b: b.update(ts=1)), *es[4:]], 3, SHA, w.saga_id))
     rep = report_for(store, w.saga_id)
     assert (rep.first_bad_seq, rep.reason) == (3, "hash_mismatch")
 
@@ -216,3 +215,18 @@ def test_invariant_violation_with_valid_hashes_is_caught(store: Store) -> None:
     rep = report_for(store, w.saga_id)
     assert (rep.first_bad_seq, rep.reason) == (7, "invariant")
     assert "reverse order" in rep.detail
+
+
+def test_edited_prev_in_an_export_is_a_broken_link(store: Store, tmp_path: Path) -> None:
+    """Exports carry prev; one that does not match the event before is caught."""
+    w = committed_saga(store)
+    path = tmp_path / "x.jsonl"
+    with open(path, "wb") as fh:
+        export(store.log, fh)
+    lines = path.read_bytes().splitlines()
+    ev = orjson.loads(lines[5])
+    ev["prev"] = "00" * 32
+    lines[5] = canonical(ev)
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    rep = {c.chain_id: c for c in verify_file(path, SHA).chains}[w.saga_id]
+    assert (rep.first_bad_seq, rep.reason) == (4, "broken_link")
