@@ -7,7 +7,7 @@ import click
 from saga_store.chain import load_key
 from saga_store.settings import Settings
 
-from . import demo, inspect, verify
+from . import demo, inspect, verify, workers
 from .common import Context, errors_to_exit
 
 
@@ -26,10 +26,14 @@ def cli(ctx: click.Context, redis_url: str | None, hmac_key_file: str | None) ->
         ctx.obj = Context(redis_url, Settings.from_env(hmac_key=key))
 
 
-for module in (demo, inspect, verify):
+for module in (demo, inspect, verify, workers):
     for command in module.COMMANDS:
         cli.add_command(command)
 
 
 def main() -> None:
     cli(prog_name="saga")
+
+
+if __name__ == "__main__":
+    main()

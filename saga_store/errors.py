@@ -116,3 +116,22 @@ class CannotVerify(SagaError):
     """Verification could not be carried out; this says nothing about integrity."""
 
     code = "cannot_verify"
+
+
+class StepInDoubt(StepError):
+    """The step's outcome is unknown (it timed out or its worker died after the
+    effect may have happened); the saga is being unwound."""
+
+    code = "step_in_doubt"
+
+
+class SagaAborted(SagaError):
+    """The saga is unwinding (a step failed or someone aborted it): no more calls."""
+
+    code = "saga_aborted"
+
+
+class StepPending(SagaError):
+    """No worker finished the step in time; it stays queued. Is ``saga worker`` running?"""
+
+    code = "step_pending"

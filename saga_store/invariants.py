@@ -3,9 +3,10 @@
 They hold for every log Saga Store writes, whatever crashed along the way:
 an outcome follows an intent, a step has one outcome (an in-doubt outcome may
 be resolved once, later), compensations refer to steps that ran, run in
-strict reverse order and never twice, nothing moves forward once unwinding
-began, nothing follows a final event, and a committed or compensated saga
-left no completed step behind.
+strict reverse order and never twice, no step is announced or started once
+unwinding began (a step already running may still report its outcome: that
+is a fact the unwind needs), nothing follows a final event, and a committed
+or compensated saga left no completed step behind.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ class Invariants:
     """Feed events in order; :meth:`feed` returns a reason string at the first violation."""
 
     __slots__ = ("closed", "comp_done", "comp_open", "last_comp", "outcome", "readonly",
-                 "unwinding", "walked")
+                 "started", "unwinding", "walked")
 
     def __init__(self) -> None:
         self.outcome: dict[int, str | None] = {}  # step -> last outcome kind (None: intent only)
         self.readonly: set[int] = set()
+        self.started: set[int] = set()
         self.comp_open: set[int] = set()
         self.comp_done: set[int] = set()
         self.walked: set[int] = set()  # steps the unwind has dealt with
@@ -63,12 +65,14 @@ class Invariants:
                 return f"step {step} started after compensation began"
             if prior is not None:
                 return f"step {step} started again after its outcome {prior}"
+            self.started.add(step)
             return None
         resolving = prior == K.STEP_IN_DOUBT and kind != K.STEP_IN_DOUBT
         if prior is not None and not resolving:
             return f"step {step} has a second outcome ({prior}, then {kind})"
-        if self.unwinding and kind == K.STEP_SUCCEEDED and not resolving:
-            return f"step {step} succeeded after compensation began"
+        if self.unwinding and kind == K.STEP_SUCCEEDED and not resolving \
+                and step not in self.started:
+            return f"step {step} succeeded after compensation began without having started"
         if step in self.walked and not resolving:
             return f"step {step} got an outcome after the unwind passed it"
         self.outcome[step] = kind

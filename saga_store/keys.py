@@ -11,9 +11,13 @@ touches a single Redis Cluster slot.
     ss:{S}:lease          string   current lease token (fencing), PX-expiring
     ss:{S}:fence          string   monotonically increasing fencing counter
     ss:{S}:blob:<sha256>  string   large payload stored by content hash
+    ss:{S}:secrets        hash     secret tool arguments by step, and the salt
+                                   of their digests (never in the log)
     ss:ledger:{ledger}:log stream  the ledger chain (one entry per saga open/close)
     ss:idem:{<key>}       hash     dedupe record of one idempotency key
     ss:ctx:{<agent_id>}   stream   context-sync events for one agent
+    ss:active             zset     sagas with work in flight, scored by the time
+                                   (ms) after which the sweeper looks at them
 
 The ledger key does not begin with ``ss:{`` so no saga id can collide with it.
 """
@@ -43,6 +47,13 @@ def saga_fence(saga_id: str) -> str:
 
 def saga_blob(saga_id: str, digest_hex: str) -> str:
     return f"{PREFIX}:{{{saga_id}}}:blob:{digest_hex}"
+
+
+def saga_secrets(saga_id: str) -> str:
+    return f"{PREFIX}:{{{saga_id}}}:secrets"
+
+
+ACTIVE = f"{PREFIX}:active"
 
 
 def idem(key: str) -> str:

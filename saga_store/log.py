@@ -42,6 +42,19 @@ EMPTY = Head(-1, b"")
 
 
 @dataclass(frozen=True, slots=True)
+class Lease:
+    """A lease argument for :meth:`SagaLog.append`: the fencing token, what to do
+    with the lease ('hold', 'acquire' or 'release'), and its time to live."""
+
+    token: str
+    mode: str = "hold"
+    ttl_ms: int = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.token, self.mode, self.ttl_ms))
+
+
+@dataclass(frozen=True, slots=True)
 class RawEntry:
     """One stream entry: entry id, canonical body, hash, and the hash before it."""
 
@@ -73,6 +86,38 @@ def body_and_hash(fields: Sequence[bytes]) -> tuple[bytes, bytes]:
         return fields[1], fields[3]
     named = {fields[i]: fields[i + 1] for i in range(0, len(fields) - 1, 2)}
     return named.get(b"b", b""), named.get(b"h", b"")
+
+
+@dataclass(frozen=True)
+class PreparedAppend:
+    """An encoded append: :meth:`send` it (or queue it on a pipeline), then read
+    the reply with :meth:`result`."""
+
+    log: SagaLog
+    chain_id: str
+    keys: list[str]
+    argv: list[Any]
+    first_hash: bytes
+    last_hash: bytes
+    phase: str | None
+
+    def send(self, client: Any) -> Any:
+        return self.log.scripts.append(keys=self.keys, args=self.argv, client=client)
+
+    def result(self, reply: Any) -> Head:
+        if isinstance(reply, Exception):
+            raise StoreUnavailable(f"append failed: {reply}")
+        code, seq, extra = reply
+        if code == 1:
+            return Head(int(seq), self.last_hash)
+        if code == 0:
+            raise ConflictError(f"chain {self.chain_id} moved to seq {seq}; re-read and decide "
+                                "again", Head(int(seq), extra or b""))
+        if code == -1:
+            raise FencedOff(f"saga {self.chain_id}: lease is held by "
+                            f"{extra.decode() or 'nobody'}, not by this writer; stop working on it")
+        raise FencedOff(f"saga {self.chain_id} is in phase {extra.decode()!r}, "
+                        f"not {self.phase!r}")
 
 
 class SagaLog:
@@ -117,35 +162,35 @@ class SagaLog:
         return out
 
     def append(self, chain_id: str, bodies: Sequence[dict[str, Any]], expect: Head, *,
-               lease_token: str | None = None, phase: str | None = None,
+               lease: Lease | None = None, phase: str | None = None,
                meta: Mapping[str, str | int] | None = None) -> Head:
         """Append ``bodies`` (each gets its ``seq``) if the head is still ``expect``.
 
         Raises :class:`ConflictError` (with ``.head``) when another writer moved
         the head, :class:`FencedOff` when the lease or phase check fails.
         """
+        call = self.prepare(chain_id, bodies, expect, lease=lease, phase=phase, meta=meta)
+        try:
+            reply = call.send(self.redis)
+        except redis.ConnectionError as exc:
+            raise StoreUnavailable(f"Redis unreachable during append: {exc}") from exc
+        return call.result(reply)
+
+    def prepare(self, chain_id: str, bodies: Sequence[dict[str, Any]], expect: Head, *,
+                lease: Lease | None = None, phase: str | None = None,
+                meta: Mapping[str, str | int] | None = None) -> PreparedAppend:
+        """Encode an append without sending it, so it can go in a pipeline."""
         linked = self.encode(chain_id, bodies, expect)
-        argv: list[Any] = [expect.seq, expect.hash, lease_token or "", phase or "", len(linked)]
+        token, mode, ttl = lease if lease is not None else ("", "hold", 0)
+        argv: list[Any] = [expect.seq, expect.hash, token, mode, ttl, phase or "", len(linked)]
         for raw, _prev, h in linked:
             argv += (raw, h)
         if meta:
             for k, v in meta.items():
                 argv += (k, v)
         k = keys.log_key_for(chain_id)
-        meta_key = k[:-4] + ":meta"
-        lease_key = k[:-4] + ":lease"
-        try:
-            code, seq, extra = self.scripts.append(keys=[k, meta_key, lease_key], args=argv)
-        except redis.ConnectionError as exc:
-            raise StoreUnavailable(f"Redis unreachable during append: {exc}") from exc
-        if code == 1:
-            return Head(int(seq), linked[-1][2])
-        if code == 0:
-            raise ConflictError(f"chain {chain_id} moved to seq {seq}; re-read and decide again",
-                                Head(int(seq), extra or b""))
-        if code == -1:
-            raise FencedOff(f"saga {chain_id}: lease is no longer held; stop working on it")
-        raise FencedOff(f"saga {chain_id} is in phase {extra.decode()!r}, not {phase!r}")
+        return PreparedAppend(self, chain_id, [k, k[:-4] + ":meta", k[:-4] + ":lease"], argv,
+                              linked[0][2], linked[-1][2], phase)
 
     def _store_blob(self, chain_id: str, data: Any) -> dict[str, Any]:
         raw = canonical(data)

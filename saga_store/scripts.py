@@ -6,14 +6,18 @@ APPEND
     KEYS[1] chain log stream     KEYS[2] chain meta hash    KEYS[3] lease key
     ARGV[1] expected head seq (-1 for an empty chain)
     ARGV[2] expected head hash (32 raw bytes; empty for an empty chain)
-    ARGV[3] lease token that must hold KEYS[3] ('' = no check)
-    ARGV[4] phase the meta must be in ('' = no check; missing phase = forward)
-    ARGV[5] n, the number of events
-    ARGV[6 .. 5+2n] body and hash of each event, in order
-    ARGV[6+2n ..] field/value pairs written to meta after the append
+    ARGV[3] lease token ('' = no lease check)
+    ARGV[4] lease mode: 'hold'    KEYS[3] must hold the token
+                        'acquire' take KEYS[3] if free or ours, for ARGV[5] ms
+                        'release' KEYS[3] must hold the token; deleted after
+    ARGV[5] lease time to live in ms (for 'acquire'; Redis's clock, relative)
+    ARGV[6] phase the meta must be in ('' = no check; missing phase = forward)
+    ARGV[7] n, the number of events
+    ARGV[8 .. 7+2n] body and hash of each event, in order
+    ARGV[8+2n ..] field/value pairs written to meta after the append
     returns {1, new head seq, ''}            appended
             {0, head seq, head hash}         head moved: re-read, decide again
-            {-1, 0, ''}                      lease not held (fenced off)
+            {-1, 0, holder}                  lease held by another token (fenced off)
             {-2, 0, phase}                   saga is in another phase
 """
 
@@ -35,22 +39,35 @@ end
 if seq ~= tonumber(ARGV[1]) or head ~= ARGV[2] then
   return {0, seq, head}
 end
-if ARGV[3] ~= '' and redis.call('GET', KEYS[3]) ~= ARGV[3] then
-  return {-1, 0, ''}
+local token, mode = ARGV[3], ARGV[4]
+if token ~= '' then
+  local holder = redis.call('GET', KEYS[3])
+  if mode == 'acquire' then
+    if holder and holder ~= token then return {-1, 0, holder} end
+  elseif holder ~= token then
+    return {-1, 0, holder or ''}
+  end
 end
-if ARGV[4] ~= '' then
+if ARGV[6] ~= '' then
   local phase = redis.call('HGET', KEYS[2], 'phase') or 'forward'
-  if phase ~= ARGV[4] then return {-2, 0, phase} end
+  if phase ~= ARGV[6] then return {-2, 0, phase} end
 end
-local n = tonumber(ARGV[5])
+local n = tonumber(ARGV[7])
 for i = 0, n - 1 do
-  local a = 6 + 2 * i
+  local a = 8 + 2 * i
   seq = seq + 1
   redis.call('XADD', KEYS[1], '0-' .. (seq + 1), 'b', ARGV[a], 'h', ARGV[a + 1])
 end
-local m = 6 + 2 * n
+local m = 8 + 2 * n
 if #ARGV >= m then
   redis.call('HSET', KEYS[2], 'seq', seq, unpack(ARGV, m))
+end
+if token ~= '' then
+  if mode == 'acquire' then
+    redis.call('SET', KEYS[3], token, 'PX', ARGV[5])
+  elseif mode == 'release' then
+    redis.call('DEL', KEYS[3])
+  end
 end
 return {1, seq, ''}
 """

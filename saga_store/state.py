@@ -47,6 +47,9 @@ class StepState:
     compensation: str | None = None  # intent, succeeded, failed, not_compensable
     compensation_result: Any = None
     compensation_attempts: int = 0
+    intent_seq: int = -1
+    resume_base: int = 0  # compensation attempts made before the last resume
+    reversibility: str | None = None
 
     @property
     def finished(self) -> bool:
@@ -66,6 +69,7 @@ class SagaState:
     reason: Any = None
     invalid_calls: int = 0
     plan: bool = False
+    head_hash: bytes = b""  # hash of event ``seq``, when the reader knows it
 
     @property
     def final(self) -> bool:
@@ -107,12 +111,16 @@ class SagaState:
             self.status, self.reason = Status.STUCK, data
         elif kind == K.SAGA_RESUMED:
             self.status = Status.COMPENSATING
+            for st in self.steps.values():
+                st.resume_base = st.compensation_attempts
 
     def _apply_step(self, kind: str, st: StepState, ev: dict[str, Any], data: Any) -> None:
         if kind == K.STEP_INTENT:
+            st.intent_seq = ev["seq"]
             st.tool, st.tool_call_id = ev.get("tool"), ev.get("tool_call_id")
             st.idem_key = ev.get("idem_key")
             st.args = data.get("args") if isinstance(data, dict) else None
+            st.reversibility = data.get("reversibility") if isinstance(data, dict) else None
         elif kind == K.STEP_STARTED:
             st.status, st.attempts = "started", ev.get("attempt") or st.attempts + 1
         elif kind == K.STEP_SUCCEEDED:

@@ -19,7 +19,7 @@ from .events import EventKind as K
 from .events import body_dict
 from .ids import check_id, new_id
 from .ledger import Ledger
-from .log import EMPTY, Head, SagaLog, command
+from .log import EMPTY, Head, Lease, PreparedAppend, SagaLog, command
 from .settings import Settings
 from .state import SagaState, Status, fold, phase_of
 
@@ -55,8 +55,9 @@ class Store:
 
     def open(self, agent_id: str, *, saga_id: str | None = None,
              conversation_id: str | None = None, data: Mapping[str, Any] | None = None,
-             ) -> ChainWriter:
-        """Start a saga: ``saga_started`` in its chain, then its opening in the ledger."""
+             then: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> ChainWriter:
+        """Start a saga: ``saga_started`` (and ``then``, in the same append) in its
+        chain, then its opening in the ledger."""
         check_id(agent_id, "agent_id")
         sid = check_id(saga_id, "saga_id") if saga_id is not None else new_id()
         if conversation_id is not None:
@@ -66,14 +67,15 @@ class Store:
             payload["conversation_id"] = conversation_id
         self.log.check_payload(payload)
         writer = ChainWriter(self, sid, EMPTY)
+        call = writer.prepare(
+            [(K.SAGA_STARTED, {"agent_id": agent_id, "data": payload or None}), *then],
+            meta={"agent_id": agent_id, "state": Status.RUNNING, "phase": "forward"})
         try:
-            head = writer.append(K.SAGA_STARTED, agent_id=agent_id, data=payload or None,
-                                 meta={"agent_id": agent_id, "state": Status.RUNNING,
-                                       "phase": "forward"})
+            writer.applied(call, call.send(self.redis))
         except ConflictError:
             raise InvalidInput(f"saga {sid} already exists; choose another id or omit it",
                                field="saga_id") from None
-        self.ledger.opened(sid, agent_id, head.hash)
+        self.ledger.opened(sid, agent_id, call.first_hash)
         return writer
 
     def writer(self, saga_id: str) -> ChainWriter:
@@ -115,33 +117,47 @@ class Store:
 
 
 class ChainWriter:
-    """Appends to one saga's chain; not shared between threads."""
+    """Appends to one saga's chain, keeping its head cached; not shared between threads."""
 
     def __init__(self, store: Store, saga_id: str, head: Head) -> None:
         self.store, self.saga_id, self.head = store, saga_id, head
 
-    def append(self, kind: str, *, lease_token: str | None = None, phase: str | None = None,
+    def append(self, kind: str, *, lease: Lease | None = None, phase: str | None = None,
                meta: Mapping[str, str | int] | None = None, **fields: Any) -> Head:
-        return self.append_many([(kind, fields)], lease_token=lease_token, phase=phase, meta=meta)
+        return self.append_many([(kind, fields)], lease=lease, phase=phase, meta=meta)
 
     def append_many(self, items: Sequence[tuple[str, Mapping[str, Any]]], *,
-                    lease_token: str | None = None, phase: str | None = None,
+                    lease: Lease | None = None, phase: str | None = None,
                     meta: Mapping[str, str | int] | None = None) -> Head:
         """Append events in one CAS. On :class:`ConflictError` the cached head is
         refreshed and the error re-raised: the caller re-reads and decides."""
+        call = self.prepare(items, lease=lease, phase=phase, meta=meta)
+        return self.applied(call, call.send(self.store.redis))
+
+    def prepare(self, items: Sequence[tuple[str, Mapping[str, Any]]], *,
+                lease: Lease | None = None, phase: str | None = None,
+                meta: Mapping[str, str | int] | None = None) -> PreparedAppend:
+        """Encode an append to send later (alone or in a pipeline); see :meth:`applied`."""
         bodies = [body_dict(self.saga_id, 0, kind, **f) for kind, f in items]
         meta = dict(meta or {})
         last = items[-1][0]
         if last in _META and "state" not in meta:
             status = _META[last]
             meta.update(state=status, phase=phase_of(status))
+        call = self.store.log.prepare(self.saga_id, bodies, self.head, lease=lease,
+                                      phase=phase, meta=meta)
+        self._last_kind = last
+        return call
+
+    def applied(self, call: PreparedAppend, reply: Any) -> Head:
+        """Take the reply of a prepared append: move the head, close the saga in the
+        ledger if the append ended it."""
         try:
-            self.head = self.store.log.append(self.saga_id, bodies, self.head,
-                                              lease_token=lease_token, phase=phase, meta=meta)
+            self.head = call.result(reply)
         except ConflictError as exc:
             if exc.head is not None:
                 self.head = exc.head
             raise
-        if last in (K.SAGA_COMMITTED, K.SAGA_COMPENSATED, K.SAGA_NEEDS_ATTENTION):
-            self.store.ledger.closed(self.saga_id, str(_META[last]), self.head)
+        if self._last_kind in (K.SAGA_COMMITTED, K.SAGA_COMPENSATED, K.SAGA_NEEDS_ATTENTION):
+            self.store.ledger.closed(self.saga_id, str(_META[self._last_kind]), self.head)
         return self.head

@@ -13,7 +13,7 @@ from saga_store.canonical import canonical, check_json
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import Event
 from saga_store.events import EventKind as K
-from saga_store.log import EMPTY
+from saga_store.log import EMPTY, Lease
 from saga_store.settings import Settings
 from saga_store.store import Store
 from saga_store.verify import Verifier
@@ -63,8 +63,10 @@ def test_lease_and_phase_checks_fence_off_writers(store: Store, client: redis.Re
     w = store.open("a")
     client.set(keys.saga_lease(w.saga_id), "token-2")
     with pytest.raises(FencedOff, match="lease"):
-        w.append(K.STEP_INTENT, step=0, tool="t", lease_token="token-1")
-    w.append(K.STEP_INTENT, step=0, tool="t", lease_token="token-2", phase="forward")
+        w.append(K.STEP_INTENT, step=0, tool="t", lease=Lease("token-1"))
+    with pytest.raises(FencedOff, match="lease"):
+        w.append(K.STEP_INTENT, step=0, tool="t", lease=Lease("token-1", "acquire", 1000))
+    w.append(K.STEP_INTENT, step=0, tool="t", lease=Lease("token-2"), phase="forward")
     w.append(K.SAGA_FAILED, data={"reason": "x"})
     with pytest.raises(FencedOff, match="phase"):
         w.append(K.STEP_STARTED, step=0, phase="forward")
@@ -162,3 +164,16 @@ def test_meta_projection_is_rebuildable_from_the_log(store: Store, client: redis
     client.delete(keys.saga_meta(w.saga_id))
     after = store.rebuild_meta(w.saga_id)
     assert {k: before[k] for k in after} == after
+
+
+def test_lease_is_acquired_renewed_and_released_with_the_append(store: Store,
+                                                                client: redis.Redis) -> None:
+    """'acquire' takes a free lease with a TTL on Redis's clock; 'release' drops it."""
+    w = store.open("a")
+    w.append(K.STEP_INTENT, step=0, tool="t", lease=Lease("w1", "acquire", 5000))
+    assert client.get(keys.saga_lease(w.saga_id)) == b"w1"
+    assert 0 < client.pttl(keys.saga_lease(w.saga_id)) <= 5000
+    w.append(K.STEP_STARTED, step=0, lease=Lease("w1", "acquire", 9000))
+    assert client.pttl(keys.saga_lease(w.saga_id)) > 5000
+    w.append(K.STEP_SUCCEEDED, step=0, lease=Lease("w1", "release"))
+    assert client.get(keys.saga_lease(w.saga_id)) is None

@@ -1,0 +1,160 @@
+"""Execution commands: ``saga worker``, ``saga run``, ``saga resume``, ``saga abort``."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from saga_store import jobs
+from saga_store.client import SagaStore
+from saga_store.errors import InvalidInput
+from saga_store.ids import check_id
+from saga_store.registry import Registry
+
+from .common import EXIT_USAGE, Context, emit_json, errors_to_exit, pass_ctx
+
+QUEUES = [jobs.STEP_QUEUE, jobs.COMPENSATION_QUEUE]
+
+
+class PlanStep(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tool: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    tool_call_id: str | None = None
+
+
+class Plan(BaseModel):
+    """A plan file (contract)."""
+
+    model_config = ConfigDict(extra="forbid")
+    agent_id: str
+    conversation_id: str | None = None
+    steps: list[PlanStep] = Field(min_length=1)
+
+
+@click.command("worker")
+@click.option("--tools", "tools", multiple=True, required=True, envvar="SAGA_TOOLS",
+              help="Python module(s) whose @tool functions this worker may run.")
+@click.option("-n", "--processes", "n", type=click.IntRange(1, 256), default=1,
+              show_default=True, envvar="SAGA_WORKERS", help="Worker processes to run.")
+@click.option("--burst", is_flag=True, envvar="SAGA_BURST",
+              help="Quit when the queues are empty.")
+@click.option("--queues", "queues", multiple=True, envvar="SAGA_QUEUES",
+              type=click.Choice(QUEUES), help="Queues to serve (default: steps and compensations).")
+@click.option("--log-level", default="INFO", envvar="SAGA_LOG_LEVEL", show_default=True)
+@pass_ctx
+def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
+           queues: tuple[str, ...], log_level: str) -> None:
+    """Run worker processes for steps and compensations.
+
+    SIGTERM or SIGINT: each worker finishes its current step, then exits.
+    """
+    from workers.worker import configured
+    with errors_to_exit():
+        Registry.from_modules(*tools)  # fail here, not in every forked worker
+        store = ctx.store()
+        worker_class = configured(tools, ctx.settings)
+        names = list(queues) or QUEUES
+        logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(message)s")
+        if n == 1:
+            from rq.queue import Queue
+            w = worker_class([Queue(q, connection=store.redis) for q in names],
+                             connection=store.redis)
+            w.work(burst=burst, logging_level=log_level)
+            return
+        from rq.worker_pool import WorkerPool
+        pool = WorkerPool(names, connection=store.redis, num_workers=n,
+                          worker_class=worker_class)
+        pool.start(burst=burst, logging_level=log_level)
+
+
+@click.command("run")
+@click.argument("plan_file", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option("--tools", "tools", multiple=True, required=True, envvar="SAGA_TOOLS",
+              help="Tools module(s), to validate the plan before anything is written.")
+@click.option("--wait", is_flag=True, envvar="SAGA_RUN_WAIT", help="Wait for the final state.")
+@click.option("--timeout", type=float, default=300.0, envvar="SAGA_RUN_TIMEOUT",
+              show_default=True, help="With --wait: give up after this many seconds.")
+@click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
+              help="Machine-readable output.")
+@pass_ctx
+def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeout: float,
+        as_json: bool) -> None:
+    """Submit a plan file; workers drive it to the end."""
+    with errors_to_exit():
+        plan = _read_plan(plan_file)
+        store = SagaStore(ctx.store().redis, Registry.from_modules(*tools), ctx.settings)
+        sid = store.submit([s.model_dump() for s in plan.steps], agent_id=plan.agent_id,
+                           conversation_id=plan.conversation_id)
+        if not wait:
+            emit_json({"saga_id": sid, "state": "running"}) if as_json else click.echo(sid)
+            return
+        state = store.wait(sid, timeout)
+        out = {"saga_id": sid, "state": str(state.status),
+               "steps": [{"step": s.step, "tool": s.tool, "status": s.status,
+                          "compensation": s.compensation} for s in state.steps.values()]}
+        if as_json:
+            emit_json(out)
+        else:
+            click.echo(f"{sid} {state.status}")
+            for s in out["steps"]:
+                click.echo(f"  #{s['step']} {s['tool']}: {s['status']}"
+                           + (f", compensation {s['compensation']}" if s["compensation"] else ""))
+
+
+def _read_plan(path: str) -> Plan:
+    try:
+        raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    except OSError as exc:
+        click.echo(f"error: cannot read {path}: {exc.strerror}", err=True)
+        sys.exit(EXIT_USAGE)
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"{path} is not JSON ({exc}); see the plan format in the README"
+                           ) from exc
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as exc:
+        where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise InvalidInput(f"{path} is not a plan: {where}") from None
+
+
+@click.command("resume")
+@click.argument("saga_id")
+@pass_ctx
+def resume(ctx: Context, saga_id: str) -> None:
+    """Retry the unwind of a stuck saga after fixing its cause."""
+    with errors_to_exit():
+        check_id(saga_id, "saga_id")
+        store = SagaStore(ctx.store().redis, Registry(), ctx.settings)
+        if not store.resume(saga_id):
+            click.echo(f"error: saga {saga_id} is {store.state(saga_id).status}, not stuck",
+                       err=True)
+            sys.exit(EXIT_USAGE)
+        click.echo(f"saga {saga_id}: unwind queued again")
+
+
+@click.command("abort")
+@click.argument("saga_id")
+@click.option("--reason", default="aborted by an operator", envvar="SAGA_ABORT_REASON")
+@pass_ctx
+def abort(ctx: Context, saga_id: str, reason: str) -> None:
+    """Stop a saga going forward and compensate what it did."""
+    with errors_to_exit():
+        check_id(saga_id, "saga_id")
+        store = SagaStore(ctx.store().redis, Registry(), ctx.settings)
+        if not store.abort(saga_id, reason):
+            click.echo(f"error: saga {saga_id} is not going forward "
+                       f"({store.state(saga_id).status})", err=True)
+            sys.exit(EXIT_USAGE)
+        click.echo(f"saga {saga_id}: unwinding")
+
+
+COMMANDS = [worker, run, resume, abort]

@@ -1,0 +1,73 @@
+"""Step and compensation jobs, in RQ's job model.
+
+A job is an ordinary RQ job hash (``rq:job:<id>``, ``data`` = zlib of the JSON
+``[func_name, None, args, {}]``) pushed on an RQ queue list, so ``rq info``
+and RQ's queues see it. It carries ids only; the worker reads what to do from
+the log. Only our two function names are ever accepted, and ``data`` is only
+ever parsed as JSON, never unpickled, whatever a job hash claims.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import zlib
+from typing import Any
+
+import orjson
+from rq.job import Job
+from rq.queue import Queue
+
+STEP_FUNC = "workers.step.run_step"
+COMPENSATE_FUNC = "workers.compensator.run_compensation"
+OUR_FUNCS = frozenset({STEP_FUNC, COMPENSATE_FUNC})
+STEP_QUEUE = "saga-steps"
+COMPENSATION_QUEUE = "saga-compensations"
+JOB_TTL_S = 7 * 24 * 3600  # a job hash outlives a crash long enough to be swept
+
+
+def queue_key(queue: str) -> str:
+    return Queue.redis_queue_namespace_prefix + queue
+
+
+def job_key(job_id: str) -> str:
+    return Job.redis_job_namespace_prefix + job_id
+
+
+def step_job_id(idem_key: str, intent_seq: int) -> str:
+    """Derived from the step's idempotency key and its intent's place in the log:
+    two jobs with one id always carry the same arguments, so acknowledging one
+    (which deletes the job hash) never loses the other."""
+    return f"saga-step-{idem_key[:40]}-{intent_seq}"
+
+
+def compensation_job_id(saga_id: str) -> str:
+    return f"saga-comp-{saga_id}"
+
+
+def push(pipe: Any, queue: str, job_id: str, func: str, args: list[Any]) -> None:
+    """Queue a job on ``pipe`` (a redis-py pipeline or client)."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    pipe.hset(job_key(job_id), mapping={
+        "data": zlib.compress(orjson.dumps([func, None, args, {}]), 1),
+        "created_at": now, "enqueued_at": now, "origin": queue, "status": "queued",
+        "description": f"{func.rsplit('.', 1)[-1]}({', '.join(map(str, args))})",
+    })
+    pipe.expire(job_key(job_id), JOB_TTL_S)
+    pipe.rpush(queue_key(queue), job_id)
+
+
+def decode(data: bytes | None) -> tuple[str, list[Any]] | None:
+    """``(func_name, args)`` of one of our jobs, or None for anything else."""
+    if not data:
+        return None
+    try:
+        raw = zlib.decompress(data)
+    except zlib.error:
+        raw = data
+    try:
+        func, _instance, args, kwargs = orjson.loads(raw)
+    except (orjson.JSONDecodeError, ValueError, TypeError):
+        return None  # not JSON (a pickle, say): never deserialized any other way
+    if func not in OUR_FUNCS or not isinstance(args, list) or kwargs:
+        return None
+    return str(func), args

@@ -1,0 +1,114 @@
+"""Tools for the execution tests. Every effect goes to the test's own ledger
+(SQLite at $SAGA_TEST_LEDGER), never inferred from Saga Store's log. Tools
+that honour their idempotency key record an effect at most once per key."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import time
+from typing import Any
+
+from saga_store import Reversibility, RetryableError, RetryPolicy, StepContext, tool
+from workers.faults import fault
+
+
+def _db() -> sqlite3.Connection:
+    db = sqlite3.connect(os.environ["SAGA_TEST_LEDGER"], timeout=30, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE IF NOT EXISTS effects (n INTEGER PRIMARY KEY AUTOINCREMENT, "
+               "kind TEXT, key TEXT, detail TEXT, UNIQUE(kind, key))")
+    return db
+
+
+def effect(kind: str, key: str, detail: str = "") -> bool:
+    """Record one effect under ``key``; False if that key already had it (honoured)."""
+    with _db() as db:
+        cur = db.execute("INSERT OR IGNORE INTO effects (kind, key, detail) VALUES (?, ?, ?)",
+                         (kind, key, detail))
+        return cur.rowcount == 1
+
+
+def effects(kind: str | None = None) -> list[tuple[str, str, str]]:
+    with _db() as db:
+        q = "SELECT kind, key, detail FROM effects" + (" WHERE kind = ?" if kind else "")
+        return list(db.execute(q + " ORDER BY n", (kind,) if kind else ()))
+
+
+@tool(reversibility=Reversibility.READONLY)
+def noop(n: int = 0) -> dict[str, Any]:
+    return {"n": n}
+
+
+@tool
+def release_inventory(reservation_id: str, ctx: StepContext) -> dict[str, Any]:
+    effect("release", ctx.idempotency_key, reservation_id)
+    return {"released": reservation_id}
+
+
+@tool(compensation=release_inventory, mapping={"reservation_id": "$.output.reservation_id"})
+def reserve_inventory(sku: str, qty: int, ctx: StepContext) -> dict[str, Any]:
+    effect("reserve", ctx.idempotency_key, f"{sku}x{qty}")
+    fault("in_tool")
+    return {"reservation_id": f"r-{ctx.idempotency_key[:8]}"}
+
+
+@tool
+def refund_payment(charge_id: str, ctx: StepContext) -> dict[str, Any]:
+    effect("refund", ctx.idempotency_key, charge_id)
+    return {"refunded": charge_id}
+
+
+@tool(compensation=refund_payment, mapping={"charge_id": "$.output.charge_id"},
+      secret=["card_number"])
+def charge_payment(amount_cents: int, card_number: str, ctx: StepContext) -> dict[str, Any]:
+    if not card_number.startswith("4"):
+        raise ValueError(f"card {card_number} declined")
+    effect("charge", ctx.idempotency_key, str(amount_cents))
+    return {"charge_id": f"ch-{ctx.idempotency_key[:8]}", "amount_cents": amount_cents}
+
+
+@tool(timeout=0.3, reversibility=Reversibility.IRREVERSIBLE)
+def update_crm(note: str) -> dict[str, Any]:
+    if note == "slow":
+        time.sleep(5)
+    return {"noted": note}
+
+
+@tool(reversibility=Reversibility.IRREVERSIBLE)
+def send_email(to: str, ctx: StepContext) -> dict[str, Any]:
+    effect("email", ctx.idempotency_key, to)
+    return {"sent": to}
+
+
+@tool(reversibility=Reversibility.READONLY,
+      retry=RetryPolicy(max_attempts=3, backoff_s=0.01))
+def flaky(fail_times: int, ctx: StepContext) -> dict[str, Any]:
+    if ctx.attempt == 1 and effect("flaky-try", f"{ctx.idempotency_key}:{time.time_ns()}") \
+            and len(effects("flaky-try")) <= fail_times:
+        raise RetryableError("try again")
+    return {"ok": True}
+
+
+@tool(reversibility=Reversibility.READONLY)
+def fail_always(why: str = "boom") -> dict[str, Any]:
+    raise RuntimeError(why)
+
+
+@tool(reversibility=Reversibility.READONLY)
+def kill_my_worker() -> dict[str, Any]:
+    os.kill(os.getpid(), signal.SIGKILL)
+    return {}
+
+
+@tool(reversibility=Reversibility.READONLY)
+async def async_echo(x: int) -> dict[str, Any]:
+    await asyncio.sleep(0.001)
+    return {"x": x}
+
+
+@tool(reversibility=Reversibility.READONLY)
+def bad_result() -> Any:
+    return ["not", "an", "object"]

@@ -1,0 +1,231 @@
+"""The compensator: unwinds a failed saga, LIFO, from static declarations.
+
+It takes the saga's lease, folds the log and walks the steps from the last
+to the first. A step that never started is marked failed (it never will); a
+started step with no outcome is in doubt; an in-doubt step is first settled
+by the tool's probe when one is declared. A completed compensable step gets
+``compensation_intent``, its compensation (arguments from the static mapping
+only, its own idempotency key derived from the step's), then
+``compensation_succeeded``. An irreversible step gets
+``step_not_compensable`` and the saga ends ``needs_attention``. A
+compensation that keeps failing is retried with backoff and jitter, then the
+saga is ``stuck`` until ``saga resume``. Every append carries the lease
+token, so a compensator that lost its lease can write nothing; after a crash
+the next one resumes from the log and never repeats a finished compensation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from typing import Any
+
+from saga_store import keys
+from saga_store.client import SagaStore
+from saga_store.errors import ConflictError, FencedOff, InvalidInput
+from saga_store.events import EventKind as K
+from saga_store.idempotency import compensation_key
+from saga_store.log import Lease
+from saga_store.state import SagaState, Status, StepState, fold
+from saga_store.store import ChainWriter
+from saga_store.tools import Reversibility, StepContext
+
+from .faults import fault
+from .invoke import Invoker
+
+log = logging.getLogger("saga_store.compensator")
+MAX_REDECIDE = 50
+
+
+class MappingError(InvalidInput):
+    code = "mapping_unresolved"
+
+
+def run_compensation(store: SagaStore, worker: str, saga_id: str, ack: Any = None) -> str:
+    return Compensator(store, worker).run(saga_id, ack)
+
+
+class Compensator:
+    def __init__(self, store: SagaStore, worker: str) -> None:
+        self.store, self.worker = store, worker
+        self.invoker = Invoker()
+
+    def run(self, saga_id: str, ack: Any = None) -> str:
+        what = self._run(saga_id)
+        if ack is not None:
+            pipe = self.store.redis.pipeline(transaction=False)
+            ack(pipe)
+            pipe.execute()
+        return what
+
+    def _run(self, saga_id: str) -> str:
+        r, lease_ms = self.store.redis, self.store.settings.lease_ms
+        token = f"{self.worker}:comp:{os.urandom(6).hex()}"
+        if not r.set(keys.saga_lease(saga_id), token, nx=True, px=lease_ms):
+            return "busy"  # a step or another compensator holds the saga; swept later
+        try:
+            for _ in range(MAX_REDECIDE):
+                try:
+                    return self._unwind(saga_id, token)
+                except ConflictError as exc:
+                    if isinstance(exc, FencedOff):
+                        return "fenced"
+                    continue  # someone appended: re-read and decide again
+            return "conflict"
+        finally:
+            # release only our own lease (compare-and-delete)
+            r.eval("if redis.call('GET', KEYS[1]) == ARGV[1] then "
+                   "return redis.call('DEL', KEYS[1]) end return 0",
+                   1, keys.saga_lease(saga_id), token)
+
+    def _unwind(self, saga_id: str, token: str) -> str:
+        log_ = self.store.store.log
+        state = fold(saga_id, log_.events(saga_id))
+        if state.final or state.status in (Status.RUNNING, Status.STUCK):
+            return str(state.status)
+        writer = ChainWriter(self.store.store, saga_id, log_.head(saga_id))
+        lease = Lease(token, "acquire", self.store.settings.lease_ms)
+        attention: list[str] = []
+        for n in sorted(state.steps, reverse=True):
+            st = state.steps[n]
+            if st.compensation in ("succeeded", "not_compensable"):
+                if st.compensation == "not_compensable":
+                    attention.append(f"step {n} ({st.tool})")
+                continue
+            outcome = self._settle(writer, state, st, lease)
+            if outcome is None:
+                continue
+            if outcome == "irreversible":
+                attention.append(f"step {n} ({st.tool})")
+                continue
+            if not self._compensate(writer, state, st, lease):
+                return "stuck"
+            if st.compensation == "not_compensable":
+                attention.append(f"step {n} ({st.tool})")
+        final = K.SAGA_NEEDS_ATTENTION if attention else K.SAGA_COMPENSATED
+        data = {"needs_attention": attention} if attention else None
+        fault("comp_before_close")
+        writer.append(final, data=data, lease=Lease(token, "release"))
+        pipe = self.store.redis.pipeline(transaction=False)
+        pipe.zrem(keys.ACTIVE, saga_id)
+        pipe.delete(keys.saga_secrets(saga_id))
+        pipe.execute()
+        return "compensated" if not attention else "needs_attention"
+
+    def _settle(self, writer: ChainWriter, state: SagaState, st: StepState,
+                lease: Lease) -> str | None:
+        """Bring a step to a known outcome; None if there is nothing to undo."""
+        n = st.step
+        if st.status == "intent":
+            writer.append(K.STEP_FAILED, step=n, lease=lease,
+                          data={"error": "cancelled: the saga unwound before it started"})
+            st.status = "failed"
+            return None
+        if st.status == "started":
+            writer.append(K.STEP_IN_DOUBT, step=n, lease=lease, data={
+                "error": "its worker stopped before recording an outcome; unknown if it ran"})
+            st.status = "in_doubt"
+        if st.status in ("failed", "suppressed") or st.reversibility == "readonly":
+            return None
+        try:
+            spec = self.store.registry.get(st.tool or "")
+        except InvalidInput:
+            spec = None
+        if st.status == "in_doubt" and spec is not None and spec.probe:
+            happened = self._probe(spec.probe, state, st)
+            if happened is False:
+                writer.append(K.STEP_FAILED, step=n, lease=lease,
+                              data={"error": "did not happen (probe)", "resolved_by": "probe"})
+                st.status = "failed"
+                return None
+            if isinstance(happened, dict):
+                writer.append(K.STEP_SUCCEEDED, step=n, lease=lease,
+                              data={"result": happened, "resolved_by": "probe"})
+                st.status, st.result = "succeeded", happened
+        if spec is None or spec.reversibility is not Reversibility.COMPENSABLE:
+            why = "tool is not registered here" if spec is None else f"tool is {spec.reversibility}"
+            writer.append(K.STEP_NOT_COMPENSABLE, step=n, lease=lease, data={"reason": why})
+            st.compensation = "not_compensable"
+            return "irreversible"
+        return "compensable"
+
+    def _compensate(self, writer: ChainWriter, state: SagaState, st: StepState,
+                    lease: Lease) -> bool:
+        """Run the step's compensation until it succeeds or its retries run out."""
+        spec = self.store.registry.get(st.tool or "")
+        comp = self.store.registry.get(spec.compensation or "")
+        attempt = st.compensation_attempts
+        try:
+            args = resolve_mapping(spec.mapping, st.args or {}, st.result,
+                                   in_doubt=st.status == "in_doubt")
+        except MappingError as exc:
+            if st.status == "in_doubt":  # no result to map from: a human decides
+                writer.append(K.STEP_NOT_COMPENSABLE, step=st.step, lease=lease,
+                              data={"reason": str(exc)})
+                st.compensation = "not_compensable"
+                return True
+            writer.append_many([
+                (K.COMPENSATION_INTENT, {"step": st.step, "tool": comp.name,
+                                         "attempt": attempt + 1}),
+                (K.COMPENSATION_FAILED, {"step": st.step, "data": {"error": str(exc)}}),
+                (K.SAGA_STUCK, {"data": {"step": st.step, "error": str(exc)}})], lease=lease)
+            return False
+        while True:
+            attempt += 1
+            key = compensation_key(st.idem_key or f"{state.saga_id}/{st.step}")
+            writer.append(K.COMPENSATION_INTENT, step=st.step, tool=comp.name, attempt=attempt,
+                          idem_key=key, data={"args": args}, lease=lease)
+            fault("comp_after_intent")
+            ctx = StepContext(key, state.saga_id, st.step, attempt, st.tool_call_id,
+                              state.agent_id)
+            outcome = self.invoker.invoke(comp, args, ctx)
+            fault("comp_after_tool")
+            if outcome.kind == "succeeded":
+                writer.append(K.COMPENSATION_SUCCEEDED, step=st.step, lease=lease,
+                              data={"result": outcome.result})
+                fault("comp_after_outcome")
+                st.compensation, st.compensation_result = "succeeded", outcome.result
+                return True
+            writer.append(K.COMPENSATION_FAILED, step=st.step, lease=lease,
+                          data={"error": outcome.error, "attempt": attempt})
+            if attempt - st.resume_base >= comp.retry.max_attempts:
+                writer.append(K.SAGA_STUCK, lease=lease, data={
+                    "step": st.step, "error": outcome.error,
+                    "hint": "fix the cause, then run 'saga resume SAGA_ID'"})
+                return False
+            delay = comp.retry.backoff(attempt)
+            time.sleep(delay * (0.5 + random.random()))  # jitter: retries don't march in step
+
+    def _probe(self, probe: str, state: SagaState, st: StepState) -> Any:
+        """Ask the probe tool whether the in-doubt call happened: it gets the step's
+        arguments and idempotency key and returns a result dict (it happened),
+        ``{"happened": false}`` (it did not), or raises (still unknown)."""
+        spec = self.store.registry.get(probe)
+        args = {k: v for k, v in (st.args or {}).items() if k in spec.params}
+        ctx = StepContext(st.idem_key or "", state.saga_id, st.step, 1, st.tool_call_id,
+                          state.agent_id)
+        outcome = self.invoker.invoke(spec, args, ctx)
+        if outcome.kind != "succeeded" or outcome.result is None:
+            return None
+        if outcome.result.get("happened") is False:
+            return False
+        return outcome.result
+
+
+def resolve_mapping(mapping: dict[str, str] | Any, args: dict[str, Any], result: Any, *,
+                    in_doubt: bool = False) -> dict[str, Any]:
+    """Compensation arguments from ``$.input.x`` / ``$.output.y`` paths only."""
+    out: dict[str, Any] = {}
+    for target, source in mapping.items():
+        root, *path = source.split(".")[1:]
+        value: Any = args if root == "input" else result
+        for part in path:
+            if not isinstance(value, dict) or part not in value:
+                why = "the step's outcome is unknown" if root == "output" and in_doubt \
+                    else "the field is missing"
+                raise MappingError(f"mapping {target} <- {source} did not resolve: {why}")
+            value = value[part]
+        out[target] = value
+    return out

@@ -1,0 +1,142 @@
+"""Calling one tool: preconditions, timeout, bounded retries, postconditions.
+
+A call that runs past the tool's ``timeout`` is *in doubt*, not failed: it may
+have had its effect. Sync tools are interrupted with SIGALRM when they run on
+the main thread (as in a worker), else waited for on a thread; async tools run
+under ``asyncio.wait_for`` on the worker's event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import signal
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from saga_store.canonical import check_json
+from saga_store.errors import InvalidInput, StepError
+from saga_store.tools import StepContext, ToolSpec
+
+
+class StepTimeout(BaseException):
+    """Raised inside a tool that ran past its timeout (BaseException: a tool's
+    ``except Exception`` must not swallow it)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    kind: str  # succeeded, failed, in_doubt
+    result: dict[str, Any] | None = None
+    error: str | None = None
+    retryable: bool = False
+    tries: int = 1
+    postcondition_failed: str | None = None
+
+
+class Invoker:
+    """Runs tools for one worker process; owns its event loop for async tools."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def invoke(self, spec: ToolSpec, args: Mapping[str, Any], ctx: StepContext,
+               secrets: Mapping[str, Any] | None = None) -> Outcome:
+        kwargs = spec.kwargs(args)
+        for pre in spec.preconditions:
+            if not _holds(pre, args):
+                return Outcome("failed", error=f"precondition {_name(pre)} does not hold")
+        tries = 0
+        while True:
+            tries += 1
+            try:
+                raw = self._call(spec, kwargs, ctx)
+            except StepTimeout:
+                return Outcome("in_doubt", error=f"timed out after {spec.timeout:g} s; "
+                               "the call may or may not have taken effect", tries=tries)
+            except Exception as exc:  # any exception fails the step (contract)
+                retryable = isinstance(exc, StepError) and exc.retryable
+                if retryable and tries < spec.retry.max_attempts:
+                    time.sleep(spec.retry.backoff(tries))
+                    continue
+                return Outcome("failed", error=scrub(f"{type(exc).__name__}: {exc}", secrets),
+                               retryable=retryable, tries=tries)
+            try:
+                result = as_result(raw)
+            except InvalidInput as exc:
+                return Outcome("failed", error=str(exc), tries=tries)
+            for post in spec.postconditions:
+                if not _holds(post, args, result):
+                    return Outcome("succeeded", result, tries=tries,
+                                   postcondition_failed=_name(post))
+            return Outcome("succeeded", result, tries=tries)
+
+    def _call(self, spec: ToolSpec, kwargs: dict[str, Any], ctx: StepContext) -> Any:
+        if spec.takes_ctx:
+            kwargs = {**kwargs, "ctx": ctx}
+        if spec.is_async:
+            loop = self._loop or asyncio.new_event_loop()
+            self._loop = loop
+            try:
+                return loop.run_until_complete(asyncio.wait_for(spec.fn(**kwargs), spec.timeout))
+            except TimeoutError:
+                raise StepTimeout from None
+        if threading.current_thread() is threading.main_thread():
+            return _with_alarm(spec, kwargs)
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            fut = pool.submit(spec.fn, **kwargs)
+            try:
+                return fut.result(timeout=spec.timeout)
+            except concurrent.futures.TimeoutError:
+                raise StepTimeout from None
+
+
+def _with_alarm(spec: ToolSpec, kwargs: dict[str, Any]) -> Any:
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise StepTimeout
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, spec.timeout)
+    try:
+        return spec.fn(**kwargs)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def as_result(raw: Any) -> dict[str, Any]:
+    """A tool's return value as a JSON object (contract), or InvalidInput."""
+    if raw is None:
+        return {}
+    if isinstance(raw, BaseModel):
+        raw = raw.model_dump(mode="json")
+    if not isinstance(raw, dict):
+        raise InvalidInput(f"tool returned {type(raw).__name__}, not a JSON object (dict); "
+                           "return a dict")
+    check_json(raw, "result")
+    return raw
+
+
+def scrub(text: str, secrets: Mapping[str, Any] | None) -> str:
+    """``text`` with any secret argument value blanked out (exceptions quote args)."""
+    for value in (secrets or {}).values():
+        s = str(value)
+        if len(s) >= 4:
+            text = text.replace(s, "***")
+    return text[:2000]
+
+
+def _holds(cond: Any, *args: Any) -> bool:
+    try:
+        return cond(*args) is not False
+    except Exception:
+        return False
+
+
+def _name(fn: Any) -> str:
+    return getattr(fn, "__name__", repr(fn))

@@ -1,0 +1,237 @@
+"""Running one step: the worker's side of the durable path.
+
+The log decides everything. A delivery (an RQ job carrying saga id, step and
+the intent's seq) is checked against the log: a stale job is dropped, a step
+that already has an outcome is recorded as a suppressed duplicate, a step
+whose earlier attempts never finished is retried with the same idempotency
+key, declared in doubt, or dead-lettered, as its policy says. The step is
+claimed by appending ``step_started`` while taking the saga's lease (fencing
+token, Redis-timed); its outcome is appended while releasing it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from saga_store import keys
+from saga_store.client import SagaStore, enqueue_compensation, enqueue_step, intent_fields
+from saga_store.errors import ConflictError, FencedOff, InvalidInput
+from saga_store.events import EventKind as K
+from saga_store.ids import check_id
+from saga_store.log import Head, Lease, body_and_hash
+from saga_store.registry import UnknownTool
+from saga_store.store import ChainWriter
+from saga_store.tools import StepContext, ToolSpec
+
+from .faults import fault
+from .invoke import Invoker, Outcome
+
+log = logging.getLogger("saga_store.worker")
+MAX_REDECIDE = 50
+
+
+@dataclass
+class StepView:
+    """What the log says about one step, read from its intent on."""
+
+    intent: dict[str, Any] | None = None
+    started: int = 0
+    outcome: dict[str, Any] | None = None
+    unwinding: bool = False
+    head: Head = field(default_factory=lambda: Head(-1, b""))
+    plan: list[dict[str, Any]] | None = None
+    agent_id: str | None = None
+
+
+class StepRunner:
+    def __init__(self, store: SagaStore, worker_name: str) -> None:
+        self.store, self.name = store, worker_name
+        self.invoker = Invoker()
+        self.counts: dict[str, int] = {}
+
+    def run(self, saga_id: str, step: int, intent_seq: int, extra: Any = None) -> str:
+        """Handle one delivery; returns what happened (for logs and metrics).
+        ``extra(pipe)`` adds the job's acknowledgement to the last round trip."""
+        check_id(saga_id, "saga_id")
+        fault("after_dequeue")
+        for _ in range(MAX_REDECIDE):
+            view = self.read(saga_id, step, intent_seq)
+            what = self._decide(saga_id, step, intent_seq, view, extra)
+            if what != "conflict":
+                self.counts[what] = self.counts.get(what, 0) + 1
+                return what
+        raise ConflictError(f"saga {saga_id} step {step}: the log kept moving under the worker")
+
+    def read(self, saga_id: str, step: int, intent_seq: int) -> StepView:
+        log_key = keys.saga_log(saga_id)
+        pipe = self.store.store.log.raw.pipeline(transaction=False)
+        pipe.execute_command("XRANGE", log_key, keys.entry_id(intent_seq), "+")
+        pipe.execute_command("XRANGE", log_key, "0-1", "0-1")
+        rows, first = pipe.execute()
+        view = StepView()
+        for eid, fields in rows:
+            body, h = body_and_hash(fields)
+            ev = orjson.loads(body)
+            view.head = Head(keys.seq_of_entry_id(eid), h)
+            kind = ev["kind"]
+            if ev["seq"] == intent_seq:
+                if kind == K.STEP_INTENT and ev.get("step") == step:
+                    view.intent = ev
+                continue
+            if kind in (K.SAGA_FAILED, K.COMPENSATION_INTENT, K.STEP_NOT_COMPENSABLE):
+                view.unwinding = True
+            if ev.get("step") != step:
+                continue
+            if kind == K.STEP_STARTED:
+                view.started += 1
+            elif kind in (K.STEP_SUCCEEDED, K.STEP_FAILED, K.STEP_IN_DOUBT):
+                view.outcome = ev
+        if first:
+            started = orjson.loads(body_and_hash(first[0][1])[0])
+            view.agent_id = started.get("agent_id")
+            plan = (started.get("data") or {}).get("plan")
+            view.plan = plan if isinstance(plan, list) else None
+        return view
+
+    def _decide(self, saga_id: str, step: int, intent_seq: int, view: StepView,
+                extra: Any) -> str:
+        if view.intent is None:
+            self._ack(extra)
+            return "stale"
+        writer = ChainWriter(self.store.store, saga_id, view.head)
+        if view.outcome is not None:
+            with contextlib.suppress(ConflictError):  # a note only; the outcome stands
+                writer.append(K.STEP_DUPLICATE_SUPPRESSED, step=step,
+                              data={"outcome": view.outcome["kind"]})
+            self._ack(extra)
+            return "duplicate"
+        if view.unwinding and view.started == 0:
+            self._ack(extra)
+            return "cancelled"  # never started, and now it never will
+        token = f"{self.name}:{os.urandom(6).hex()}"
+        try:
+            spec = self.store.registry.get(view.intent["tool"])
+        except UnknownTool as exc:
+            return self._finish(writer, saga_id, step, view, token, extra,
+                                Outcome("failed", error=f"{exc} (in this worker)"), None,
+                                acquire=self.store.settings.lease_ms)
+        ttl = int(spec.timeout * 1000) + self.store.settings.lease_ms
+        if view.started >= spec.retry.max_deliveries:
+            return self._finish(writer, saga_id, step, view, token, extra, Outcome(
+                "failed", error=f"dead-lettered: {view.started} deliveries never finished "
+                "(the step keeps killing its worker)"), spec, acquire=ttl)
+        if view.started and spec.after_crash == "in_doubt":
+            return self._finish(writer, saga_id, step, view, token, extra, Outcome(
+                "in_doubt", error=f"attempt {view.started} never finished; its outcome is "
+                "unknown"), spec, acquire=ttl)
+        data: dict[str, Any] = {"worker": self.name}
+        if view.started:
+            data["after_unfinished_attempts"] = view.started
+        try:
+            writer.append(K.STEP_STARTED, step=step, attempt=view.started + 1, data=data,
+                          lease=Lease(token, "acquire", ttl), phase="forward")
+        except ConflictError as exc:
+            if isinstance(exc, FencedOff):
+                self._ack(extra)
+                return "busy"  # another worker holds the saga, or it is unwinding
+            return "conflict"
+        fault("after_started")
+        args = self.store.secrets.restore(saga_id, step, view.intent["data"]["args"])
+        ctx = StepContext(view.intent["idem_key"], saga_id, step, view.started + 1,
+                          view.intent.get("tool_call_id"), view.agent_id)
+        secrets = {k: args[k] for k in spec.secret if k in args}
+        try:
+            outcome = self.invoker.invoke(spec, args, ctx, secrets)
+        except InvalidInput as exc:  # the logged args no longer fit the tool
+            outcome = Outcome("failed", error=str(exc))
+        return self._finish(writer, saga_id, step, view, token, extra, outcome, spec)
+
+    def _finish(self, writer: ChainWriter, saga_id: str, step: int, view: StepView,
+                token: str, extra: Any, outcome: Outcome, spec: ToolSpec | None,
+                acquire: int = 0) -> str:
+        """Append the outcome (and what follows from it), releasing the lease."""
+        lease = Lease(token, "acquire", acquire) if acquire else Lease(token, "release")
+        for _ in range(MAX_REDECIDE):
+            items, follow = self._outcome_events(saga_id, step, view, outcome)
+            call = writer.prepare(items, lease=lease)
+            fault("after_tool")
+            try:
+                writer.applied(call, call.send(self.store.redis))
+            except FencedOff:
+                log.warning("saga %s step %d: lease lost before the outcome was recorded; "
+                            "the next holder decides", saga_id, step)
+                return "lease_lost"
+            except ConflictError:
+                view = self.read(saga_id, step, view.intent["seq"] if view.intent else 0)
+                if view.outcome is not None:
+                    return "conflict"
+                continue
+            break
+        else:
+            raise ConflictError(f"saga {saga_id}: could not record the outcome of step {step}")
+        if acquire:  # dead letter / in doubt took the lease to write; hand it on
+            self.store.redis.delete(keys.saga_lease(saga_id))
+        fault("after_outcome")
+        pipe = self.store.redis.pipeline(transaction=False)
+        if follow == "next":
+            enqueue_step(pipe, self.store.queue, saga_id, step + 1, writer.head.seq,
+                         items[-1][1]["idem_key"])
+        elif follow == "compensate":
+            enqueue_compensation(pipe, saga_id)
+        elif follow == "committed":
+            pipe.zrem(keys.ACTIVE, saga_id)
+        intent = view.intent or {}
+        if (intent.get("data") or {}).get("keyed"):
+            self.store.dedupe.finish(intent["idem_key"], outcome.kind,
+                                     outcome.result or {"error": outcome.error}, pipe)
+        if extra is not None:
+            extra(pipe)
+        pipe.execute()
+        return outcome.kind
+
+    def _outcome_events(self, saga_id: str, step: int, view: StepView, outcome: Outcome,
+                        ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
+        if outcome.kind == "succeeded":
+            data: dict[str, Any] = {"result": outcome.result}
+            if outcome.tries > 1:
+                data["tries"] = outcome.tries
+            if outcome.postcondition_failed:
+                data["postcondition_failed"] = outcome.postcondition_failed
+            items: list[tuple[str, dict[str, Any]]] = [
+                (K.STEP_SUCCEEDED, {"step": step, "data": data})]
+        else:
+            kind = K.STEP_FAILED if outcome.kind == "failed" else K.STEP_IN_DOUBT
+            err: dict[str, Any] = {"error": outcome.error}
+            if outcome.retryable:
+                err["retryable"] = True
+            items = [(kind, {"step": step, "data": err})]
+        if view.unwinding:
+            # a late outcome is a fact the unwind needs; the compensator may have
+            # stepped back while this worker held the lease, so queue it again
+            return items, "compensate"
+        if outcome.kind != "succeeded" or outcome.postcondition_failed:
+            why = outcome.error or f"postcondition {outcome.postcondition_failed} failed"
+            items.append((K.SAGA_FAILED, {"data": {"reason": f"step {step}: {why}"}}))
+            return items, "compensate"
+        if view.plan is None:
+            return items, None  # the caller drives the next step
+        if step + 1 < len(view.plan):
+            nxt = view.plan[step + 1]
+            spec = self.store.registry.get(nxt["tool"])
+            items.append((K.STEP_INTENT, intent_fields(saga_id, step + 1, spec, nxt["args"],
+                                                       nxt.get("tool_call_id"))))
+            return items, "next"
+        items.append((K.SAGA_COMMITTED, {}))
+        return items, "committed"
+
+    def _ack(self, extra: Any) -> None:
+        if extra is not None:
+            pipe = self.store.redis.pipeline(transaction=False)
+            extra(pipe)
+            pipe.execute()

@@ -1,0 +1,75 @@
+"""The sweeper: redelivers work whose worker died, without waiting for RQ.
+
+Sagas with work in flight sit in ``ss:active`` scored by the time (ms) after
+which someone should look at them. The sweeper takes the due ones, folds each
+saga's log and, if no live lease covers it, re-queues its unfinished step or
+its unwind. A duplicate job is harmless (the log dedupes), so several
+sweepers may run at once. Times come from Redis's clock.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from saga_store import keys
+from saga_store.client import SagaStore, enqueue_compensation, enqueue_step
+from saga_store.state import Status, fold
+
+log = logging.getLogger("saga_store.sweeper")
+BATCH = 200
+
+
+class Sweeper:
+    def __init__(self, store: SagaStore, name: str, interval_s: float = 1.0) -> None:
+        self.store, self.name, self.interval_s = store, name, interval_s
+        self._next = 0.0
+        self.redelivered = 0
+
+    def due(self) -> bool:
+        return time.monotonic() >= self._next
+
+    def sweep(self) -> int:
+        """One pass over the due sagas; returns how many jobs it queued."""
+        self._next = time.monotonic() + self.interval_s
+        r = self.store.redis
+        secs, micros = r.time()
+        now_ms = secs * 1000 + micros // 1000
+        due = r.zrangebyscore(keys.ACTIVE, "-inf", now_ms, start=0, num=BATCH)
+        queued = 0
+        for raw in due:
+            sid = raw.decode()
+            try:
+                queued += self._look_at(sid, now_ms)
+            except Exception:
+                log.exception("sweeper: saga %s could not be examined", sid)
+        self.redelivered += queued
+        return queued
+
+    def _look_at(self, sid: str, now_ms: int) -> int:
+        r, lease_ms = self.store.redis, self.store.settings.lease_ms
+        state = fold(sid, self.store.store.log.events(sid))
+        if state.final or state.seq < 0:
+            r.zrem(keys.ACTIVE, sid)
+            return 0
+        pipe: Any = r.pipeline(transaction=False)
+        pipe.zadd(keys.ACTIVE, {sid: now_ms + lease_ms})
+        if r.exists(keys.saga_lease(sid)):
+            pipe.execute()
+            return 0  # someone is working on it; look again after the lease
+        queued = 0
+        if state.status is Status.COMPENSATING:
+            enqueue_compensation(pipe, sid)
+            queued = 1
+        elif state.status is Status.RUNNING:
+            for st in state.steps.values():
+                if not st.finished and st.idem_key:
+                    enqueue_step(pipe, self.store.queue, sid, st.step, st.intent_seq, st.idem_key)
+                    queued += 1
+            if not queued:  # waiting on its agent: look again much later
+                pipe.zadd(keys.ACTIVE, {sid: now_ms + 60 * lease_ms})
+        pipe.execute()
+        if queued:
+            log.info("sweeper %s: redelivered %d job(s) of saga %s", self.name, queued, sid)
+        return queued

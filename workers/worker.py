@@ -1,0 +1,132 @@
+"""The RQ worker that runs steps (and compensations), without RQ's per-job
+bookkeeping: the saga log already records what RQ would (status, result,
+timing), so only RQ's queues, worker model, pool and signals are used.
+
+Per job RQ's stock loop writes worker state twice, heartbeats twice, checks
+for suspension, and around the job adds registries, status and result
+writes. Here heartbeats and the suspension check are throttled, state writes
+happen only on change, and a job is acknowledged in the same round trip as
+its outcome. Jobs naming any function but ours are refused and counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, ClassVar
+
+from rq.queue import Queue
+from rq.serializers import JSONSerializer
+from rq.worker import SimpleWorker
+
+from saga_store import jobs
+from saga_store.client import SagaStore
+from saga_store.registry import Registry
+from saga_store.settings import Settings
+
+from .step import StepRunner
+from .sweeper import Sweeper
+
+log = logging.getLogger("saga_store.worker")
+HEARTBEAT_EVERY_S = 5.0
+SUSPENSION_CHECK_EVERY_S = 1.0
+
+
+class StepWorker(SimpleWorker):
+    """Runs saga steps. Configure with :func:`configured` (the pool forks it)."""
+
+    tools_modules: ClassVar[tuple[str, ...]] = ()
+    settings: ClassVar[Settings] = Settings()
+    sweep_interval_s: ClassVar[float] = 1.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["serializer"] = JSONSerializer
+        super().__init__(*args, **kwargs)
+        registry = Registry.from_modules(*self.tools_modules)
+        self.saga_store = SagaStore(self.connection, registry, self.settings)
+        self.runner = StepRunner(self.saga_store, self.name)
+        self.refused = 0
+        self._last_beat = 0.0
+        self._last_suspension_check = 0.0
+        self._state_written: str | None = None
+        self.sweeper = Sweeper(self.saga_store, self.name, self.sweep_interval_s)
+
+    # -- the job path ------------------------------------------------------
+
+    def execute_job(self, job: Any, queue: Queue) -> None:
+        decoded = jobs.decode(job.data)
+        ack = _acker(queue, job.id)
+        if decoded is None:
+            self.refused += 1
+            log.warning("refused job %s on %s: not a saga job (only %s run here)",
+                        job.id, queue.name, ", ".join(sorted(jobs.OUR_FUNCS)))
+            pipe = self.connection.pipeline(transaction=False)
+            ack(pipe)
+            pipe.execute()
+            return
+        func, args = decoded
+        try:
+            if func == jobs.STEP_FUNC:
+                saga_id, step, intent_seq = args
+                self.runner.run(str(saga_id), int(step), int(intent_seq), ack)
+            else:
+                from .compensator import run_compensation
+                run_compensation(self.saga_store, self.name, str(args[0]), ack)
+        except Exception:
+            # the log keeps the step's state; the sweeper redelivers it later
+            log.exception("job %s (%s%s) raised; it will be redelivered", job.id, func, args)
+            pipe = self.connection.pipeline(transaction=False)
+            ack(pipe)
+            pipe.execute()
+
+    # -- the sweeper rides on RQ's maintenance hook --------------------------
+
+    @property
+    def dequeue_timeout(self) -> int:
+        # wake at least every sweep interval even when idle (RQ's default is minutes)
+        return max(1, int(self.sweep_interval_s))
+
+    @property
+    def should_run_maintenance_tasks(self) -> bool:
+        return self.sweeper.due() or super().should_run_maintenance_tasks
+
+    def run_maintenance_tasks(self) -> None:
+        if self.sweeper.due():
+            self.sweeper.sweep()
+        if super().should_run_maintenance_tasks:
+            super().run_maintenance_tasks()
+
+    # -- RQ bookkeeping, throttled ----------------------------------------
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        now = time.monotonic()
+        if pipeline is None and now - self._last_beat < HEARTBEAT_EVERY_S:
+            return
+        self._last_beat = now
+        super().heartbeat(timeout, pipeline)
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        self._state = state
+        if state != self._state_written or pipeline is not None:
+            self._state_written = state
+            super().set_state(state, pipeline)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        now = time.monotonic()
+        if now - self._last_suspension_check >= SUSPENSION_CHECK_EVERY_S:
+            self._last_suspension_check = now
+            super().check_for_suspension(burst)
+
+
+def _acker(queue: Queue, job_id: str) -> Any:
+    """Acknowledge a job on a pipeline: off the intermediate list, hash deleted."""
+    def ack(pipe: Any) -> None:
+        pipe.lrem(queue.intermediate_queue_key, 1, job_id)
+        pipe.delete(jobs.job_key(job_id))
+    return ack
+
+
+def configured(tools: tuple[str, ...], settings: Settings) -> type[StepWorker]:
+    """A StepWorker class bound to these tools modules and settings."""
+    return type("StepWorker", (StepWorker,), {"tools_modules": tools, "settings": settings,
+                                              "__module__": __name__})
