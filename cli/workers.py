@@ -96,16 +96,15 @@ def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeou
             emit_json({"saga_id": sid, "state": "running"}) if as_json else click.echo(sid)
             return
         state = store.wait(sid, timeout)
-        out = {"saga_id": sid, "state": str(state.status),
-               "steps": [{"step": s.step, "tool": s.tool, "status": s.status,
-                          "compensation": s.compensation} for s in state.steps.values()]}
+        steps = [{"step": s.step, "tool": s.tool, "status": s.status,
+                  "compensation": s.compensation} for s in state.steps.values()]
         if as_json:
-            emit_json(out)
-        else:
-            click.echo(f"{sid} {state.status}")
-            for s in out["steps"]:
-                click.echo(f"  #{s['step']} {s['tool']}: {s['status']}"
-                           + (f", compensation {s['compensation']}" if s["compensation"] else ""))
+            emit_json({"saga_id": sid, "state": str(state.status), "steps": steps})
+            return
+        click.echo(f"{sid} {state.status}")
+        for s in steps:
+            comp = f", compensation {s['compensation']}" if s["compensation"] else ""
+            click.echo(f"  #{s['step']} {s['tool']}: {s['status']}{comp}")
 
 
 def _read_plan(path: str) -> Plan:

@@ -102,15 +102,16 @@ class SagaStore:
             check_id(call_id, f"steps[{i}].tool_call_id")
             plan.append((spec, args, call_id))
         sid = check_id(saga_id, "saga_id") if saga_id else new_id()
-        logged_plan, secret_values = [], {}
+        logged_plan: list[dict[str, Any]] = []
+        secret_values: dict[int, dict[str, Any]] = {}
         salt = self.secrets.salt(sid) if any(s.secret for s, _, _ in plan) else b""
         for n, (spec, args, call_id) in enumerate(plan):
             logged, values = Secrets.redact(args, spec.secret, salt)
             if values:
                 secret_values[n] = values
             logged_plan.append({"tool": spec.name, "args": logged, "tool_call_id": call_id})
-        first = logged_plan[0]
-        intent = intent_fields(sid, 0, plan[0][0], first["args"], first["tool_call_id"])
+        first_spec, _, first_call_id = plan[0]
+        intent = intent_fields(sid, 0, first_spec, logged_plan[0]["args"], first_call_id)
         pipe = self.redis.pipeline(transaction=False)
         pipe.zadd(keys.ACTIVE, {sid: _ms() + 2 * self.settings.lease_ms})
         for n, values in secret_values.items():

@@ -23,6 +23,7 @@ OUR_FUNCS = frozenset({STEP_FUNC, COMPENSATE_FUNC})
 STEP_QUEUE = "saga-steps"
 COMPENSATION_QUEUE = "saga-compensations"
 JOB_TTL_S = 7 * 24 * 3600  # a job hash outlives a crash long enough to be swept
+ACKED_JOB_TTL_S = 600  # after the outcome: long enough to see late duplicates
 
 
 def queue_key(queue: str) -> str:
@@ -35,8 +36,8 @@ def job_key(job_id: str) -> str:
 
 def step_job_id(idem_key: str, intent_seq: int) -> str:
     """Derived from the step's idempotency key and its intent's place in the log:
-    two jobs with one id always carry the same arguments, so acknowledging one
-    (which deletes the job hash) never loses the other."""
+    two jobs with one id always carry the same arguments, so one job hash serves
+    every copy of a delivery."""
     return f"saga-step-{idem_key[:40]}-{intent_seq}"
 
 

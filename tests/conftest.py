@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
+from saga_store import Registry, SagaStore
 from saga_store.connection import embedded
 from saga_store.settings import Settings
 from saga_store.store import Store
@@ -61,3 +63,26 @@ def settings() -> Settings:
 @pytest.fixture
 def store(client: redis.Redis, settings: Settings) -> Store:
     return Store(client, settings)
+
+
+@pytest.fixture
+def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The test's own side-effect ledger, shared with the worker processes."""
+    path = tmp_path / "ledger.db"
+    monkeypatch.setenv("SAGA_TEST_LEDGER", str(path))
+    return path
+
+
+@pytest.fixture
+def worker_env(redis_url: str, ledger: Path) -> dict[str, str]:
+    """Environment for worker processes: this test's Redis and ledger, short leases."""
+    root = str(Path(__file__).resolve().parent.parent)
+    return {**os.environ, "SAGA_REDIS_URL": redis_url, "SAGA_TEST_LEDGER": str(ledger),
+            "SAGA_LEASE_MS": "1000", "PYTHONPATH": root, "SAGA_HMAC_KEY": "",
+            "SAGA_HMAC_KEY_FILE": ""}
+
+
+@pytest.fixture
+def saga_store(client: redis.Redis) -> SagaStore:
+    return SagaStore(client, Registry.from_modules("tests.ledger_tools"),
+                     Settings(lease_ms=1000))

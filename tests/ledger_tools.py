@@ -11,7 +11,7 @@ import sqlite3
 import time
 from typing import Any
 
-from saga_store import Reversibility, RetryableError, RetryPolicy, StepContext, tool
+from saga_store import RetryableError, RetryPolicy, Reversibility, StepContext, tool
 from workers.faults import fault
 
 
@@ -33,8 +33,10 @@ def effect(kind: str, key: str, detail: str = "") -> bool:
 
 def effects(kind: str | None = None) -> list[tuple[str, str, str]]:
     with _db() as db:
-        q = "SELECT kind, key, detail FROM effects" + (" WHERE kind = ?" if kind else "")
-        return list(db.execute(q + " ORDER BY n", (kind,) if kind else ()))
+        if kind is None:
+            return list(db.execute("SELECT kind, key, detail FROM effects ORDER BY n"))
+        return list(db.execute("SELECT kind, key, detail FROM effects WHERE kind = ? "
+                               "ORDER BY n", (kind,)))
 
 
 @tool(reversibility=Reversibility.READONLY)
@@ -48,7 +50,8 @@ def release_inventory(reservation_id: str, ctx: StepContext) -> dict[str, Any]:
     return {"released": reservation_id}
 
 
-@tool(compensation=release_inventory, mapping={"reservation_id": "$.output.reservation_id"})
+@tool(compensation=release_inventory, mapping={"reservation_id": "$.output.reservation_id"},
+      timeout=2)
 def reserve_inventory(sku: str, qty: int, ctx: StepContext) -> dict[str, Any]:
     effect("reserve", ctx.idempotency_key, f"{sku}x{qty}")
     fault("in_tool")
@@ -62,7 +65,7 @@ def refund_payment(charge_id: str, ctx: StepContext) -> dict[str, Any]:
 
 
 @tool(compensation=refund_payment, mapping={"charge_id": "$.output.charge_id"},
-      secret=["card_number"])
+      secret=["card_number"], timeout=2)
 def charge_payment(amount_cents: int, card_number: str, ctx: StepContext) -> dict[str, Any]:
     if not card_number.startswith("4"):
         raise ValueError(f"card {card_number} declined")
@@ -97,7 +100,7 @@ def fail_always(why: str = "boom") -> dict[str, Any]:
     raise RuntimeError(why)
 
 
-@tool(reversibility=Reversibility.READONLY)
+@tool(reversibility=Reversibility.READONLY, timeout=2)
 def kill_my_worker() -> dict[str, Any]:
     os.kill(os.getpid(), signal.SIGKILL)
     return {}
@@ -112,3 +115,9 @@ async def async_echo(x: int) -> dict[str, Any]:
 @tool(reversibility=Reversibility.READONLY)
 def bad_result() -> Any:
     return ["not", "an", "object"]
+
+
+@tool(reversibility=Reversibility.READONLY)
+def slow_noop(seconds: float) -> dict[str, Any]:
+    time.sleep(seconds)
+    return {"slept": seconds}

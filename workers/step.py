@@ -70,7 +70,7 @@ class StepRunner:
 
     def read(self, saga_id: str, step: int, intent_seq: int) -> StepView:
         log_key = keys.saga_log(saga_id)
-        pipe = self.store.store.log.raw.pipeline(transaction=False)
+        pipe: Any = self.store.store.log.raw.pipeline(transaction=False)
         pipe.execute_command("XRANGE", log_key, keys.entry_id(intent_seq), "+")
         pipe.execute_command("XRANGE", log_key, "0-1", "0-1")
         rows, first = pipe.execute()
@@ -136,10 +136,14 @@ class StepRunner:
         try:
             writer.append(K.STEP_STARTED, step=step, attempt=view.started + 1, data=data,
                           lease=Lease(token, "acquire", ttl), phase="forward")
-        except ConflictError as exc:
-            if isinstance(exc, FencedOff):
-                self._ack(extra)
-                return "busy"  # another worker holds the saga, or it is unwinding
+        except FencedOff as exc:
+            if "lease" in str(exc):  # another worker is running it: this copy is a duplicate
+                with contextlib.suppress(ConflictError):
+                    writer.append(K.STEP_DUPLICATE_SUPPRESSED, step=step,
+                                  data={"outcome": "running elsewhere"})
+            self._ack(extra)
+            return "busy"
+        except ConflictError:
             return "conflict"
         fault("after_started")
         args = self.store.secrets.restore(saga_id, step, view.intent["data"]["args"])

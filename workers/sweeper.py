@@ -15,6 +15,7 @@ from typing import Any
 
 from saga_store import keys
 from saga_store.client import SagaStore, enqueue_compensation, enqueue_step
+from saga_store.log import command
 from saga_store.state import Status, fold
 
 log = logging.getLogger("saga_store.sweeper")
@@ -36,7 +37,8 @@ class Sweeper:
         r = self.store.redis
         secs, micros = r.time()
         now_ms = secs * 1000 + micros // 1000
-        due = r.zrangebyscore(keys.ACTIVE, "-inf", now_ms, start=0, num=BATCH)
+        due: list[bytes] = command(r, "ZRANGEBYSCORE", keys.ACTIVE, "-inf", now_ms,
+                                   "LIMIT", 0, BATCH)
         queued = 0
         for raw in due:
             sid = raw.decode()

@@ -15,9 +15,10 @@ import logging
 import time
 from typing import Any, ClassVar
 
+from rq.exceptions import StopRequested
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
-from rq.worker import SimpleWorker
+from rq.worker import SimpleWorker, WorkerStatus
 
 from saga_store import jobs
 from saga_store.client import SagaStore
@@ -65,6 +66,9 @@ class StepWorker(SimpleWorker):
             pipe.execute()
             return
         func, args = decoded
+        # RQ's warm shutdown waits for a BUSY worker; the state is kept here only,
+        # since the log, not the worker hash, tells what a step is doing
+        self._state = WorkerStatus.BUSY
         try:
             if func == jobs.STEP_FUNC:
                 saga_id, step, intent_seq = args
@@ -72,12 +76,16 @@ class StepWorker(SimpleWorker):
             else:
                 from .compensator import run_compensation
                 run_compensation(self.saga_store, self.name, str(args[0]), ack)
+        except StopRequested:
+            raise
         except Exception:
             # the log keeps the step's state; the sweeper redelivers it later
             log.exception("job %s (%s%s) raised; it will be redelivered", job.id, func, args)
             pipe = self.connection.pipeline(transaction=False)
             ack(pipe)
             pipe.execute()
+        finally:
+            self._state = WorkerStatus.IDLE
 
     # -- the sweeper rides on RQ's maintenance hook --------------------------
 
@@ -94,7 +102,7 @@ class StepWorker(SimpleWorker):
         if self.sweeper.due():
             self.sweeper.sweep()
         if super().should_run_maintenance_tasks:
-            super().run_maintenance_tasks()
+            super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
 
     # -- RQ bookkeeping, throttled ----------------------------------------
 
@@ -119,10 +127,12 @@ class StepWorker(SimpleWorker):
 
 
 def _acker(queue: Queue, job_id: str) -> Any:
-    """Acknowledge a job on a pipeline: off the intermediate list, hash deleted."""
+    """Acknowledge a job on a pipeline: off the intermediate list; its hash is left
+    to expire soon, not deleted, so a duplicate copy still reaches a worker and
+    is recorded in the log as suppressed instead of vanishing inside RQ."""
     def ack(pipe: Any) -> None:
         pipe.lrem(queue.intermediate_queue_key, 1, job_id)
-        pipe.delete(jobs.job_key(job_id))
+        pipe.expire(jobs.job_key(job_id), jobs.ACKED_JOB_TTL_S)
     return ack
 
 

@@ -1,0 +1,57 @@
+"""Worker processes for tests: real ``saga worker`` processes in their own
+process group, killed (SIGKILL, the whole group) when the test is done."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+
+class WorkerProcess:
+    def __init__(self, env: Mapping[str, str], tools: str, *args: str,
+                 log: Path | None = None) -> None:
+        self.cmd = [sys.executable, "-m", "cli.main", "worker", "--tools", tools, *args]
+        self.env = dict(env)
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> WorkerProcess:
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=out,  # noqa: S603
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL the worker's whole process group (pool, workers, anything forked)."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def terminate(self, timeout: float = 30) -> int:
+        """SIGTERM (a warm shutdown) and wait for the exit code."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+
+@contextmanager
+def workers(env: Mapping[str, str], tools: str, *args: str, count: int = 1,
+            log: Path | None = None) -> Iterator[list[WorkerProcess]]:
+    procs = [WorkerProcess(env, tools, *args, log=log).start() for _ in range(count)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.kill()

@@ -1,0 +1,271 @@
+"""Tool calls through real worker processes: exactly-once effects, recovery
+after kill -9 at every forward fault point, refusal of foreign jobs."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import orjson
+import pytest
+import redis
+from rq.queue import Queue
+from rq.serializers import JSONSerializer
+
+from saga_store import jobs, keys
+from saga_store.client import SagaStore, enqueue_step, intent_fields
+from saga_store.events import EventKind as K
+from saga_store.state import Status
+from saga_store.testing import assert_eventually
+from saga_store.testing_workers import WorkerProcess, workers
+from saga_store.verify import Verifier
+
+from .ledger_tools import effects
+
+pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
+TOOLS = "tests.ledger_tools"
+CARD = "4111111111111111"
+ORDER = [
+    {"tool": "reserve_inventory", "args": {"sku": "LAPTOP", "qty": 1}, "tool_call_id": "c0"},
+    {"tool": "charge_payment", "args": {"amount_cents": 1200, "card_number": CARD},
+     "tool_call_id": "c1"},
+    {"tool": "noop", "args": {"n": 1}, "tool_call_id": "c2"},
+]
+
+
+def kinds(store: SagaStore, sid: str, step: int | None = None) -> list[str]:
+    return [e["kind"] for e in store.store.log.events(sid)
+            if step is None or e.get("step") == step]
+
+
+def test_calls_run_on_a_worker_and_commit(saga_store: SagaStore, worker_env: dict[str, str],
+                                          ledger: Path) -> None:
+    """A caller-driven saga: each call returns the tool's result; exit commits."""
+    with workers(worker_env, TOOLS), saga_store.saga(agent_id="agent-1") as saga:
+        r = saga.call("reserve_inventory", {"sku": "A", "qty": 2}, tool_call_id="call_1")
+        c = saga.call("charge_payment", {"amount_cents": 500, "card_number": CARD})
+        assert saga.call("async_echo", {"x": 7}) == {"x": 7}
+    assert r["reservation_id"].startswith("r-")
+    assert c["amount_cents"] == 500
+    assert saga_store.state(saga.saga_id).status is Status.COMMITTED
+    assert [e[0] for e in effects()] == ["reserve", "charge"]
+    assert Verifier(saga_store.store.log).verify().ok
+
+
+def test_a_repeated_call_in_a_saga_returns_the_stored_result(
+        saga_store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """Same tool and arguments in the same saga: one effect, the same answer."""
+    with workers(worker_env, TOOLS), saga_store.saga(agent_id="a") as saga:
+        first = saga.call("reserve_inventory", {"sku": "A", "qty": 1})
+        again = saga.call("reserve_inventory", {"sku": "A", "qty": 1})
+    assert first == again
+    assert len(effects("reserve")) == 1
+
+
+def test_duplicate_delivery_gives_exactly_one_effect_per_step(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path) -> None:
+    """100 steps x 10 copies of each job, pushed concurrently, 3 workers: 100 effects."""
+    spec = saga_store.registry.get("reserve_inventory")
+    planned = []
+    for i in range(100):
+        w = saga_store.store.open("agent-dup")
+        args = {"sku": f"S{i}", "qty": 1}
+        intent = intent_fields(w.saga_id, 0, spec, args, f"c{i}")
+        w.append(K.STEP_INTENT, **intent)
+        planned.append((w.saga_id, w.head.seq, intent["idem_key"]))
+
+    def push_copies() -> None:
+        pipe = client.pipeline(transaction=False)
+        for sid, seq, key in planned:
+            enqueue_step(pipe, jobs.STEP_QUEUE, sid, 0, seq, key)
+        pipe.execute()
+    threads = [threading.Thread(target=push_copies) for _ in range(10)]
+    with workers(worker_env, TOOLS, count=3):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert_eventually(lambda: all(
+            saga_store.state(sid).steps[0].status == "succeeded" for sid, _, _ in planned),
+            timeout=60, what="all 100 steps to succeed")
+        assert_eventually(lambda: client.llen(jobs.queue_key(jobs.STEP_QUEUE)) == 0,
+                          timeout=60, what="the queue to drain")
+    assert len(effects("reserve")) == 100
+    suppressed = sum(kinds(saga_store, sid).count(K.STEP_DUPLICATE_SUPPRESSED)
+                     for sid, _, _ in planned)
+    assert suppressed > 0, "duplicates that arrived after the outcome are recorded"
+    for sid, _, _ in planned:
+        assert kinds(saga_store, sid, 0).count(K.STEP_SUCCEEDED) == 1
+    assert Verifier(saga_store.store.log).verify().ok
+
+
+@pytest.mark.parametrize("point", ["after_dequeue", "after_started", "in_tool", "after_tool",
+                                   "after_outcome"])
+def test_kill_at_each_fault_point_then_restart(saga_store: SagaStore, worker_env: dict[str, str],
+                                                ledger: Path, tmp_path: Path,
+                                                point: str) -> None:
+    """kill -9 of the worker at a forward fault point: a new worker finishes the saga,
+    effects are never doubled (the tools honour their key), the log shows the retry."""
+    flag = tmp_path / "fault-once"
+    flag.touch()
+    env = {**worker_env, "SAGA_FAULT": point, "SAGA_FAULT_ONCE": str(flag)}
+    sid = saga_store.submit(ORDER, agent_id="agent-k")
+    first = WorkerProcess(env, TOOLS).start()
+    try:
+        assert_eventually(lambda: not first.alive, timeout=30, what=f"the kill at {point}")
+    finally:
+        first.kill()
+    assert not flag.exists()
+    with workers(env, TOOLS):
+        state = saga_store.wait(sid, timeout=60)
+    assert state.status is Status.COMMITTED
+    assert len(effects("reserve")) == 1
+    assert len(effects("charge")) == 1
+    if point in ("after_started", "in_tool", "after_tool"):
+        started = [e for e in saga_store.store.log.events(sid) if e["kind"] == "step_started"
+                   and e["step"] == 0]
+        assert len(started) == 2
+        assert started[1]["data"]["after_unfinished_attempts"] == 1
+    assert Verifier(saga_store.store.log).verify().ok
+
+
+def test_a_step_that_keeps_killing_its_worker_is_dead_lettered(
+        saga_store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """After 3 deliveries that never finished, the step fails and the saga compensates."""
+    sid = saga_store.submit([ORDER[0], {"tool": "kill_my_worker", "args": {}}],
+                            agent_id="agent-dl")
+    with workers(worker_env, TOOLS, "-n", "2"):  # the pool respawns killed workers
+        state = saga_store.wait(sid, timeout=90)
+    assert state.status is Status.COMPENSATED
+    assert "dead-lettered" in state.steps[1].error["error"] if isinstance(
+        state.steps[1].error, dict) else "dead-lettered" in str(state.steps[1].error)
+    assert kinds(saga_store, sid, 1).count(K.STEP_STARTED) == 3
+    assert len(effects("release")) == 1
+
+
+def test_a_timeout_is_in_doubt_not_failed(saga_store: SagaStore, worker_env: dict[str, str],
+                                          ledger: Path) -> None:
+    sid = saga_store.submit([ORDER[0], {"tool": "update_crm", "args": {"note": "slow"}}],
+                            agent_id="agent-t")
+    with workers(worker_env, TOOLS):
+        state = saga_store.wait(sid, timeout=60)
+    assert state.steps[1].status == "in_doubt"
+    assert "timed out" in str(state.steps[1].error)
+    assert state.status is Status.NEEDS_ATTENTION  # update_crm is irreversible
+    assert len(effects("release")) == 1
+
+
+@pytest.mark.parametrize("serializer", [JSONSerializer, None])
+def test_a_job_naming_os_system_is_refused(client: redis.Redis, worker_env: dict[str, str],
+                                           tmp_path: Path, serializer: object) -> None:
+    """A job written straight into Redis naming os.system never runs."""
+    marker = tmp_path / "pwned"
+    q = Queue(jobs.STEP_QUEUE, connection=client, serializer=serializer)
+    q.enqueue("os.system", f"touch {marker}")
+    log = tmp_path / "worker.log"
+    w = WorkerProcess(worker_env, TOOLS, "--burst", log=log).start()
+    assert w.proc is not None
+    assert w.proc.wait(60) == 0
+    assert not marker.exists()
+    assert "refused job" in log.read_text()
+
+
+def test_invalid_arguments_write_nothing_then_abort(saga_store: SagaStore,
+                                                    client: redis.Redis) -> None:
+    """The first invalid call is a repairable error; the second aborts the saga."""
+    from saga_store import InvalidToolCall, SagaAborted
+    saga = saga_store.saga(agent_id="agent-v")
+    before = client.xlen(keys.saga_log(saga.saga_id))
+    with pytest.raises(InvalidToolCall) as exc:
+        saga.call("reserve_inventory", {"sku": "A", "qty": "many"})
+    assert exc.value.errors[0]["loc"] == ["qty"]
+    assert client.xlen(keys.saga_log(saga.saga_id)) == before
+    assert client.llen(jobs.queue_key(jobs.STEP_QUEUE)) == 0
+    with pytest.raises(SagaAborted):
+        saga.call("no_such_tool", {})
+    assert kinds(saga_store, saga.saga_id)[-1] == K.SAGA_FAILED
+
+
+def test_same_key_with_different_args_is_rejected(saga_store: SagaStore,
+                                                  worker_env: dict[str, str],
+                                                  ledger: Path) -> None:
+    from saga_store import KeyReuseError
+    with workers(worker_env, TOOLS):
+        with saga_store.saga(agent_id="a") as s1:
+            r1 = s1.call("reserve_inventory", {"sku": "A", "qty": 1}, idempotency_key="order-9")
+        with saga_store.saga(agent_id="a") as s2:
+            assert s2.call("reserve_inventory", {"sku": "A", "qty": 1},
+                           idempotency_key="order-9") == r1
+            with pytest.raises(KeyReuseError):
+                s2.call("reserve_inventory", {"sku": "B", "qty": 1}, idempotency_key="order-9")
+    assert len(effects("reserve")) == 1
+
+
+def test_secrets_never_reach_the_log(saga_store: SagaStore, client: redis.Redis,
+                                     worker_env: dict[str, str], ledger: Path) -> None:
+    """The card number is in no stream entry, even when the tool's error quotes it."""
+    from saga_store import StepError
+    with workers(worker_env, TOOLS):
+        with saga_store.saga(agent_id="a") as saga:
+            saga.call("charge_payment", {"amount_cents": 1, "card_number": CARD})
+        bad = "5555666677778888"
+        with pytest.raises(StepError, match="declined"), saga_store.saga(agent_id="a") as s2:
+            s2.call("charge_payment", {"amount_cents": 1, "card_number": bad})
+    blob = b""
+    for key in client.scan_iter(match="ss:*"):
+        if client.type(key) == b"stream":
+            blob += b"".join(v for _, f in client.xrange(key) for v in f.values())
+    assert CARD.encode() not in blob
+    assert bad.encode() not in blob
+    assert b"$secret" in blob
+
+
+def test_bad_results_and_retryable_errors(saga_store: SagaStore, worker_env: dict[str, str],
+                                          ledger: Path) -> None:
+    from saga_store import StepError
+    with workers(worker_env, TOOLS):
+        with saga_store.saga(agent_id="a") as saga:
+            assert saga.call("flaky", {"fail_times": 2}) == {"ok": True}
+        with pytest.raises(StepError, match="not a JSON object"), \
+                saga_store.saga(agent_id="a") as s2:
+            s2.call("bad_result", {})
+
+
+def test_sigterm_lets_the_current_step_finish(saga_store: SagaStore, worker_env: dict[str, str],
+                                              ledger: Path) -> None:
+    sid = saga_store.submit([{"tool": "slow_noop", "args": {"seconds": 1.0}}], agent_id="a")
+    w = WorkerProcess(worker_env, TOOLS).start()
+    try:
+        assert_eventually(lambda: K.STEP_STARTED in kinds(saga_store, sid), timeout=30,
+                          what="the step to start")
+        assert w.terminate() == 0
+    finally:
+        w.kill()
+    assert saga_store.state(sid).status is Status.COMMITTED
+
+
+def test_plan_file_through_the_cli(redis_url: str, worker_env: dict[str, str], ledger: Path,
+                                   tmp_path: Path) -> None:
+    """saga run --wait --json prints saga_id and state; a bad plan writes nothing."""
+    import subprocess
+    import sys
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(orjson.dumps({"agent_id": "agent-cli", "steps": ORDER}))
+    cmd = [sys.executable, "-m", "cli.main", "run", "--tools", TOOLS, str(plan), "--wait",
+           "--json"]
+    with workers(worker_env, TOOLS):
+        out = subprocess.run(cmd, env=worker_env, capture_output=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    res = orjson.loads(out.stdout)
+    assert res["state"] == "committed"
+    assert res["saga_id"]
+    plan.write_bytes(orjson.dumps({"agent_id": "x", "steps": [
+        {"tool": "reserve_inventory", "args": {"sku": "A", "qty": 1}},
+        {"tool": "reserve_inventory", "args": {"qty": "x"}}]}))
+    r = redis.Redis.from_url(worker_env["SAGA_REDIS_URL"])
+    before = r.dbsize()
+    out = subprocess.run(cmd[:-2], env=worker_env, capture_output=True, timeout=60, check=False)
+    assert out.returncode == 2
+    assert b"steps[1]" in out.stderr
+    assert r.dbsize() == before
