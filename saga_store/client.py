@@ -218,10 +218,9 @@ class Saga:
         logged, secret_values = self.store.secrets.redact(validated, spec.secret, salt)
         key = explicit_key(idempotency_key) if idempotency_key else \
             step_key(self.saga_id, spec.name, logged)
-        for st in self.state.steps.values():
-            if st.idem_key == key:  # the agent repeated a call: answer from the log
-                return self._answer(st.step, timeout or spec.timeout + 30)
-        n = max(self.state.steps, default=-1) + 1
+        if key in self.state.by_key:  # the agent repeated a call: answer from the log
+            return self._answer(self.state.by_key[key], timeout or spec.timeout + 30)
+        n = self.state.next_step
         if idempotency_key:
             claim = self.store.dedupe.claim(key, args_digest(spec.name, validated),
                                             self.saga_id, n)
@@ -273,7 +272,7 @@ class Saga:
                 self._catch_up()  # someone else wrote: re-read, then decide again
                 if self.state.status is not Status.RUNNING:
                     raise SagaAborted(f"saga {self.saga_id} is {self.state.status}") from None
-                intent["step"] = n = max(self.state.steps, default=-1) + 1
+                intent["step"] = n = self.state.next_step
 
     def _sync_head(self) -> None:
         """Writers append to this saga too (its steps' workers): use the newest head
@@ -310,7 +309,8 @@ class Saga:
         raise StepError(f"the call with that idempotency key ended {st.status}: {st.error}")
 
     def commit(self) -> None:
-        open_steps = [s.step for s in self.state.steps.values() if s.status != "succeeded"]
+        open_steps = [s.step for s in self.state.steps.values()
+                      if s.status not in ("succeeded", "suppressed")]
         if open_steps:
             raise InvalidInput(f"cannot commit: step {open_steps[0]} has not succeeded")
         self._sync_head()

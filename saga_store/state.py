@@ -70,6 +70,8 @@ class SagaState:
     invalid_calls: int = 0
     plan: bool = False
     head_hash: bytes = b""  # hash of event ``seq``, when the reader knows it
+    by_key: dict[str, int] = field(default_factory=dict)  # idempotency key -> step
+    next_step: int = 0
 
     @property
     def final(self) -> bool:
@@ -114,9 +116,13 @@ class SagaState:
             for st in self.steps.values():
                 st.resume_base = st.compensation_attempts
 
-    def _apply_step(self, kind: str, st: StepState, ev: dict[str, Any], data: Any) -> None:
+    def _apply_step(self, kind: str, st: StepState, ev: dict[str, Any], data: Any,
+                    ) -> None:
         if kind == K.STEP_INTENT:
             st.intent_seq = ev["seq"]
+            if ev.get("idem_key"):
+                self.by_key[ev["idem_key"]] = st.step
+            self.next_step = max(self.next_step, st.step + 1)
             st.tool, st.tool_call_id = ev.get("tool"), ev.get("tool_call_id")
             st.idem_key = ev.get("idem_key")
             st.args = data.get("args") if isinstance(data, dict) else None

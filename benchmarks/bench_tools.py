@@ -1,0 +1,31 @@
+"""Tools the benchmarks run, as a user's tools module would declare them."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from saga_store import Reversibility, tool
+
+
+@tool(reversibility=Reversibility.READONLY)
+def noop(n: int = 0) -> dict[str, Any]:
+    return {"n": n}
+
+
+@tool(reversibility=Reversibility.READONLY)
+def io_wait(ms: float = 10.0) -> dict[str, Any]:
+    time.sleep(ms / 1000)
+    return {}
+
+
+@tool(reversibility=Reversibility.READONLY)
+async def aio_wait(ms: float = 10.0) -> dict[str, Any]:
+    await asyncio.sleep(ms / 1000)
+    return {}
+
+
+def bare_noop(n: int = 0) -> dict[str, Any]:
+    """The same no-op as a plain RQ job function, for the side-by-side baseline."""
+    return {"n": n}
