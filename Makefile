@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 bench: $(STAMP)
-	$(BIN)/python -m benchmarks.run_all
+	QUICK=$(QUICK) $(BIN)/python -m benchmarks.run_all
 
 clean:
 	rm -rf $(VENV) build *.egg-info

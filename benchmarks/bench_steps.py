@@ -7,7 +7,7 @@ each next to bare RQ measured in the same run.
 from __future__ import annotations
 
 import argparse
-
+import contextlib
 import json
 import os
 import statistics
@@ -51,10 +51,8 @@ def start_rq_workers(url: str, n: int, queue: str) -> list[subprocess.Popen[byte
 
 def stop(procs: list[subprocess.Popen[bytes]]) -> None:
     for p in procs:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, 9)
-        except ProcessLookupError:
-            pass
         p.wait()
 
 
@@ -88,7 +86,8 @@ def bare_round_trips(r: redis.Redis, n: int) -> list[float]:
         t = time.perf_counter()
         job = q.enqueue("benchmarks.bench_tools.bare_noop", i)
         res = job.latest_result(timeout=10)
-        assert res is not None and res.return_value == {"n": i}
+        assert res is not None
+        assert res.return_value == {"n": i}
         out.append((time.perf_counter() - t) * 1000)
     return out
 
@@ -136,7 +135,8 @@ def bare_throughput(r: redis.Redis, url: str, workers: int, jobs: int) -> float:
             job.refresh()
             first = job.started_at if first is None else min(first, job.started_at)
             last = job.ended_at if last is None else max(last, job.ended_at)
-        assert first is not None and last is not None
+        assert first is not None
+        assert last is not None
         return jobs / (last - first).total_seconds()
     finally:
         stop(procs)

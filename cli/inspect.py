@@ -8,6 +8,7 @@ from typing import Any
 import click
 import orjson
 
+from saga_store.context import FORMATS, agent_states, rebuild_history
 from saga_store.ids import check_id
 from saga_store.state import Status
 
@@ -80,4 +81,41 @@ def timeline_line(ev: dict[str, Any]) -> str:
     return f"{ev['seq']:>5} {t} {step:>4} {ev['kind']:<26} {tool:<18} {text}"
 
 
-COMMANDS = [ls, show]
+@click.command("context")
+@click.option("--saga", "saga_id", envvar="SAGA_CONTEXT_SAGA", help="One saga's calls.")
+@click.option("--agent", "agent_id", envvar="SAGA_CONTEXT_AGENT",
+              help="Every saga of this agent, oldest first.")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="openai",
+              show_default=True, envvar="SAGA_CONTEXT_FORMAT")
+@click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
+              help="Machine-readable output (the default for openai and anthropic).")
+@pass_ctx
+def context(ctx: Context, saga_id: str | None, agent_id: str | None, fmt: str,
+            as_json: bool) -> None:
+    """Rebuild an agent's message history from the log (rolled-back calls marked)."""
+    with errors_to_exit():
+        if bool(saga_id) == bool(agent_id):
+            click.echo("error: give exactly one of --saga or --agent", err=True)
+            raise SystemExit(2)
+        store = ctx.store()
+        if saga_id:
+            check_id(saga_id, "saga_id")
+            states = [store.state(saga_id)]
+            if states[0].seq < 0:
+                click.echo(f"error: no saga {saga_id}; list them with 'saga ls'", err=True)
+                raise SystemExit(2)
+        else:
+            states = agent_states(store, check_id(agent_id, "agent_id"))
+        messages = rebuild_history(states, fmt)
+        if as_json or fmt != "plain":
+            emit_json(messages)
+            return
+        for saga in messages:
+            click.echo(f"saga {saga['saga_id']} ({saga['state']})")
+            for call in saga["calls"]:
+                click.echo(f"  {call['status']:<10} {call['tool']}: {call['result']}")
+            if saga["note"]:
+                click.echo(f"  note: {saga['note']}")
+
+
+COMMANDS = [ls, show, context]

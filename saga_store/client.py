@@ -24,6 +24,7 @@ import redis
 
 from . import jobs, keys
 from .connection import connect
+from .context import project
 from .errors import (
     ConflictError,
     FencedOff,
@@ -327,6 +328,7 @@ class Saga:
                 if any(s.status != "succeeded" for s in self.state.steps.values()):
                     raise SagaAborted(f"saga {self.saga_id} changed while committing") from None
         self.state.status = Status.COMMITTED
+        project(self.store.store, self.saga_id)
         self.store.redis.zrem(keys.ACTIVE, self.saga_id)
 
     def abort(self, reason: str = "aborted by the caller") -> None:

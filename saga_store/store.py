@@ -69,7 +69,8 @@ class Store:
         writer = ChainWriter(self, sid, EMPTY)
         call = writer.prepare(
             [(K.SAGA_STARTED, {"agent_id": agent_id, "data": payload or None}), *then],
-            meta={"agent_id": agent_id, "state": Status.RUNNING, "phase": "forward"})
+            meta={"agent_id": agent_id, "state": Status.RUNNING, "phase": "forward",
+                  **({"conversation_id": conversation_id} if conversation_id else {})})
         try:
             writer.applied(call, call.send(self.redis))
         except ConflictError:

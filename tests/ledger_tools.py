@@ -47,6 +47,9 @@ def noop(n: int = 0) -> dict[str, Any]:
 @tool
 def release_inventory(reservation_id: str, ctx: StepContext) -> dict[str, Any]:
     effect("release", ctx.idempotency_key, reservation_id)
+    fault("in_comp_tool")
+    if os.path.exists(os.environ["SAGA_TEST_LEDGER"] + ".release-fails"):
+        raise RuntimeError("inventory service unavailable")
     return {"released": reservation_id}
 
 
@@ -70,7 +73,8 @@ def charge_payment(amount_cents: int, card_number: str, ctx: StepContext) -> dic
     if not card_number.startswith("4"):
         raise ValueError(f"card {card_number} declined")
     effect("charge", ctx.idempotency_key, str(amount_cents))
-    return {"charge_id": f"ch-{ctx.idempotency_key[:8]}", "amount_cents": amount_cents}
+    return {"charge_id": f"ch-{ctx.idempotency_key[:8]}", "amount_cents": amount_cents,
+            "status": "payment confirmed"}
 
 
 @tool(timeout=0.3, reversibility=Reversibility.IRREVERSIBLE)
@@ -121,3 +125,38 @@ def bad_result() -> Any:
 def slow_noop(seconds: float) -> dict[str, Any]:
     time.sleep(seconds)
     return {"slept": seconds}
+
+
+@tool
+def revert_crm(customer: str, ctx: StepContext) -> dict[str, Any]:
+    """Tolerates 'it never happened': reverting nothing is a success."""
+    effect("crm-revert", ctx.idempotency_key, customer)
+    return {"reverted": customer}
+
+
+@tool(reversibility=Reversibility.READONLY)
+def crm_probe(customer: str, ctx: StepContext) -> dict[str, Any]:
+    """Did the CRM update with this step's idempotency key happen?"""
+    done = [e for e in effects("crm") if e[1] == ctx.idempotency_key]
+    return {"customer": customer, "noted": True} if done else {"happened": False}
+
+
+@tool(compensation=revert_crm, mapping={"customer": "$.input.customer"}, probe=crm_probe,
+      timeout=0.3)
+def update_crm_record(customer: str, note: str, ctx: StepContext) -> dict[str, Any]:
+    if note == "slow":
+        time.sleep(5)  # the CRM hangs: the call times out before it records anything
+    effect("crm", ctx.idempotency_key, customer)
+    return {"customer": customer, "noted": True}
+
+
+@tool(reversibility=Reversibility.IRREVERSIBLE)
+def send_notification(to: str, ctx: StepContext) -> dict[str, Any]:
+    effect("notify", ctx.idempotency_key, to)
+    return {"sent": to}
+
+
+@tool(reversibility=Reversibility.IRREVERSIBLE)
+def emit_webhook(event: str, ctx: StepContext) -> dict[str, Any]:
+    effect("webhook", ctx.idempotency_key, event)
+    return {"emitted": event}

@@ -24,6 +24,7 @@ from typing import Any
 
 from saga_store import keys
 from saga_store.client import SagaStore
+from saga_store.context import project
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.idempotency import compensation_key
@@ -53,6 +54,7 @@ class Compensator:
         self.invoker = Invoker()
 
     def run(self, saga_id: str, ack: Any = None) -> str:
+        fault("comp_after_dequeue")
         what = self._run(saga_id)
         if ack is not None:
             pipe = self.store.redis.pipeline(transaction=False)
@@ -84,6 +86,7 @@ class Compensator:
         log_ = self.store.store.log
         state = fold(saga_id, log_.events(saga_id))
         if state.final or state.status in (Status.RUNNING, Status.STUCK):
+            project(self.store.store, saga_id)
             return str(state.status)
         writer = ChainWriter(self.store.store, saga_id, log_.head(saga_id))
         lease = Lease(token, "acquire", self.store.settings.lease_ms)
@@ -108,6 +111,7 @@ class Compensator:
         data = {"needs_attention": attention} if attention else None
         fault("comp_before_close")
         writer.append(final, data=data, lease=Lease(token, "release"))
+        project(self.store.store, saga_id)  # before leaving ss:active: the sweeper's cue
         pipe = self.store.redis.pipeline(transaction=False)
         pipe.zrem(keys.ACTIVE, saga_id)
         pipe.delete(keys.saga_secrets(saga_id))
@@ -184,8 +188,10 @@ class Compensator:
             fault("comp_after_tool")
             if outcome.kind == "succeeded":
                 writer.append(K.COMPENSATION_SUCCEEDED, step=st.step, lease=lease,
-                              data={"result": outcome.result})
+                              tool=comp.name, tool_call_id=st.tool_call_id,
+                              data={"result": outcome.result, "undid": st.tool})
                 fault("comp_after_outcome")
+                project(self.store.store, state.saga_id)
                 st.compensation, st.compensation_result = "succeeded", outcome.result
                 return True
             writer.append(K.COMPENSATION_FAILED, step=st.step, lease=lease,

@@ -1,11 +1,15 @@
 """Fault injection for tests: kill this process at a named point, once.
 
-``SAGA_FAULT=<point>`` names the point and ``SAGA_FAULT_ONCE=<file>`` a file
+``SAGA_FAULT=<point>`` names the point, ``SAGA_FAULT_AT=<k>`` the k-th time it
+is reached in this process (default 1), and ``SAGA_FAULT_ONCE=<file>`` a file
 that must exist for the fault to fire; it is removed first, so a restarted
-worker runs on. Points: ``after_dequeue``, ``after_started``, ``after_tool``
-(the outcome is encoded and hashed, not yet appended), ``after_outcome``
-(appended, the next job not yet queued), and the same names prefixed with
-``comp_`` in the compensator. Off unless both variables are set.
+worker runs on. Forward points: ``after_dequeue``, ``after_started``,
+``after_tool`` (the outcome is encoded and hashed, not yet appended),
+``after_outcome`` (appended; the next job not yet queued); tools may call
+``fault("in_tool")`` after their effect. Compensator points: ``comp_after_dequeue``,
+``comp_after_intent``, ``comp_after_tool``, ``comp_after_outcome``,
+``comp_before_close``, and ``in_comp_tool`` in compensation tools. Off unless
+both variables are set.
 """
 
 from __future__ import annotations
@@ -13,9 +17,14 @@ from __future__ import annotations
 import os
 import signal
 
+_seen: dict[str, int] = {}
+
 
 def fault(point: str) -> None:
     if os.environ.get("SAGA_FAULT") != point:
+        return
+    _seen[point] = _seen.get(point, 0) + 1
+    if _seen[point] != int(os.environ.get("SAGA_FAULT_AT", "1")):
         return
     flag = os.environ.get("SAGA_FAULT_ONCE")
     if not flag:

@@ -21,6 +21,7 @@ import orjson
 
 from saga_store import keys
 from saga_store.client import SagaStore, enqueue_compensation, enqueue_step, intent_fields
+from saga_store.context import project
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.ids import check_id
@@ -47,6 +48,7 @@ class StepView:
     head: Head = field(default_factory=lambda: Head(-1, b""))
     plan: list[dict[str, Any]] | None = None
     agent_id: str | None = None
+    conversation_id: str | None = None
 
 
 class StepRunner:
@@ -95,6 +97,7 @@ class StepRunner:
         if first:
             started = orjson.loads(body_and_hash(first[0][1])[0])
             view.agent_id = started.get("agent_id")
+            view.conversation_id = (started.get("data") or {}).get("conversation_id")
             plan = (started.get("data") or {}).get("plan")
             view.plan = plan if isinstance(plan, list) else None
         return view
@@ -188,8 +191,6 @@ class StepRunner:
                          items[-1][1]["idem_key"])
         elif follow == "compensate":
             enqueue_compensation(pipe, saga_id)
-        elif follow == "committed":
-            pipe.zrem(keys.ACTIVE, saga_id)
         intent = view.intent or {}
         if (intent.get("data") or {}).get("keyed"):
             self.store.dedupe.finish(intent["idem_key"], outcome.kind,
@@ -197,6 +198,9 @@ class StepRunner:
         if extra is not None:
             extra(pipe)
         pipe.execute()
+        project(self.store.store, saga_id)
+        if follow == "committed":  # only now: ss:active is the sweeper's cue to project
+            self.store.redis.zrem(keys.ACTIVE, saga_id)
         return outcome.kind
 
     def _outcome_events(self, saga_id: str, step: int, view: StepView, outcome: Outcome,
@@ -207,8 +211,10 @@ class StepRunner:
                 data["tries"] = outcome.tries
             if outcome.postcondition_failed:
                 data["postcondition_failed"] = outcome.postcondition_failed
+            intent = view.intent or {}
             items: list[tuple[str, dict[str, Any]]] = [
-                (K.STEP_SUCCEEDED, {"step": step, "data": data})]
+                (K.STEP_SUCCEEDED, {"step": step, "tool": intent.get("tool"),
+                                    "tool_call_id": intent.get("tool_call_id"), "data": data})]
         else:
             kind = K.STEP_FAILED if outcome.kind == "failed" else K.STEP_IN_DOUBT
             err: dict[str, Any] = {"error": outcome.error}

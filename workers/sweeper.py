@@ -15,6 +15,7 @@ from typing import Any
 
 from saga_store import keys
 from saga_store.client import SagaStore, enqueue_compensation, enqueue_step
+from saga_store.context import project
 from saga_store.log import command
 from saga_store.state import Status, fold
 
@@ -53,6 +54,7 @@ class Sweeper:
         r, lease_ms = self.store.redis, self.store.settings.lease_ms
         state = fold(sid, self.store.store.log.events(sid))
         if state.final or state.seq < 0:
+            project(self.store.store, sid)  # a closer that died may not have
             r.zrem(keys.ACTIVE, sid)
             return 0
         pipe: Any = r.pipeline(transaction=False)

@@ -1,0 +1,67 @@
+"""Run every benchmark and write benchmarks/out/results.json and a Markdown table.
+
+    make bench          # full size (about 10 minutes on 2 cores)
+    make bench QUICK=1  # smaller runs, for a smoke check
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from . import bench_log, bench_steps
+
+OUT = Path(__file__).parent / "out"
+
+
+def table(log: dict[str, Any], steps: dict[str, Any]) -> str:
+    rt, fc = steps["round_trip_ms"], steps["flat_cost_ms"]
+    rows = [
+        ("append, one at a time", f"{log['append_one_per_s']:,.0f} /s", ">= 5,000 /s"),
+        ("append, batched", f"{log['append_batched_per_s']:,.0f} /s", ">= 40,000 /s"),
+        ("append cost at seq 100,000 / seq 10",
+         f"{log['append_us_at_seq_100000']:.0f} / {log['append_us_at_seq_10']:.0f} us "
+         f"= {log['append_cost_ratio']:.2f}x", "flat"),
+        ("verify from Redis", f"{log['verify_redis_per_s']:,.0f} events/s", ">= 200,000"),
+        ("verify exported JSONL", f"{log['verify_file_per_s']:,.0f} events/s", ">= 400,000"),
+        ("Redis memory per event (300 B payload)", f"{log['memory_bytes_per_event']:.0f} B",
+         "<= 600 B"),
+        ("step round trip p50 / p99 (durable)",
+         f"{rt['durable']['p50']:.2f} / {rt['durable']['p99']:.2f} ms", "<= 3 / <= 10 ms"),
+        ("bare RQ round trip p50 / p99 (same run)",
+         f"{rt['bare_rq_simpleworker']['p50']:.2f} / "
+         f"{rt['bare_rq_simpleworker']['p99']:.2f} ms", "reference"),
+        ("step after 1,000 steps / step 1-10",
+         f"{fc['step_1000_plus']:.2f} / {fc['step_1_to_10']:.2f} ms = {fc['ratio']:.2f}x",
+         "<= 1.2x"),
+    ]
+    for n, tp in steps["throughput"].items():
+        rows.append((f"no-op steps/s, {n} worker(s) (bare RQ same run)",
+                     f"{tp['durable_steps_per_s']:,.0f} ({tp['bare_rq_jobs_per_s']:,.0f}) "
+                     f"= {tp['ratio']:.1f}x", ">= 1,000 at best"))
+    rss = max(r for tp in steps["throughput"].values() for r in tp["worker_rss_mb"])
+    rows.append(("worker RSS (max)", f"{rss:.1f} MB", "<= 80 MB"))
+    out = ["| measure | result | target |", "|---|---|---|"]
+    out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
+    return "\n".join(out)
+
+
+def main() -> None:
+    quick = os.environ.get("QUICK") == "1" or "--quick" in sys.argv
+    OUT.mkdir(exist_ok=True)
+    started = time.time()
+    log = bench_log.run(events=200_000 if quick else 1_000_000, runs=1 if quick else 3)
+    steps = bench_steps.run(quick)
+    results = {"log": log, "steps": steps, "seconds": time.time() - started, "quick": quick}
+    (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    md = table(log, steps)
+    (OUT / "table.md").write_text(md + "\n")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
