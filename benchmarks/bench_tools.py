@@ -29,3 +29,18 @@ async def aio_wait(ms: float = 10.0) -> dict[str, Any]:
 def bare_noop(n: int = 0) -> dict[str, Any]:
     """The same no-op as a plain RQ job function, for the side-by-side baseline."""
     return {"n": n}
+
+
+@tool
+def undo_noop(ref: str) -> dict[str, Any]:
+    return {"undone": ref}
+
+
+@tool(compensation=undo_noop, mapping={"ref": "$.output.ref"})
+def do_noop(n: int = 0) -> dict[str, Any]:
+    return {"ref": f"r{n}"}
+
+
+@tool(reversibility=Reversibility.READONLY)
+def fail_now() -> dict[str, Any]:
+    raise RuntimeError("the step fails")

@@ -67,6 +67,9 @@ class Compensator:
         token = f"{self.worker}:comp:{os.urandom(6).hex()}"
         if not r.set(keys.saga_lease(saga_id), token, nx=True, px=lease_ms):
             return "busy"  # a step or another compensator holds the saga; swept later
+        # should this process die, the sweeper looks as soon as the lease can lapse
+        secs, micros = r.time()
+        r.zadd(keys.ACTIVE, {saga_id: secs * 1000 + micros // 1000 + lease_ms + 100})
         try:
             for _ in range(MAX_REDECIDE):
                 try:

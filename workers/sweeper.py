@@ -21,6 +21,7 @@ from saga_store.state import Status, fold
 
 log = logging.getLogger("saga_store.sweeper")
 BATCH = 200
+LOOK_AFTER_MS = 100  # after a lease expires, before the sweeper looks again
 
 
 class Sweeper:
@@ -59,9 +60,11 @@ class Sweeper:
             return 0
         pipe: Any = r.pipeline(transaction=False)
         pipe.zadd(keys.ACTIVE, {sid: now_ms + lease_ms})
-        if r.exists(keys.saga_lease(sid)):
+        left_ms = r.pttl(keys.saga_lease(sid))
+        if left_ms > 0:  # someone is working on it: look again the moment the lease ends
+            pipe.zadd(keys.ACTIVE, {sid: now_ms + left_ms + LOOK_AFTER_MS})
             pipe.execute()
-            return 0  # someone is working on it; look again after the lease
+            return 0
         queued = 0
         if state.status is Status.COMPENSATING:
             enqueue_compensation(pipe, sid)
