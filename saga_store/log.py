@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 import redis
+from redis.client import Pipeline
 
 from . import keys
 from .canonical import canonical, check_json
@@ -102,7 +103,9 @@ class PreparedAppend:
     phase: str | None
 
     def send(self, client: Any) -> Any:
-        return self.log.scripts.append(keys=self.keys, args=self.argv, client=client)
+        if isinstance(client, Pipeline):  # the pipeline loads scripts it lacks
+            return self.log.scripts.append(keys=self.keys, args=self.argv, client=client)
+        return self.log.scripts.call_append(client, self.keys, self.argv)
 
     def result(self, reply: Any) -> Head:
         if isinstance(reply, Exception):

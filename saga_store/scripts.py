@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
 APPEND = """
 local unpack = unpack or table.unpack
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
@@ -78,3 +80,12 @@ class Scripts:
 
     def __init__(self, redis: Any) -> None:
         self.append = redis.register_script(APPEND)
+
+    def call_append(self, client: Any, keys: list[str], args: list[Any]) -> Any:
+        """EVALSHA straight on a connection (redis-py's Script wrapper costs about
+        as much as the script itself); loads the script if Redis lost it."""
+        try:
+            return client.execute_command("EVALSHA", self.append.sha, len(keys), *keys, *args)
+        except NoScriptError:
+            self.append.sha = client.script_load(APPEND)
+            return client.execute_command("EVALSHA", self.append.sha, len(keys), *keys, *args)

@@ -177,3 +177,11 @@ def test_lease_is_acquired_renewed_and_released_with_the_append(store: Store,
     assert client.pttl(keys.saga_lease(w.saga_id)) > 5000
     w.append(K.STEP_SUCCEEDED, step=0, lease=Lease("w1", "release"))
     assert client.get(keys.saga_lease(w.saga_id)) is None
+
+
+def test_append_reloads_the_script_after_redis_lost_it(store: Store, client: redis.Redis) -> None:
+    """After SCRIPT FLUSH (or a Redis restart) appends go on: the script is loaded again."""
+    w = store.open("a")
+    client.script_flush()
+    w.append(K.STEP_INTENT, step=0, tool="t")
+    assert store.log.head(w.saga_id).seq == 1
