@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -48,13 +50,23 @@ class Plan(BaseModel):
 @click.option("--queues", "queues", multiple=True, envvar="SAGA_QUEUES",
               type=click.Choice(QUEUES), help="Queues to serve (default: steps and compensations).")
 @click.option("--log-level", default="INFO", envvar="SAGA_LOG_LEVEL", show_default=True)
+@click.option("--metrics-port", type=int, default=None, envvar="SAGA_METRICS_PORT",
+              help="Serve /metrics for all worker processes (and the Redis gauges) here.")
+@click.option("--metrics-host", default="127.0.0.1", show_default=True,
+              envvar="SAGA_METRICS_HOST")
 @pass_ctx
 def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
-           queues: tuple[str, ...], log_level: str) -> None:
+           queues: tuple[str, ...], log_level: str, metrics_port: int | None,
+           metrics_host: str) -> None:
     """Run worker processes for steps and compensations.
 
-    SIGTERM or SIGINT: each worker finishes its current step, then exits.
+    SIGTERM or SIGINT: each worker finishes its current step, then exits. With
+    --metrics-port, workers record into prometheus_client's multiprocess files
+    and this process serves one /metrics endpoint for all of them.
     """
+    if metrics_port is not None and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        # must be set before prometheus_client is first imported, in every worker
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="saga-metrics-")
     from workers.worker import configured
     with errors_to_exit():
         Registry.from_modules(*tools)  # fail here, not in every forked worker
@@ -62,6 +74,8 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
         worker_class = configured(tools, ctx.settings)
         names = list(queues) or QUEUES
         logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(message)s")
+        if metrics_port is not None:
+            serve_metrics(store.redis, metrics_port, metrics_host, multiprocess=True)
         if n == 1:
             from rq.queue import Queue
             w = worker_class([Queue(q, connection=store.redis) for q in names],
@@ -72,6 +86,43 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
         pool = WorkerPool(names, connection=store.redis, num_workers=n,
                           worker_class=worker_class)
         pool.start(burst=burst, logging_level=log_level)
+
+
+def serve_metrics(client: Any, port: int, host: str, *, multiprocess: bool) -> None:
+    """Serve /metrics in a background thread: the Redis gauges, plus every worker
+    process's counters when ``multiprocess``."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from saga_store.metrics import RedisCollector
+    registry = CollectorRegistry()
+    if multiprocess:
+        from prometheus_client import multiprocess as mp
+        mp.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    registry.register(RedisCollector(client))
+    start_http_server(port, addr=host, registry=registry)
+
+
+@click.command("metrics")
+@click.option("--port", type=int, default=9464, show_default=True, envvar="SAGA_METRICS_PORT")
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="SAGA_METRICS_HOST")
+@click.option("--once", is_flag=True, help="Print the metrics once and exit.")
+@pass_ctx
+def metrics(ctx: Context, port: int, host: str, once: bool) -> None:
+    """A standalone exporter for the Redis-derived gauges (sagas by state, queues)."""
+    with errors_to_exit():
+        store = ctx.store()
+        if once:
+            from prometheus_client import CollectorRegistry, generate_latest
+
+            from saga_store.metrics import RedisCollector
+            registry = CollectorRegistry()
+            registry.register(RedisCollector(store.redis))
+            click.echo(generate_latest(registry).decode(), nl=False)
+            return
+        serve_metrics(store.redis, port, host, multiprocess=False)
+        click.echo(f"serving /metrics on http://{host}:{port}/metrics", err=True)
+        import threading
+        threading.Event().wait()
 
 
 @click.command("run")
@@ -156,4 +207,4 @@ def abort(ctx: Context, saga_id: str, reason: str) -> None:
         click.echo(f"saga {saga_id}: unwinding")
 
 
-COMMANDS = [worker, run, resume, abort]
+COMMANDS = [worker, run, resume, abort, metrics]

@@ -17,7 +17,7 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, Self
 
 import orjson
 import redis
@@ -45,6 +45,9 @@ from .state import SagaState, Status, fold
 from .store import ChainWriter, Store
 from .tools import InvalidToolCall, ToolSpec
 
+if TYPE_CHECKING:
+    from .metrics import Metrics
+
 WAIT_SLICE_MS = 1000
 
 
@@ -53,10 +56,12 @@ class SagaStore:
 
     def __init__(self, client: redis.Redis, registry: Registry,
                  settings: Settings | None = None, *, queue: str = jobs.STEP_QUEUE,
-                 invalid_call_limit: int = 2) -> None:
+                 invalid_call_limit: int = 2, metrics: Metrics | None = None) -> None:
         self.settings = settings or Settings()
         self.registry = registry
         self.store = Store(client, self.settings)
+        self.metrics = metrics
+        self.store.log.metrics = metrics
         self.redis = client
         self.queue = queue
         self.invalid_call_limit = invalid_call_limit
@@ -220,6 +225,8 @@ class Saga:
         key = explicit_key(idempotency_key) if idempotency_key else \
             step_key(self.saga_id, spec.name, logged)
         if key in self.state.by_key:  # the agent repeated a call: answer from the log
+            if self.store.metrics is not None:
+                self.store.metrics.dedupe_hits.labels("repeated_call").inc()
             return self._answer(self.state.by_key[key], timeout or spec.timeout + 30)
         n = self.state.next_step
         if idempotency_key:

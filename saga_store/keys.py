@@ -18,6 +18,7 @@ touches a single Redis Cluster slot.
     ss:ctx:{<agent_id>}   stream   context-sync events for one agent
     ss:active             zset     sagas with work in flight, scored by the time
                                    (ms) after which the sweeper looks at them
+    ss:needs_attention    set      sagas that ended needing a person
 
 The ledger key does not begin with ``ss:{`` so no saga id can collide with it.
 """
@@ -54,6 +55,7 @@ def saga_secrets(saga_id: str) -> str:
 
 
 ACTIVE = f"{PREFIX}:active"
+NEEDS_ATTENTION = f"{PREFIX}:needs_attention"
 
 
 def idem(key: str) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import redis
@@ -23,6 +23,9 @@ from .canonical import canonical, check_json
 from .chain import Chain
 from .errors import ConflictError, FencedOff, InvalidInput, StoreUnavailable
 from .settings import Settings
+
+if TYPE_CHECKING:  # importing prometheus_client early would fix its process mode
+    from .metrics import Metrics
 
 PAGE = 10_000
 
@@ -111,8 +114,13 @@ class PreparedAppend:
         if isinstance(reply, Exception):
             raise StoreUnavailable(f"append failed: {reply}")
         code, seq, extra = reply
+        metrics = self.log.metrics
         if code == 1:
+            if metrics is not None:
+                metrics.appends.inc(self.argv[6])
             return Head(int(seq), self.last_hash)
+        if metrics is not None and code == 0:
+            metrics.cas_conflicts.inc()
         if code == 0:
             raise ConflictError(f"chain {self.chain_id} moved to seq {seq}; re-read and decide "
                                 "again", Head(int(seq), extra or b""))
@@ -138,6 +146,7 @@ class SagaLog:
             self.raw.set_response_callback(cmd, _identity)
         from .scripts import Scripts
         self.scripts = Scripts(client)
+        self.metrics: Metrics | None = None  # set by whoever exports metrics
 
     # -- writing ---------------------------------------------------------
 

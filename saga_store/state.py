@@ -71,6 +71,7 @@ class SagaState:
     plan: bool = False
     head_hash: bytes = b""  # hash of event ``seq``, when the reader knows it
     by_key: dict[str, int] = field(default_factory=dict)  # idempotency key -> step
+    failed_ts: int | None = None  # when unwinding was decided
     next_step: int = 0
 
     @property
@@ -103,6 +104,7 @@ class SagaState:
             self.invalid_calls += 1
         elif kind == K.SAGA_FAILED:
             self.status, self.reason = Status.COMPENSATING, data
+            self.failed_ts = self.failed_ts or ev.get("ts")
         elif kind == K.SAGA_COMMITTED:
             self.status = Status.COMMITTED
         elif kind == K.SAGA_COMPENSATED:

@@ -115,7 +115,14 @@ class Compensator:
         fault("comp_before_close")
         writer.append(final, data=data, lease=Lease(token, "release"))
         project(self.store.store, saga_id)  # before leaving ss:active: the sweeper's cue
+        metrics = self.store.metrics
+        if metrics is not None:
+            metrics.sagas_finished.labels("needs_attention" if attention else "compensated").inc()
+            if state.failed_ts:
+                metrics.compensation_lag.observe(max(0.0, time.time() - state.failed_ts / 1000))
         pipe = self.store.redis.pipeline(transaction=False)
+        if attention:
+            pipe.sadd(keys.NEEDS_ATTENTION, saga_id)
         pipe.zrem(keys.ACTIVE, saga_id)
         pipe.delete(keys.saga_secrets(saga_id))
         pipe.execute()
@@ -189,6 +196,8 @@ class Compensator:
                               state.agent_id)
             outcome = self.invoker.invoke(comp, args, ctx)
             fault("comp_after_tool")
+            if self.store.metrics is not None:
+                self.store.metrics.compensations.labels(comp.name, outcome.kind).inc()
             if outcome.kind == "succeeded":
                 writer.append(K.COMPENSATION_SUCCEEDED, step=st.step, lease=lease,
                               tool=comp.name, tool_call_id=st.tool_call_id,

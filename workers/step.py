@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,7 +109,10 @@ class StepRunner:
             self._ack(extra)
             return "stale"
         writer = ChainWriter(self.store.store, saga_id, view.head)
+        metrics = self.store.metrics
         if view.outcome is not None:
+            if metrics is not None:
+                metrics.dedupe_hits.labels("duplicate_delivery").inc()
             with contextlib.suppress(ConflictError):  # a note only; the outcome stands
                 writer.append(K.STEP_DUPLICATE_SUPPRESSED, step=step,
                               data={"outcome": view.outcome["kind"]})
@@ -141,6 +145,8 @@ class StepRunner:
                           lease=Lease(token, "acquire", ttl), phase="forward")
         except FencedOff as exc:
             if "lease" in str(exc):  # another worker is running it: this copy is a duplicate
+                if metrics is not None:
+                    metrics.dedupe_hits.labels("in_flight").inc()
                 with contextlib.suppress(ConflictError):
                     writer.append(K.STEP_DUPLICATE_SUPPRESSED, step=step,
                                   data={"outcome": "running elsewhere"})
@@ -153,10 +159,13 @@ class StepRunner:
         ctx = StepContext(view.intent["idem_key"], saga_id, step, view.started + 1,
                           view.intent.get("tool_call_id"), view.agent_id)
         secrets = {k: args[k] for k in spec.secret if k in args}
+        began = time.perf_counter()
         try:
             outcome = self.invoker.invoke(spec, args, ctx, secrets)
         except InvalidInput as exc:  # the logged args no longer fit the tool
             outcome = Outcome("failed", error=str(exc))
+        if metrics is not None:
+            metrics.step_seconds.labels(spec.name).observe(time.perf_counter() - began)
         return self._finish(writer, saga_id, step, view, token, extra, outcome, spec)
 
     def _finish(self, writer: ChainWriter, saga_id: str, step: int, view: StepView,
@@ -185,6 +194,11 @@ class StepRunner:
         if acquire:  # dead letter / in doubt took the lease to write; hand it on
             self.store.redis.delete(keys.saga_lease(saga_id))
         fault("after_outcome")
+        metrics = self.store.metrics
+        if metrics is not None:
+            metrics.steps.labels(spec.name if spec else "unknown", outcome.kind).inc()
+            if follow == "committed":
+                metrics.sagas_finished.labels("committed").inc()
         pipe = self.store.redis.pipeline(transaction=False)
         if follow == "next":
             enqueue_step(pipe, self.store.queue, saga_id, step + 1, writer.head.seq,

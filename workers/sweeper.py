@@ -18,6 +18,7 @@ from saga_store.client import SagaStore, enqueue_compensation, enqueue_step
 from saga_store.context import project
 from saga_store.log import command
 from saga_store.state import Status, fold
+from saga_store.verify import Verifier
 
 log = logging.getLogger("saga_store.sweeper")
 BATCH = 200
@@ -56,6 +57,11 @@ class Sweeper:
         state = fold(sid, self.store.store.log.events(sid))
         if state.final or state.seq < 0:
             project(self.store.store, sid)  # a closer that died may not have
+            if state.final and not Verifier(self.store.store.log, jobs=1).check(sid).ok:
+                log.error("saga %s: its chain does not verify; run 'saga verify --saga %s'",
+                          sid, sid)
+                if self.store.metrics is not None:
+                    self.store.metrics.verify_failures.inc()
             r.zrem(keys.ACTIVE, sid)
             return 0
         pipe: Any = r.pipeline(transaction=False)

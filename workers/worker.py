@@ -44,7 +44,12 @@ class StepWorker(SimpleWorker):
         kwargs["serializer"] = JSONSerializer
         super().__init__(*args, **kwargs)
         registry = Registry.from_modules(*self.tools_modules)
-        self.saga_store = SagaStore(self.connection, registry, self.settings)
+        from prometheus_client import CollectorRegistry
+
+        from saga_store.metrics import Metrics
+        self.metrics = Metrics(CollectorRegistry())  # multiprocess files when enabled
+        self.saga_store = SagaStore(self.connection, registry, self.settings,
+                                    metrics=self.metrics)
         self.runner = StepRunner(self.saga_store, self.name)
         self.refused = 0
         self._last_beat = 0.0
@@ -59,6 +64,7 @@ class StepWorker(SimpleWorker):
         ack = _acker(queue, job.id)
         if decoded is None:
             self.refused += 1
+            self.metrics.refused_jobs.inc()
             log.warning("refused job %s on %s: not a saga job (only %s run here)",
                         job.id, queue.name, ", ".join(sorted(jobs.OUR_FUNCS)))
             pipe = self.connection.pipeline(transaction=False)
@@ -100,7 +106,7 @@ class StepWorker(SimpleWorker):
 
     def run_maintenance_tasks(self) -> None:
         if self.sweeper.due():
-            self.sweeper.sweep()
+            self.metrics.redeliveries.inc(self.sweeper.sweep())
         if super().should_run_maintenance_tasks:
             super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
 

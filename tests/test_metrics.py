@@ -1,0 +1,132 @@
+"""Metrics: the names the code exports, a real scrape of a worker pool, and every
+dashboard query run against a real Prometheus."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+from rq.queue import Queue
+from rq.serializers import JSONSerializer
+
+from saga_store import jobs
+from saga_store.client import SagaStore, enqueue_step
+from saga_store.metrics import exported_names
+from saga_store.testing import assert_eventually, free_port
+from saga_store.testing_workers import workers
+
+DASHBOARD = Path(__file__).parent.parent / "grafana" / "dashboards" / "saga-store.json"
+TOOLS = "tests.ledger_tools"
+CARD = "4111111111111111"
+
+
+def dashboard_exprs() -> list[str]:
+    board = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in board["panels"] for t in p["targets"]]
+
+
+def test_the_dashboard_only_uses_metrics_the_code_exports() -> None:
+    names = exported_names()
+    used = {m for e in dashboard_exprs() for m in re.findall(r"\bsaga_[a-z_]+", e)}
+    assert used
+    assert used <= names, f"dashboard uses unknown metrics: {sorted(used - names)}"
+
+
+def _workload(store: SagaStore, client: redis.Redis) -> list[str]:
+    ok = store.submit([{"tool": "reserve_inventory", "args": {"sku": "A", "qty": 1}},
+                       {"tool": "charge_payment",
+                        "args": {"amount_cents": 5, "card_number": CARD}}], agent_id="m")
+    bad = store.submit([{"tool": "reserve_inventory", "args": {"sku": "B", "qty": 1}},
+                        {"tool": "fail_always", "args": {}}], agent_id="m")
+    for sid in (ok, bad):
+        store.wait(sid, timeout=60)
+    st = store.state(ok)
+    enqueue_step(client, jobs.STEP_QUEUE, ok, 0, st.steps[0].intent_seq, st.steps[0].idem_key)
+    Queue(jobs.STEP_QUEUE, connection=client, serializer=JSONSerializer).enqueue(
+        "os.system", "true")
+    return [ok, bad]
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return str(r.read().decode())
+
+
+@pytest.mark.real_redis
+@pytest.mark.timeout(120)
+def test_a_worker_pool_exports_one_endpoint_without_ids(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path) -> None:
+    port = free_port()
+    with workers(worker_env, TOOLS, "-n", "2", "--metrics-port", str(port)):
+        ids = _workload(saga_store, client)
+        def ready() -> str | None:
+            t = _scrape(port)
+            done = "saga_refused_jobs_total 1.0" in t and 'kind="duplicate_delivery"' in t
+            return t if done else None
+        text = assert_eventually(ready, timeout=30, what="the workload's metrics",
+                                 swallow=(OSError,))
+    assert 'saga_steps_total{outcome="succeeded",tool="reserve_inventory"} 2.0' in text
+    assert 'saga_steps_total{outcome="failed",tool="fail_always"} 1.0' in text
+    assert 'saga_compensations_total{outcome="succeeded",tool="release_inventory"} 1.0' in text
+    assert 'saga_sagas_finished_total{state="compensated"} 1.0' in text
+    assert "saga_compensation_lag_seconds_count 1.0" in text
+    assert 'saga_queue_depth{queue="saga-steps"}' in text
+    for sid in ids:
+        assert sid not in text  # no ids as labels
+    assert CARD not in text
+
+
+@pytest.mark.real_redis
+@pytest.mark.timeout(180)
+def test_every_dashboard_query_returns_data_from_a_real_prometheus(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path, tmp_path: Path) -> None:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("prometheus is not installed; .ci/run installs Debian's package")
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
+    metrics_port, prom_port = free_port(), free_port()
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                   "scrape_configs:\n  - job_name: saga\n    static_configs:\n"
+                   f"      - targets: ['127.0.0.1:{metrics_port}']\n")
+    prom = subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path}/db",
+                             f"--web.listen-address=127.0.0.1:{prom_port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with workers(worker_env, TOOLS, "-n", "2", "--metrics-port", str(metrics_port)):
+            _workload(saga_store, client)
+            api = f"http://127.0.0.1:{prom_port}/api/v1/query?query="
+
+            def query(expr: str) -> dict[str, object]:
+                with urllib.request.urlopen(api + urllib.parse.quote(expr),  # noqa: S310
+                                            timeout=5) as r:
+                    return dict(json.loads(r.read()))
+            assert_eventually(lambda: query("saga_refused_jobs_total")["data"]["result"],  # type: ignore[index]
+                              timeout=60, what="prometheus to scrape the workers",
+                              swallow=(OSError,))
+            def empty_queries() -> list[str]:
+                empty = []
+                for expr in dashboard_exprs():
+                    res = query(expr)
+                    assert res["status"] == "success", (expr, res)  # it parses and runs
+                    if not res["data"]["result"]:  # type: ignore[index]
+                        empty.append(expr)
+                return empty
+            # rate() needs two samples of a series: wait for the scrapes, bounded
+            assert_eventually(lambda: not empty_queries(), timeout=30,
+                              what="every dashboard query to return data")
+            assert empty_queries() == []
+    finally:
+        prom.terminate()
+        prom.wait(10)
