@@ -1,42 +1,153 @@
-"""``saga demo``: write a small saga to the log, show it, verify it."""
+"""``saga demo``: the order story, end to end, with real workers."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
+import textwrap
+import time
+from typing import Any
 
 import click
+import orjson
 
-from saga_store.events import EventKind as K
+from saga_store import jobs
+from saga_store.client import SagaStore
+from saga_store.context import rebuild_history
+from saga_store.registry import Registry
+from saga_store.state import SagaState
 from saga_store.verify import Verifier
 
 from .common import Context, errors_to_exit, pass_ctx
-from .inspect import timeline_line
+
+TOOLS = "examples.order_tools"
+
+
+def order(customer: str, crm_note: str) -> list[dict[str, Any]]:
+    return [
+        {"tool": "reserve_inventory", "args": {"sku": "LAPTOP-15", "qty": 1},
+         "tool_call_id": "call_reserve"},
+        {"tool": "charge_payment", "args": {"amount_cents": 1_200_000, "card_token": "tok_visa_4242"},
+         "tool_call_id": "call_charge"},
+        {"tool": "update_crm", "args": {"customer": customer, "note": crm_note},
+         "tool_call_id": "call_crm"},
+        {"tool": "send_notification", "args": {"to": f"{customer}@example.com",
+                                               "text": "Your laptop is on its way"},
+         "tool_call_id": "call_notify"},
+        {"tool": "emit_webhook", "args": {"event": "order.placed"}, "tool_call_id": "call_hook"},
+    ]
 
 
 @click.command("demo")
+@click.option("--workers", "n", type=int, default=2, show_default=True, envvar="SAGA_DEMO_WORKERS",
+              help="Worker processes to start (against a real Redis).")
 @pass_ctx
-def demo(ctx: Context) -> None:
-    """Write a small order saga, print its timeline, verify the chain."""
+def demo(ctx: Context, n: int) -> None:
+    """The order story: a $12,000 order whose CRM call times out is rolled back,
+    a second one commits, and the chain is verified."""
     with errors_to_exit():
-        store, embedded = ctx.store_or_embedded()
-        where = "embedded store" if embedded else "Redis"
-        w = store.open("demo-agent", conversation_id="demo-conversation")
-        steps = [("reserve_inventory", {"sku": "LAPTOP-15", "qty": 1}, {"reservation": "r-1"}),
-                 ("charge_payment", {"amount_cents": 1_200_000, "currency": "USD"},
-                  {"charge": "ch-1"})]
-        for n, (tool, args, result) in enumerate(steps):
-            w.append(K.STEP_INTENT, step=n, tool=tool, tool_call_id=f"call-{n}",
-                     data={"args": args, "reversibility": "compensable"})
-            w.append(K.STEP_STARTED, step=n, attempt=1)
-            w.append(K.STEP_SUCCEEDED, step=n, data={"result": result})
-        w.append(K.SAGA_COMMITTED)
-        click.echo(f"saga {w.saga_id} written to the {where}:")
-        for ev in store.log.events(w.saga_id):
-            click.echo(timeline_line(ev))
-        verdict = Verifier(store.log).verify(w.saga_id)
-        click.echo(f"verify: {'intact' if verdict.ok else 'FAILED'} "
-                   f"({verdict.events} events in {len(verdict.chains)} chains)")
+        began = time.monotonic()
+        base, embedded = ctx.store_or_embedded()
+        store = SagaStore(base.redis, Registry.from_modules(TOOLS), ctx.settings)
+        procs = [] if embedded else _start_workers(ctx, n)
+        try:
+            click.echo(f"Saga Store demo on the {'embedded store' if embedded else 'Redis'}"
+                       f"{'' if embedded else f' with {n} worker processes'}\n")
+            first = _run(store, embedded, "Order 1: the CRM hangs", order("ana", "slow order"))
+            _believe(first)
+            second = _run(store, embedded, "Order 2: everything answers",
+                          order("ben", "order placed"))
+            _believe(second)
+        finally:
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(10)
+        verdict = Verifier(store.store.log).verify()
+        click.echo(f"saga verify: {'intact' if verdict.ok else 'INTEGRITY FAILURE'} "
+                   f"({verdict.events} events in {len(verdict.chains)} chains, "
+                   f"ledger included) in {time.monotonic() - began:.1f} s")
         sys.exit(0 if verdict.ok else 1)
+
+
+def _start_workers(ctx: Context, n: int) -> list[subprocess.Popen[bytes]]:
+    env = {**os.environ, "SAGA_REDIS_URL": ctx.redis_url or "redis://127.0.0.1:6379/0"}
+    return [subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--tools", TOOLS,  # noqa: S603
+                              "--log-level", "WARNING"], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            for _ in range(n)]
+
+
+def _run(store: SagaStore, embedded: bool, title: str, steps: list[dict[str, Any]]) -> SagaState:
+    click.echo(click.style(title, bold=True))
+    sid = store.submit(steps, agent_id="shop-agent", conversation_id="demo")
+    if embedded:
+        _drain(store)
+    state = store.wait(sid, timeout=60)
+    for ev in store.store.log.events(sid):
+        line = _describe(ev)
+        if line:
+            click.echo(f"  {line}")
+    click.echo(f"  => saga {sid} is {click.style(str(state.status), bold=True)}\n")
+    return state
+
+
+def _drain(store: SagaStore) -> None:
+    """The embedded store lives in this process: run its jobs here, in order."""
+    from workers.compensator import Compensator
+    from workers.step import StepRunner
+    runner, comp = StepRunner(store, "demo"), Compensator(store, "demo")
+    while True:
+        raw = store.redis.lpop(jobs.queue_key(jobs.STEP_QUEUE)) or \
+            store.redis.lpop(jobs.queue_key(jobs.COMPENSATION_QUEUE))
+        if raw is None:
+            return
+        decoded = jobs.decode(store.redis.hget(jobs.job_key(raw.decode()), "data"))
+        if decoded is None:
+            continue
+        func, args = decoded
+        if func == jobs.STEP_FUNC:
+            runner.run(str(args[0]), int(args[1]), int(args[2]))
+        else:
+            comp.run(str(args[0]))
+
+
+def _describe(ev: dict[str, Any]) -> str | None:
+    kind, data, tool = ev["kind"], ev.get("data") or {}, ev.get("tool")
+    n = ev.get("step")
+    if kind == "step_intent":
+        args = {k: ("***" if isinstance(v, dict) else v) for k, v in data["args"].items()}
+        return f"#{n} {tool}({orjson.dumps(args).decode()})  [{data['reversibility']}]"
+    if kind == "step_succeeded":
+        how = " (settled by its probe)" if data.get("resolved_by") else ""
+        return f"   ok  {orjson.dumps(data.get('result')).decode()}{how}"
+    if kind == "step_in_doubt":
+        return f"   ??  in doubt: {data.get('error')}"
+    if kind == "step_failed":
+        return f"   xx  {data.get('error')}"
+    if kind == "saga_failed":
+        return f"-- unwinding: {data.get('reason')}"
+    if kind == "compensation_succeeded":
+        return (f"   undo #{n} {data.get('undid')} by {tool}: "
+                f"{orjson.dumps(data.get('result')).decode()}")
+    if kind == "step_not_compensable":
+        return f"   !!  #{n} cannot be undone: {data.get('reason')}"
+    return None
+
+
+def _believe(state: SagaState) -> None:
+    click.echo("  What the agent now believes (its rebuilt history):")
+    view = rebuild_history([state], "plain")[0]
+    for call in view["calls"]:
+        text = call["result"]
+        if call["status"] == "retracted":
+            text = "rolled back; its earlier result no longer holds"
+        click.echo(f"    {call['tool_call_id']:<13} {call['status']:<10} {text[:80]}")
+    if view["note"]:
+        for line in textwrap.wrap(f"note: {view['note']}", 96):
+            click.echo(f"    {line}")
+    click.echo("")
 
 
 COMMANDS = [demo]

@@ -146,3 +146,26 @@ def test_demo_runs_on_the_embedded_store_without_redis(monkeypatch: pytest.Monke
     res = CliRunner().invoke(cli, ["demo"], env={"SAGA_REDIS_URL": ""})
     assert res.exit_code == 0, res.output
     assert "embedded" in res.output
+
+
+@pytest.mark.real_redis
+def test_demo_tells_the_order_story_with_real_workers(redis_url: str) -> None:
+    """saga demo against a real Redis: worker processes, rollback, commit, verify, < 10 s."""
+    import subprocess
+    import sys
+    import time
+    env = {**__import__("os").environ, "SAGA_REDIS_URL": redis_url,
+           "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    began = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "cli.main", "demo"], env=env,
+                         capture_output=True, timeout=60, check=False)
+    elapsed = time.monotonic() - began
+    text = out.stdout.decode()
+    assert out.returncode == 0, out.stderr
+    assert "with 2 worker processes" in text
+    assert text.index("undo #1 charge_payment by refund_payment") < \
+        text.index("undo #0 reserve_inventory by release_inventory")
+    assert "is compensated" in text
+    assert "is committed" in text
+    assert "saga verify: intact" in text
+    assert elapsed < 10

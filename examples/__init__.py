@@ -1,0 +1,1 @@
+"""Example tools modules, as a user of Saga Store would write them."""
