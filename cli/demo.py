@@ -15,6 +15,7 @@ import orjson
 from saga_store import jobs
 from saga_store.client import SagaStore
 from saga_store.context import rebuild_history
+from saga_store.log import command
 from saga_store.registry import Registry
 from saga_store.state import SagaState
 from saga_store.verify import Verifier
@@ -28,7 +29,8 @@ def order(customer: str, crm_note: str) -> list[dict[str, Any]]:
     return [
         {"tool": "reserve_inventory", "args": {"sku": "LAPTOP-15", "qty": 1},
          "tool_call_id": "call_reserve"},
-        {"tool": "charge_payment", "args": {"amount_cents": 1_200_000, "card_token": "tok_visa_4242"},
+        {"tool": "charge_payment",
+         "args": {"amount_cents": 1_200_000, "card_token": "tok_visa_4242"},
          "tool_call_id": "call_charge"},
         {"tool": "update_crm", "args": {"customer": customer, "note": crm_note},
          "tool_call_id": "call_crm"},
@@ -99,11 +101,11 @@ def _drain(store: SagaStore) -> None:
     from workers.step import StepRunner
     runner, comp = StepRunner(store, "demo"), Compensator(store, "demo")
     while True:
-        raw = store.redis.lpop(jobs.queue_key(jobs.STEP_QUEUE)) or \
-            store.redis.lpop(jobs.queue_key(jobs.COMPENSATION_QUEUE))
+        raw = command(store.redis, "LPOP", jobs.queue_key(jobs.STEP_QUEUE)) or \
+            command(store.redis, "LPOP", jobs.queue_key(jobs.COMPENSATION_QUEUE))
         if raw is None:
             return
-        decoded = jobs.decode(store.redis.hget(jobs.job_key(raw.decode()), "data"))
+        decoded = jobs.decode(command(store.redis, "HGET", jobs.job_key(raw.decode()), "data"))
         if decoded is None:
             continue
         func, args = decoded
