@@ -44,3 +44,18 @@ def do_noop(n: int = 0) -> dict[str, Any]:
 @tool(reversibility=Reversibility.READONLY)
 def fail_now() -> dict[str, Any]:
     raise RuntimeError("the step fails")
+
+
+@tool(timeout=5)
+def io_undo(ref: str, ms: float = 10.0) -> dict[str, Any]:
+    time.sleep(ms / 1000)
+    return {"undone": ref}
+
+
+@tool(compensation=io_undo, mapping={"ref": "$.output.ref", "ms": "$.input.ms"}, timeout=5)
+def io_step(n: int, ms: float = 10.0, fail: bool = False) -> dict[str, Any]:
+    """One step of the peer workload: an I/O wait, failing on request."""
+    time.sleep(ms / 1000)
+    if fail:
+        raise RuntimeError("step failed on purpose")
+    return {"ref": f"r{n}"}

@@ -132,7 +132,7 @@ class SagaStore:
         """Block until the saga is final (committed, compensated, needs attention)
         or stuck; returns its state. Raises :class:`StepPending` on timeout."""
         check_id(saga_id, "saga_id")
-        state = fold(saga_id, self.store.log.events(saga_id))
+        state = fold(saga_id, self.store.log.bodies(saga_id))
         return self.follow(state, lambda st: st.final or st.status is Status.STUCK, timeout)
 
     def follow(self, state: SagaState, done: Any, timeout: float | None) -> SagaState:
@@ -289,7 +289,7 @@ class Saga:
             self.writer.head = Head(self.state.seq, self.state.head_hash)
 
     def _catch_up(self) -> None:
-        for ev in self.store.store.log.events(self.saga_id, self.state.seq + 1):
+        for ev in self.store.store.log.bodies(self.saga_id, self.state.seq + 1):
             self.state.apply(ev)
         self.writer.head = self.store.store.log.head(self.saga_id)
 

@@ -39,14 +39,14 @@ def project(store: Any, saga_id: str) -> int:
     if not agent:
         return 0
     start = int(cur) + 1 if cur is not None else 0
-    events = store.log.events(saga_id, start) if start > 0 else store.log.events(saga_id)
+    events = store.log.bodies(saga_id, start)
     if not events:
         return 0
     ids = {"saga_id": saga_id, "conversation_id": conv.decode() if conv else None}
     pipe = r.pipeline(transaction=False)
     n = 0
     for ev in events:
-        out = _projection(ev, ids)
+        out = projection(ev, ids)
         if out is not None:
             pipe.xadd(keys.agent_ctx(agent.decode()), {"e": orjson.dumps(out)})
             n += 1
@@ -55,7 +55,7 @@ def project(store: Any, saga_id: str) -> int:
     return n
 
 
-def _projection(ev: dict[str, Any], ids: dict[str, Any]) -> dict[str, Any] | None:
+def projection(ev: dict[str, Any], ids: dict[str, Any]) -> dict[str, Any] | None:
     kind, data = ev["kind"], ev.get("data") or {}
     base = {**ids, "ref": f"{ids['saga_id']}:{ev['seq']}"}
     if kind == K.STEP_SUCCEEDED:

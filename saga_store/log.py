@@ -263,6 +263,11 @@ class SagaLog:
                 yield RawEntry(eid, body, h, prev)
                 prev = h
 
+    def bodies(self, chain_id: str, start_seq: int = 0) -> list[dict[str, Any]]:
+        """Event bodies from ``start_seq`` on, without prev/hash (enough for a fold)."""
+        return [orjson.loads(body_and_hash(fields)[0])
+                for rows in self.pages(chain_id, start_seq) for _, fields in rows]
+
     def events(self, chain_id: str, start_seq: int = 0) -> list[dict[str, Any]]:
         return [e.event() for e in self.entries(chain_id, start_seq)]
 

@@ -67,9 +67,11 @@ class Store:
             payload["conversation_id"] = conversation_id
         self.log.check_payload(payload)
         writer = ChainWriter(self, sid, EMPTY)
+        # the opening events have no context projection: the cursor starts past them
         call = writer.prepare(
             [(K.SAGA_STARTED, {"agent_id": agent_id, "data": payload or None}), *then],
             meta={"agent_id": agent_id, "state": Status.RUNNING, "phase": "forward",
+                  "ctx_seq": len(then),
                   **({"conversation_id": conversation_id} if conversation_id else {})})
         try:
             writer.applied(call, call.send(self.redis))
@@ -86,7 +88,7 @@ class Store:
 
     def state(self, saga_id: str) -> SagaState:
         check_id(saga_id, "saga_id")
-        return fold(saga_id, self.log.events(saga_id))
+        return fold(saga_id, self.log.bodies(saga_id))
 
     def meta(self, saga_id: str) -> dict[str, str]:
         raw: dict[bytes, bytes] = command(self.redis, "HGETALL", keys.saga_meta(saga_id))

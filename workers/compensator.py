@@ -87,7 +87,7 @@ class Compensator:
 
     def _unwind(self, saga_id: str, token: str) -> str:
         log_ = self.store.store.log
-        state = fold(saga_id, log_.events(saga_id))
+        state = fold(saga_id, log_.bodies(saga_id))
         if state.final or state.status in (Status.RUNNING, Status.STUCK):
             project(self.store.store, saga_id)
             return str(state.status)

@@ -22,7 +22,7 @@ import orjson
 
 from saga_store import keys
 from saga_store.client import SagaStore, enqueue_compensation, enqueue_step, intent_fields
-from saga_store.context import project
+from saga_store.context import project, projection
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.ids import check_id
@@ -50,6 +50,8 @@ class StepView:
     plan: list[dict[str, Any]] | None = None
     agent_id: str | None = None
     conversation_id: str | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)  # from the intent on
+    ctx_seq: int = -1  # how far the context projection has got
 
 
 class StepRunner:
@@ -76,11 +78,13 @@ class StepRunner:
         pipe: Any = self.store.store.log.raw.pipeline(transaction=False)
         pipe.execute_command("XRANGE", log_key, keys.entry_id(intent_seq), "+")
         pipe.execute_command("XRANGE", log_key, "0-1", "0-1")
-        rows, first = pipe.execute()
-        view = StepView()
+        pipe.execute_command("HGET", keys.saga_meta(saga_id), "ctx_seq")
+        rows, first, ctx_seq = pipe.execute()
+        view = StepView(ctx_seq=int(ctx_seq) if ctx_seq is not None else -1)
         for eid, fields in rows:
             body, h = body_and_hash(fields)
             ev = orjson.loads(body)
+            view.events.append(ev)
             view.head = Head(keys.seq_of_entry_id(eid), h)
             kind = ev["kind"]
             if ev["seq"] == intent_seq:
@@ -154,6 +158,7 @@ class StepRunner:
             return "busy"
         except ConflictError:
             return "conflict"
+        view.events.append({"kind": K.STEP_STARTED, "seq": writer.head.seq, "step": step})
         fault("after_started")
         args = self.store.secrets.restore(saga_id, step, view.intent["data"]["args"])
         ctx = StepContext(view.intent["idem_key"], saga_id, step, view.started + 1,
@@ -211,8 +216,10 @@ class StepRunner:
                                      outcome.result or {"error": outcome.error}, pipe)
         if extra is not None:
             extra(pipe)
+        inline = self._project_inline(pipe, saga_id, view, items, writer.head.seq)
         pipe.execute()
-        project(self.store.store, saga_id)
+        if not inline:
+            project(self.store.store, saga_id)
         if follow == "committed":  # only now: ss:active is the sweeper's cue to project
             self.store.redis.zrem(keys.ACTIVE, saga_id)
         return outcome.kind
@@ -253,6 +260,25 @@ class StepRunner:
             return items, "next"
         items.append((K.SAGA_COMMITTED, {}))
         return items, "committed"
+
+    def _project_inline(self, pipe: Any, saga_id: str, view: StepView,
+                        items: list[tuple[str, dict[str, Any]]], head_seq: int) -> bool:
+        """Queue the context events of everything past the cursor on ``pipe`` when
+        this worker knows all of it (the usual case); False to fall back."""
+        intent_seq = view.intent["seq"] if view.intent else -1
+        if view.agent_id is None or view.ctx_seq < intent_seq - 1 or not view.events \
+                or view.events[-1]["seq"] != head_seq - len(items):
+            return False
+        first = head_seq - len(items) + 1
+        appended = [{"kind": kind, "seq": first + i, **fields}
+                    for i, (kind, fields) in enumerate(items)]
+        ids = {"saga_id": saga_id, "conversation_id": view.conversation_id}
+        for ev in [e for e in view.events if e["seq"] > view.ctx_seq] + appended:
+            out = projection(ev, ids)
+            if out is not None:
+                pipe.xadd(keys.agent_ctx(view.agent_id), {"e": orjson.dumps(out)})
+        pipe.hset(keys.saga_meta(saga_id), "ctx_seq", head_seq)
+        return True
 
     def _ack(self, extra: Any) -> None:
         if extra is not None:

@@ -54,7 +54,7 @@ class Sweeper:
 
     def _look_at(self, sid: str, now_ms: int) -> int:
         r, lease_ms = self.store.redis, self.store.settings.lease_ms
-        state = fold(sid, self.store.store.log.events(sid))
+        state = fold(sid, self.store.store.log.bodies(sid))
         if state.final or state.seq < 0:
             project(self.store.store, sid)  # a closer that died may not have
             if state.final and not Verifier(self.store.store.log, jobs=1).check(sid).ok:

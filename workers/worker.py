@@ -15,7 +15,8 @@ import logging
 import time
 from typing import Any, ClassVar
 
-from rq.exceptions import StopRequested
+from rq.exceptions import NoSuchJobError, StopRequested
+from rq.job import Job
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
@@ -33,6 +34,17 @@ HEARTBEAT_EVERY_S = 5.0
 SUSPENSION_CHECK_EVERY_S = 1.0
 
 
+class StepJob(Job):
+    """RQ's job model, fetched lightly: a saga job needs only its ``data`` (ids),
+    so the worker reads that one field instead of parsing the whole hash."""
+
+    def refresh(self) -> None:
+        data = self.connection.hget(self.key, "data")
+        if data is None:
+            raise NoSuchJobError(f"no such job: {self.key}")
+        self.data = data  # jobs.decode inflates and parses it, as JSON only
+
+
 class StepWorker(SimpleWorker):
     """Runs saga steps. Configure with :func:`configured` (the pool forks it)."""
 
@@ -42,6 +54,7 @@ class StepWorker(SimpleWorker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["serializer"] = JSONSerializer
+        kwargs["job_class"] = StepJob
         super().__init__(*args, **kwargs)
         registry = Registry.from_modules(*self.tools_modules)
         from prometheus_client import CollectorRegistry
@@ -60,7 +73,7 @@ class StepWorker(SimpleWorker):
     # -- the job path ------------------------------------------------------
 
     def execute_job(self, job: Any, queue: Queue) -> None:
-        decoded = jobs.decode(job.data)
+        decoded = jobs.decode(job._data)  # raw bytes: never RQ's deserializer
         ack = _acker(queue, job.id)
         if decoded is None:
             self.refused += 1

@@ -1,0 +1,142 @@
+"""The peer workload: N concurrent 5-step workflows of 10 ms I/O tools, with and
+without 20% failing at step 3, through Saga Store (durable) beside an in-memory
+asyncio saga engine (no durability), in the same run.
+
+    python -m benchmarks.bench_workflows [--workers 16] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+
+from saga_store import Registry, SagaStore, Settings, keys
+from saga_store.testing import assert_eventually
+from saga_store.testing_workers import WorkerProcess
+
+from .common import bench_redis, machine, percentile
+
+ROOT = str(Path(__file__).resolve().parent.parent)
+TOOLS = "benchmarks.bench_tools"
+STEPS, IO_MS = 5, 10.0
+FINAL = {b"saga_committed", b"saga_compensated", b"saga_needs_attention", b"saga_stuck"}
+
+
+def workflow(fail: bool) -> list[dict[str, Any]]:
+    return [{"tool": "io_step", "args": {"n": i, "ms": IO_MS, "fail": fail and i == 2}}
+            for i in range(STEPS)]
+
+
+def plans(n: int, fail_ratio: float, rng: random.Random) -> list[bool]:
+    return [rng.random() < fail_ratio for _ in range(n)]
+
+
+# -- the in-memory baseline --------------------------------------------------
+
+async def _memory_workflow(fail: bool) -> float:
+    began = time.perf_counter()
+    done: list[int] = []
+    for i in range(STEPS):
+        await asyncio.sleep(IO_MS / 1000)
+        if fail and i == 2:
+            for _ in reversed(done):  # compensate in reverse, each an I/O wait too
+                await asyncio.sleep(IO_MS / 1000)
+            break
+        done.append(i)
+    return time.perf_counter() - began
+
+
+def memory_run(fails: list[bool]) -> tuple[float, list[float]]:
+    async def main() -> tuple[float, list[float]]:
+        began = time.perf_counter()
+        lat = await asyncio.gather(*(_memory_workflow(f) for f in fails))
+        return time.perf_counter() - began, list(lat)
+    return asyncio.run(main())
+
+
+# -- Saga Store ---------------------------------------------------------------
+
+def durable_run(store: SagaStore, fails: list[bool]) -> tuple[float, list[float]]:
+    """Submit every workflow at once, then wait for all with one XREAD over their streams."""
+    began = time.perf_counter()
+    submitted: dict[str, float] = {}
+    for f in fails:
+        sid = store.submit(workflow(f), agent_id="bench")
+        submitted[sid] = time.perf_counter()
+    pending = {keys.saga_log(sid): (sid, "0-0") for sid in submitted}
+    latency: list[float] = []
+    r = store.redis
+    while pending:
+        reply = r.xread({k: last for k, (_, last) in pending.items()}, block=5000)
+        if not reply:
+            raise TimeoutError(f"{len(pending)} workflows made no progress for 5 s")
+        now = time.perf_counter()
+        for key, entries in reply:
+            sid, _ = pending[key.decode()]
+            last = entries[-1][0]
+            if any(orjson.loads(f[b"b"])["kind"].encode() in FINAL for _, f in entries):
+                latency.append(now - submitted[sid])
+                del pending[key.decode()]
+            else:
+                pending[key.decode()] = (sid, last)
+    return time.perf_counter() - began, latency
+
+
+def summarize(elapsed: float, latency: list[float]) -> dict[str, float]:
+    ms = [x * 1000 for x in latency]
+    return {"workflows_per_s": len(latency) / elapsed, "p50_ms": statistics.median(ms),
+            "p95_ms": percentile(ms, 95), "p99_ms": percentile(ms, 99)}
+
+
+def run(workers: int = 16, quick: bool = False) -> dict[str, Any]:
+    rng = random.Random(7)
+    srv = bench_redis()
+    procs: list[WorkerProcess] = []
+    try:
+        r = redis.Redis.from_url(srv.url)
+        store = SagaStore(r, Registry.from_modules(TOOLS), Settings())
+        env = {**os.environ, "SAGA_REDIS_URL": srv.url, "PYTHONPATH": ROOT}
+        procs = [WorkerProcess(env, TOOLS, "--log-level", "WARNING").start()
+                 for _ in range(workers)]
+        from rq.worker import Worker
+        assert_eventually(lambda: len(Worker.all(connection=r)) >= workers, timeout=60,
+                          what="workers to start")
+        durable_run(store, [False] * 20)  # warm up
+        out: dict[str, Any] = {"machine": machine(), "workers": workers, "io_ms": IO_MS,
+                               "steps": STEPS}
+        reps = 1 if quick else 3
+        for n in (50, 500):
+            for fail_ratio in (0.0, 0.2):
+                rows = {"durable": [], "memory": []}  # type: dict[str, list[dict[str, float]]]
+                for _ in range(reps):  # side by side, interleaved
+                    fails = plans(n, fail_ratio, rng)
+                    rows["durable"].append(summarize(*durable_run(store, fails)))
+                    rows["memory"].append(summarize(*memory_run(fails)))
+                med = {side: {k: statistics.median(x[k] for x in runs) for k in runs[0]}
+                       for side, runs in rows.items()}
+                med["ratio"] = {"workflows_per_s": med["durable"]["workflows_per_s"]
+                                / med["memory"]["workflows_per_s"]}
+                out[f"n={n} fail={int(fail_ratio * 100)}%"] = med
+        return out
+    finally:
+        for p in procs:
+            p.kill()
+        srv.stop()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    print(json.dumps(run(a.workers, a.quick), indent=1, default=str))
