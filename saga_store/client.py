@@ -387,7 +387,7 @@ def intent_fields(saga_id: str, n: int, spec: ToolSpec, logged_args: dict[str, A
 
 def enqueue_step(pipe: Any, queue: str, saga_id: str, step: int, intent_seq: int,
                  idem_key: str) -> None:
-    jobs.push(pipe, queue, jobs.step_job_id(idem_key, intent_seq), jobs.STEP_FUNC,
+    jobs.push(pipe, queue, jobs.step_job_id(idem_key, intent_seq, saga_id), jobs.STEP_FUNC,
               [saga_id, step, intent_seq])
 
 

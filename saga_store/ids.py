@@ -34,6 +34,14 @@ def check_id(value: object, what: str = "id") -> str:
     return value
 
 
+def valid_id(value: object) -> bool:
+    try:
+        check_id(value)
+    except InvalidInput:
+        return False
+    return True
+
+
 def new_id() -> str:
     """A 26-character, time-ordered, random id (ULID layout, Crockford base32)."""
     n = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10), "big")

@@ -10,6 +10,7 @@ ever parsed as JSON, never unpickled, whatever a job hash claims.
 from __future__ import annotations
 
 import datetime as dt
+import re
 import zlib
 from typing import Any
 
@@ -34,11 +35,21 @@ def job_key(job_id: str) -> str:
     return Job.redis_job_namespace_prefix + job_id
 
 
-def step_job_id(idem_key: str, intent_seq: int) -> str:
-    """Derived from the step's idempotency key and its intent's place in the log:
-    two jobs with one id always carry the same arguments, so one job hash serves
-    every copy of a delivery."""
-    return f"saga-step-{idem_key[:40]}-{intent_seq}"
+STEP_ID = re.compile(r"^saga-step-[0-9a-f]{16}-(\d+)-(.+)$")
+
+
+def step_job_id(idem_key: str, intent_seq: int, saga_id: str) -> str:
+    """Derived from the step's idempotency key, its intent's place in the log and
+    its saga: two jobs with one id always carry the same arguments (one job hash
+    serves every copy of a delivery), and a worker can start reading the log
+    in the same round trip as the job."""
+    return f"saga-step-{idem_key[:16]}-{intent_seq}-{saga_id}"
+
+
+def parse_step_job_id(job_id: str) -> tuple[str, int] | None:
+    """(saga_id, intent_seq) of a step job id; None for any other id."""
+    m = STEP_ID.match(job_id)
+    return (m.group(2), int(m.group(1))) if m else None
 
 
 def compensation_job_id(saga_id: str) -> str:

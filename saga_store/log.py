@@ -84,8 +84,10 @@ def command(client: redis.Redis, *args: Any) -> Any:
     return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
-def body_and_hash(fields: Sequence[bytes]) -> tuple[bytes, bytes]:
+def body_and_hash(fields: Sequence[bytes] | Mapping[bytes, bytes]) -> tuple[bytes, bytes]:
     """The b and h fields of a stored entry (b"" for one that is missing)."""
+    if isinstance(fields, Mapping):
+        return fields.get(b"b", b""), fields.get(b"h", b"")
     if len(fields) == 4 and fields[0] == b"b" and fields[2] == b"h":
         return fields[1], fields[3]
     named = {fields[i]: fields[i + 1] for i in range(0, len(fields) - 1, 2)}

@@ -60,26 +60,28 @@ class StepRunner:
         self.invoker = Invoker()
         self.counts: dict[str, int] = {}
 
-    def run(self, saga_id: str, step: int, intent_seq: int, extra: Any = None) -> str:
+    def run(self, saga_id: str, step: int, intent_seq: int, extra: Any = None,
+            reads: Any = None) -> str:
         """Handle one delivery; returns what happened (for logs and metrics).
-        ``extra(pipe)`` adds the job's acknowledgement to the last round trip."""
+        ``extra(pipe)`` adds the job's acknowledgement to the last round trip;
+        ``reads`` are the log reads of :func:`queue_reads`, if already done."""
         check_id(saga_id, "saga_id")
         fault("after_dequeue")
         for _ in range(MAX_REDECIDE):
-            view = self.read(saga_id, step, intent_seq)
+            view = self.read(saga_id, step, intent_seq, reads)
+            reads = None
             what = self._decide(saga_id, step, intent_seq, view, extra)
             if what != "conflict":
                 self.counts[what] = self.counts.get(what, 0) + 1
                 return what
         raise ConflictError(f"saga {saga_id} step {step}: the log kept moving under the worker")
 
-    def read(self, saga_id: str, step: int, intent_seq: int) -> StepView:
-        log_key = keys.saga_log(saga_id)
-        pipe: Any = self.store.store.log.raw.pipeline(transaction=False)
-        pipe.execute_command("XRANGE", log_key, keys.entry_id(intent_seq), "+")
-        pipe.execute_command("XRANGE", log_key, "0-1", "0-1")
-        pipe.execute_command("HGET", keys.saga_meta(saga_id), "ctx_seq")
-        rows, first, ctx_seq = pipe.execute()
+    def read(self, saga_id: str, step: int, intent_seq: int, reads: Any = None) -> StepView:
+        if reads is None:
+            pipe: Any = self.store.store.log.raw.pipeline(transaction=False)
+            queue_reads(pipe, saga_id, intent_seq)
+            reads = pipe.execute()
+        rows, first, ctx_seq = reads
         view = StepView(ctx_seq=int(ctx_seq) if ctx_seq is not None else -1)
         for eid, fields in rows:
             body, h = body_and_hash(fields)
@@ -87,6 +89,8 @@ class StepRunner:
             view.events.append(ev)
             view.head = Head(keys.seq_of_entry_id(eid), h)
             kind = ev["kind"]
+            if ev["seq"] < intent_seq:
+                continue  # the event before the intent: read only for the projection
             if ev["seq"] == intent_seq:
                 if kind == K.STEP_INTENT and ev.get("step") == step:
                     view.intent = ev
@@ -144,9 +148,15 @@ class StepRunner:
         data: dict[str, Any] = {"worker": self.name}
         if view.started:
             data["after_unfinished_attempts"] = view.started
+        call = writer.prepare([(K.STEP_STARTED, {"step": step, "attempt": view.started + 1,
+                                                  "data": data})],
+                              lease=Lease(token, "acquire", ttl), phase="forward")
+        pipe = self.store.redis.pipeline(transaction=False)
+        call.send(pipe)
+        # events already in the log (the previous step's outcome, say) ride along
+        caught_up = self._project_known(pipe, saga_id, view, view.events)
         try:
-            writer.append(K.STEP_STARTED, step=step, attempt=view.started + 1, data=data,
-                          lease=Lease(token, "acquire", ttl), phase="forward")
+            writer.applied(call, pipe.execute(raise_on_error=False)[0])
         except FencedOff as exc:
             if "lease" in str(exc):  # another worker is running it: this copy is a duplicate
                 if metrics is not None:
@@ -159,6 +169,9 @@ class StepRunner:
         except ConflictError:
             return "conflict"
         view.events.append({"kind": K.STEP_STARTED, "seq": writer.head.seq, "step": step})
+        if not caught_up:
+            project(self.store.store, saga_id)
+        view.ctx_seq = writer.head.seq  # step_started has no projection of its own
         fault("after_started")
         args = self.store.secrets.restore(saga_id, step, view.intent["data"]["args"])
         ctx = StepContext(view.intent["idem_key"], saga_id, step, view.started + 1,
@@ -182,8 +195,20 @@ class StepRunner:
             items, follow = self._outcome_events(saga_id, step, view, outcome)
             call = writer.prepare(items, lease=lease)
             fault("after_tool")
+            if follow == "next" and not acquire:
+                # plan: outcome, next job, dedupe record and acknowledgement in one
+                # round trip; if the append loses, the next job finds no intent at
+                # its seq and is dropped. Its projection rides on the next step.
+                pipe = self.store.redis.pipeline(transaction=False)
+                call.send(pipe)
+                self._after_outcome(pipe, saga_id, step, view, outcome, spec, follow, extra,
+                                    items, writer.head.seq + len(items))
+                reply = pipe.execute(raise_on_error=False)[0]
+            else:
+                reply = None
             try:
-                writer.applied(call, call.send(self.store.redis))
+                writer.applied(call, reply if reply is not None
+                               else call.send(self.store.redis))
             except FencedOff:
                 log.warning("saga %s step %d: lease lost before the outcome was recorded; "
                             "the next holder decides", saga_id, step)
@@ -204,9 +229,28 @@ class StepRunner:
             metrics.steps.labels(spec.name if spec else "unknown", outcome.kind).inc()
             if follow == "committed":
                 metrics.sagas_finished.labels("committed").inc()
+        if reply is not None:
+            return outcome.kind  # all sent with the append
         pipe = self.store.redis.pipeline(transaction=False)
+        self._after_outcome(pipe, saga_id, step, view, outcome, spec, follow, extra, items,
+                            writer.head.seq)
+        inline = self._project_known(pipe, saga_id, view, self._appended(items,
+                                                                         writer.head.seq))
+        pipe.execute()
+        if not inline:
+            project(self.store.store, saga_id)
+        if follow == "committed":  # only now: ss:active is the sweeper's cue to project
+            self.store.redis.zrem(keys.ACTIVE, saga_id)
+        return outcome.kind
+
+    def _after_outcome(self, pipe: Any, saga_id: str, step: int, view: StepView,
+                       outcome: Outcome, spec: ToolSpec | None, follow: str | None,
+                       extra: Any, items: list[tuple[str, dict[str, Any]]],
+                       head_seq: int) -> None:
+        """Queue what follows an outcome: the next job or the unwind, the dedupe
+        record of an explicit key, and the job's acknowledgement."""
         if follow == "next":
-            enqueue_step(pipe, self.store.queue, saga_id, step + 1, writer.head.seq,
+            enqueue_step(pipe, self.store.queue, saga_id, step + 1, head_seq,
                          items[-1][1]["idem_key"])
         elif follow == "compensate":
             enqueue_compensation(pipe, saga_id)
@@ -216,13 +260,13 @@ class StepRunner:
                                      outcome.result or {"error": outcome.error}, pipe)
         if extra is not None:
             extra(pipe)
-        inline = self._project_inline(pipe, saga_id, view, items, writer.head.seq)
-        pipe.execute()
-        if not inline:
-            project(self.store.store, saga_id)
-        if follow == "committed":  # only now: ss:active is the sweeper's cue to project
-            self.store.redis.zrem(keys.ACTIVE, saga_id)
-        return outcome.kind
+
+    @staticmethod
+    def _appended(items: list[tuple[str, dict[str, Any]]], head_seq: int,
+                  ) -> list[dict[str, Any]]:
+        first = head_seq - len(items) + 1
+        return [{"kind": kind, "seq": first + i, **fields}
+                for i, (kind, fields) in enumerate(items)]
 
     def _outcome_events(self, saga_id: str, step: int, view: StepView, outcome: Outcome,
                         ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
@@ -261,23 +305,27 @@ class StepRunner:
         items.append((K.SAGA_COMMITTED, {}))
         return items, "committed"
 
-    def _project_inline(self, pipe: Any, saga_id: str, view: StepView,
-                        items: list[tuple[str, dict[str, Any]]], head_seq: int) -> bool:
-        """Queue the context events of everything past the cursor on ``pipe`` when
-        this worker knows all of it (the usual case); False to fall back."""
-        intent_seq = view.intent["seq"] if view.intent else -1
-        if view.agent_id is None or view.ctx_seq < intent_seq - 1 or not view.events \
-                or view.events[-1]["seq"] != head_seq - len(items):
+    def _project_known(self, pipe: Any, saga_id: str, view: StepView,
+                       events: list[dict[str, Any]]) -> bool:
+        """Queue on ``pipe`` the context events of ``events`` past the cursor, and move
+        the cursor, when nothing between the cursor and them is unknown to this
+        worker; False when the caller must fall back to :func:`project`."""
+        if view.agent_id is None:
+            return True  # nobody to tell
+        later = [e for e in events if e["seq"] > view.ctx_seq]
+        if not later:
+            return True
+        known = {e["seq"] for e in view.events} | {e["seq"] for e in events}
+        if any(s not in known for s in range(view.ctx_seq + 1, later[-1]["seq"] + 1)):
             return False
-        first = head_seq - len(items) + 1
-        appended = [{"kind": kind, "seq": first + i, **fields}
-                    for i, (kind, fields) in enumerate(items)]
         ids = {"saga_id": saga_id, "conversation_id": view.conversation_id}
-        for ev in [e for e in view.events if e["seq"] > view.ctx_seq] + appended:
+        for ev in sorted({e["seq"]: e for e in [*view.events, *events]
+                          if e["seq"] > view.ctx_seq}.values(), key=lambda e: e["seq"]):
             out = projection(ev, ids)
             if out is not None:
                 pipe.xadd(keys.agent_ctx(view.agent_id), {"e": orjson.dumps(out)})
-        pipe.hset(keys.saga_meta(saga_id), "ctx_seq", head_seq)
+        pipe.hset(keys.saga_meta(saga_id), "ctx_seq", later[-1]["seq"])
+        view.ctx_seq = later[-1]["seq"]
         return True
 
     def _ack(self, extra: Any) -> None:
@@ -285,3 +333,13 @@ class StepRunner:
             pipe = self.store.redis.pipeline(transaction=False)
             extra(pipe)
             pipe.execute()
+
+
+def queue_reads(pipe: Any, saga_id: str, intent_seq: int) -> None:
+    """Queue what a step delivery reads: the log from one event before the intent
+    (the previous step's outcome, still to be projected), the saga's first event
+    (plan, agent) and the projection cursor."""
+    log_key = keys.saga_log(saga_id)
+    pipe.execute_command("XRANGE", log_key, keys.entry_id(max(0, intent_seq - 1)), "+")
+    pipe.execute_command("XRANGE", log_key, "0-1", "0-1")
+    pipe.execute_command("HGET", keys.saga_meta(saga_id), "ctx_seq")

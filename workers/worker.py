@@ -23,10 +23,11 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from saga_store import jobs
 from saga_store.client import SagaStore
+from saga_store.ids import valid_id
 from saga_store.registry import Registry
 from saga_store.settings import Settings
 
-from .step import StepRunner
+from .step import StepRunner, queue_reads
 from .sweeper import Sweeper
 
 log = logging.getLogger("saga_store.worker")
@@ -38,8 +39,20 @@ class StepJob(Job):
     """RQ's job model, fetched lightly: a saga job needs only its ``data`` (ids),
     so the worker reads that one field instead of parsing the whole hash."""
 
+    prefetched: Any = None
+
     def refresh(self) -> None:
-        data = self.connection.hget(self.key, "data")
+        """Fetch ``data``; for a step job, read the log in the same round trip (the
+        reads are only used if ``data`` then proves to be one of our jobs)."""
+        ids = jobs.parse_step_job_id(self.id)
+        if ids is None or not valid_id(ids[0]):
+            data = self.connection.hget(self.key, "data")
+        else:
+            pipe = self.connection.pipeline(transaction=False)
+            pipe.hget(self.key, "data")
+            queue_reads(pipe, *ids)
+            data, *reads = pipe.execute()
+            self.prefetched = (ids, reads)
         if data is None:
             raise NoSuchJobError(f"no such job: {self.key}")
         self.data = data  # jobs.decode inflates and parses it, as JSON only
@@ -91,7 +104,9 @@ class StepWorker(SimpleWorker):
         try:
             if func == jobs.STEP_FUNC:
                 saga_id, step, intent_seq = args
-                self.runner.run(str(saga_id), int(step), int(intent_seq), ack)
+                pre = job.prefetched
+                reads = pre[1] if pre and pre[0] == (saga_id, intent_seq) else None
+                self.runner.run(str(saga_id), int(step), int(intent_seq), ack, reads)
             else:
                 from .compensator import run_compensation
                 run_compensation(self.saga_store, self.name, str(args[0]), ack)
