@@ -17,8 +17,8 @@ demo: $(STAMP)
 	$(BIN)/saga demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider
-	SAGA_TEST_BACKEND=fakeredis $(BIN)/python -m pytest -q -p no:cacheprovider -m parity
+	$(BIN)/python -m pytest -q -rf -p no:cacheprovider
+	SAGA_TEST_BACKEND=fakeredis $(BIN)/python -m pytest -q -rf -p no:cacheprovider -m parity
 
 lint: $(STAMP)
 	$(BIN)/ruff check saga_store workers cli tests benchmarks examples

@@ -13,12 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import bench_compensation, bench_log, bench_steps
+from . import bench_compensation, bench_log, bench_steps, bench_workflows
 
 OUT = Path(__file__).parent / "out"
 
 
-def table(log: dict[str, Any], steps: dict[str, Any], comp: dict[str, Any]) -> str:
+def table(log: dict[str, Any], steps: dict[str, Any], comp: dict[str, Any],
+          flows: dict[str, Any]) -> str:
     rt, fc = steps["round_trip_ms"], steps["flat_cost_ms"]
     rows = [
         ("append, one at a time", f"{log['append_one_per_s']:,.0f} /s", ">= 5,000 /s"),
@@ -55,6 +56,17 @@ def table(log: dict[str, Any], steps: dict[str, Any], comp: dict[str, Any]) -> s
         ("rebuild history of a 1,000-step saga p50 / max",
          f"{reb['p50']:.0f} / {reb['max']:.0f} ms", "<= 50 ms"),
     ]
+    for name, row in flows.items():
+        if not name.startswith("n="):
+            continue
+        d, m = row["durable"], row["memory"]
+        target = ">= 250 wf/s, p99 <= 250 ms" if name.startswith("n=50 ") else ">= 250 wf/s"
+        rows.append((f"5-step workflows {name} (10 ms tools, {flows['workers']} workers): "
+                     "durable vs in-memory",
+                     f"{d['workflows_per_s']:.0f} vs {m['workflows_per_s']:.0f} wf/s "
+                     f"(x{row['ratio']['workflows_per_s']:.2f}); p50/p95/p99 "
+                     f"{d['p50_ms']:.0f}/{d['p95_ms']:.0f}/{d['p99_ms']:.0f} ms vs "
+                     f"{m['p50_ms']:.0f}/{m['p95_ms']:.0f}/{m['p99_ms']:.0f} ms", target))
     out = ["| measure | result | target |", "|---|---|---|"]
     out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(out)
@@ -67,10 +79,11 @@ def main() -> None:
     log = bench_log.run(events=200_000 if quick else 1_000_000, runs=1 if quick else 3)
     steps = bench_steps.run(quick)
     comp = bench_compensation.run(quick)
-    results = {"log": log, "steps": steps, "compensation": comp,
+    flows = bench_workflows.run(16, quick)
+    results = {"log": log, "steps": steps, "compensation": comp, "workflows": flows,
                "seconds": time.time() - started, "quick": quick}
     (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    md = table(log, steps, comp)
+    md = table(log, steps, comp, flows)
     (OUT / "table.md").write_text(md + "\n")
     print(md)
 
