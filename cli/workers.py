@@ -19,7 +19,7 @@ from saga_store.errors import InvalidInput
 from saga_store.ids import check_id
 from saga_store.registry import Registry
 
-from .common import EXIT_USAGE, Context, emit_json, errors_to_exit, pass_ctx
+from .common import EXIT_UNAVAILABLE, EXIT_USAGE, Context, emit_json, errors_to_exit, pass_ctx
 
 QUEUES = [jobs.STEP_QUEUE, jobs.COMPENSATION_QUEUE]
 
@@ -54,10 +54,12 @@ class Plan(BaseModel):
               help="Serve /metrics for all worker processes (and the Redis gauges) here.")
 @click.option("--metrics-host", default="127.0.0.1", show_default=True,
               envvar="SAGA_METRICS_HOST")
+@click.option("--strict", is_flag=True, envvar="SAGA_STRICT",
+              help="Refuse to start when Redis does not persist every write (AOF).")
 @pass_ctx
 def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
            queues: tuple[str, ...], log_level: str, metrics_port: int | None,
-           metrics_host: str) -> None:
+           metrics_host: str, strict: bool) -> None:
     """Run worker processes for steps and compensations.
 
     SIGTERM or SIGINT: each worker finishes its current step, then exits. With
@@ -71,6 +73,16 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
     with errors_to_exit():
         Registry.from_modules(*tools)  # fail here, not in every forked worker
         store = ctx.store()
+        from saga_store.doctor import examine, persistent
+        findings = examine(store.redis)
+        if not persistent(findings):
+            for f in findings:
+                if not f.ok:
+                    click.echo(f"WARNING: Redis {f.setting}={f.value}: {f.advice}", err=True)
+            if strict:
+                click.echo("error: refusing to start without durable Redis (--strict); "
+                           "see 'saga doctor'", err=True)
+                sys.exit(EXIT_UNAVAILABLE)
         worker_class = configured(tools, ctx.settings)
         names = list(queues) or QUEUES
         logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(message)s")
@@ -207,4 +219,26 @@ def abort(ctx: Context, saga_id: str, reason: str) -> None:
         click.echo(f"saga {saga_id}: unwinding")
 
 
-COMMANDS = [worker, run, resume, abort, metrics]
+@click.command("doctor")
+@click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
+              help="Machine-readable output.")
+@pass_ctx
+def doctor(ctx: Context, as_json: bool) -> None:
+    """Report the Redis settings that decide whether the log survives a crash.
+
+    Exit codes: 0 all good, 1 something to change, 3 Redis unreachable.
+    """
+    from saga_store.doctor import examine
+    with errors_to_exit():
+        findings = examine(ctx.store().redis)
+        if as_json:
+            emit_json([f.to_dict() for f in findings])
+        else:
+            for f in findings:
+                mark = "ok  " if f.ok else "FIX "
+                click.echo(f"{mark} {f.setting} = {f.value}" + (f": {f.advice}" if f.advice
+                                                                  else ""))
+        sys.exit(0 if all(f.ok for f in findings) else 1)
+
+
+COMMANDS = [worker, run, resume, abort, metrics, doctor]

@@ -169,3 +169,28 @@ def test_demo_tells_the_order_story_with_real_workers(redis_url: str) -> None:
     assert "is committed" in text
     assert "saga verify: intact" in text
     assert elapsed < 10
+
+
+@pytest.mark.real_redis
+def test_doctor_reports_missing_persistence(client: redis.Redis, redis_url: str) -> None:
+    """The suite's Redis has AOF on: 0. Turned off: 1, naming what to change."""
+    res = run(redis_url, "doctor", "--json")
+    assert res.exit_code == 0, res.output
+    client.config_set("appendonly", "no")
+    try:
+        res = run(redis_url, "doctor")
+        assert res.exit_code == 1
+        assert "FIX  appendonly = no" in res.output
+    finally:
+        client.config_set("appendonly", "yes")
+
+
+@pytest.mark.real_redis
+def test_a_strict_worker_refuses_redis_without_aof(client: redis.Redis, redis_url: str) -> None:
+    client.config_set("appendonly", "no")
+    try:
+        res = run(redis_url, "worker", "--tools", "tests.ledger_tools", "--strict", "--burst")
+        assert res.exit_code == 3
+        assert "appendonly=no" in res.output
+    finally:
+        client.config_set("appendonly", "yes")
