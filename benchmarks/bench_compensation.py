@@ -19,7 +19,6 @@ import redis
 from saga_store import Registry, SagaStore, Settings
 from saga_store.context import rebuild_history
 from saga_store.events import EventKind as K
-from saga_store.state import fold
 from saga_store.testing import assert_eventually
 from saga_store.testing_workers import WorkerProcess
 
@@ -89,7 +88,7 @@ def rebuild_ms(store: SagaStore, steps: int = 1000, runs: int = 20) -> list[floa
     times = []
     for _ in range(runs):
         t = time.perf_counter()
-        state = fold(w.saga_id, store.store.log.events(w.saga_id))
+        state = store.state(w.saga_id)  # what 'saga context' does: read, fold
         msgs = rebuild_history([state], "openai")
         times.append((time.perf_counter() - t) * 1000)
         assert len(msgs) == 2 * steps

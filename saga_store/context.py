@@ -25,7 +25,7 @@ import orjson
 
 from . import keys
 from .events import EventKind as K
-from .state import SagaState, Status, StepState, fold
+from .state import SagaState, Status, StepState, fold, paused_gc
 
 FORMATS = ("openai", "anthropic", "plain")
 
@@ -112,6 +112,11 @@ def rebuild_history(states: Iterable[SagaState], fmt: str = "openai") -> list[di
     """Messages for one or more sagas (in the order given), in ``fmt``."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown format {fmt!r}: use one of {', '.join(FORMATS)}")
+    with paused_gc():
+        return _rebuild(states, fmt)
+
+
+def _rebuild(states: Iterable[SagaState], fmt: str) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = []
     for state in states:
         views, note = step_views(state), closing_note(state)

@@ -21,7 +21,7 @@ from .ids import check_id, new_id
 from .ledger import Ledger
 from .log import EMPTY, Head, Lease, PreparedAppend, SagaLog, command
 from .settings import Settings
-from .state import SagaState, Status, fold, phase_of
+from .state import SagaState, Status, fold, paused_gc, phase_of
 
 # The cached projection each kind moves a saga to: (state, phase).
 _META: dict[str, Status] = {
@@ -88,7 +88,8 @@ class Store:
 
     def state(self, saga_id: str) -> SagaState:
         check_id(saga_id, "saga_id")
-        return fold(saga_id, self.log.bodies(saga_id))
+        with paused_gc():
+            return fold(saga_id, self.log.bodies(saga_id))
 
     def meta(self, saga_id: str) -> dict[str, str]:
         raw: dict[bytes, bytes] = command(self.redis, "HGETALL", keys.saga_meta(saga_id))
