@@ -19,8 +19,7 @@ import redis
 from saga_store import Registry, SagaStore, Settings
 from saga_store.context import rebuild_history
 from saga_store.events import EventKind as K
-from saga_store.testing import assert_eventually
-from saga_store.testing_workers import WorkerProcess
+from saga_store.testing_workers import WorkerProcess, kill_at
 
 from .common import bench_redis, machine, percentile
 
@@ -53,23 +52,15 @@ def compensation_lag(store: SagaStore, env: dict[str, str], n: int) -> list[floa
 def recovery_s(store: SagaStore, env: dict[str, str]) -> float:
     """Seconds from a compensator's death (kill -9 after a compensation intent) to
     the saga fully compensated by a fresh worker; default lease."""
-    flag = Path(tempfile.mkdtemp()) / "once"
-    flag.touch()
-    killed = WorkerProcess({**env, "SAGA_FAULT": "comp_after_intent", "SAGA_FAULT_AT": "2",
-                            "SAGA_FAULT_ONCE": str(flag)}, TOOLS, "--log-level",
-                           "WARNING").start()
-    fresh = None
+    sid = store.submit(PLAN, agent_id="bench")
+    kill_at(env, TOOLS, "comp_after_intent", Path(tempfile.mkdtemp()), at=2, timeout=60)
+    died = time.monotonic()
+    fresh = WorkerProcess(env, TOOLS, "--log-level", "WARNING").start()
     try:
-        sid = store.submit(PLAN, agent_id="bench")
-        assert_eventually(lambda: not killed.alive, timeout=60, what="the kill")
-        died = time.monotonic()
-        fresh = WorkerProcess(env, TOOLS, "--log-level", "WARNING").start()
         store.wait(sid, timeout=120)
         return time.monotonic() - died
     finally:
-        killed.kill()
-        if fresh is not None:
-            fresh.kill()
+        fresh.kill()
 
 
 def rebuild_ms(store: SagaStore, steps: int = 1000, runs: int = 20) -> list[float]:

@@ -55,3 +55,22 @@ def workers(env: Mapping[str, str], tools: str, *args: str, count: int = 1,
     finally:
         for p in procs:
             p.kill()
+
+
+def kill_at(env: Mapping[str, str], tools: str, point: str, flag_dir: Path, at: int = 1,
+            timeout: float = 30) -> None:
+    """Run a worker with a fault at ``point`` (its ``at``-th occurrence) until the
+    worker kills itself there; fails if it died anywhere else or never."""
+    from .testing import assert_eventually
+    flag = Path(flag_dir) / f"fault-{point}-{at}"
+    flag.touch()
+    worker = WorkerProcess({**env, "SAGA_FAULT": point, "SAGA_FAULT_AT": str(at),
+                            "SAGA_FAULT_ONCE": str(flag)}, tools, "--log-level",
+                           "WARNING").start()
+    try:
+        assert_eventually(lambda: not worker.alive, timeout=timeout,
+                          what=f"the worker to die at {point}")
+    finally:
+        worker.kill()
+    if flag.exists():
+        raise AssertionError(f"the worker died, but not at {point}")

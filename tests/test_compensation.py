@@ -17,7 +17,7 @@ from saga_store.context import Subscriber, rebuild_history
 from saga_store.events import EventKind as K
 from saga_store.state import Status
 from saga_store.testing import assert_eventually
-from saga_store.testing_workers import WorkerProcess, workers
+from saga_store.testing_workers import kill_at, workers
 from saga_store.verify import Verifier
 
 from .ledger_tools import effects
@@ -93,16 +93,8 @@ def test_compensator_killed_resumes_exactly_once_in_reverse(
     worker finishes it; every step compensated exactly once, strictly LIFO."""
     if point == "comp_after_dequeue" and at > 1:
         pytest.skip("the compensator is dequeued once per unwind")
-    flag = tmp_path / "fault-once"
-    flag.touch()
-    env = {**worker_env, "SAGA_FAULT": point, "SAGA_FAULT_AT": str(at),
-           "SAGA_FAULT_ONCE": str(flag)}
     sid = saga_store.submit(THREE_THEN_FAIL, agent_id="agent-c")
-    first = WorkerProcess(env, TOOLS).start()
-    try:
-        assert_eventually(lambda: not first.alive, timeout=30, what=f"the kill at {point}")
-    finally:
-        first.kill()
+    kill_at(worker_env, TOOLS, point, tmp_path, at)
     with workers(worker_env, TOOLS):
         state = saga_store.wait(sid, timeout=60)
     assert state.status is Status.COMPENSATED
@@ -117,15 +109,8 @@ def test_compensator_killed_twice(saga_store: SagaStore, worker_env: dict[str, s
                                   ledger: Path, tmp_path: Path) -> None:
     """A second kill during recovery: the third worker still finishes exactly once."""
     sid = saga_store.submit(THREE_THEN_FAIL, agent_id="agent-c")
-    for point, at in (("comp_after_tool", 2), ("comp_after_intent", 1)):
-        flag = tmp_path / f"fault-{point}"
-        flag.touch()
-        w = WorkerProcess({**worker_env, "SAGA_FAULT": point, "SAGA_FAULT_AT": str(at),
-                           "SAGA_FAULT_ONCE": str(flag)}, TOOLS).start()
-        try:
-            assert_eventually(lambda w=w: not w.alive, timeout=30, what=f"the kill at {point}")
-        finally:
-            w.kill()
+    kill_at(worker_env, TOOLS, "comp_after_tool", tmp_path, at=2)
+    kill_at(worker_env, TOOLS, "comp_after_intent", tmp_path, at=1)  # during the recovery
     with workers(worker_env, TOOLS):
         state = saga_store.wait(sid, timeout=60)
     assert state.status is Status.COMPENSATED

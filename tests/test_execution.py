@@ -17,7 +17,7 @@ from saga_store.client import SagaStore, enqueue_step, intent_fields
 from saga_store.events import EventKind as K
 from saga_store.state import Status
 from saga_store.testing import assert_eventually
-from saga_store.testing_workers import WorkerProcess, workers
+from saga_store.testing_workers import WorkerProcess, kill_at, workers
 from saga_store.verify import Verifier
 
 from .ledger_tools import effects
@@ -107,17 +107,9 @@ def test_kill_at_each_fault_point_then_restart(saga_store: SagaStore, worker_env
                                                 point: str) -> None:
     """kill -9 of the worker at a forward fault point: a new worker finishes the saga,
     effects are never doubled (the tools honour their key), the log shows the retry."""
-    flag = tmp_path / "fault-once"
-    flag.touch()
-    env = {**worker_env, "SAGA_FAULT": point, "SAGA_FAULT_ONCE": str(flag)}
     sid = saga_store.submit(ORDER, agent_id="agent-k")
-    first = WorkerProcess(env, TOOLS).start()
-    try:
-        assert_eventually(lambda: not first.alive, timeout=30, what=f"the kill at {point}")
-    finally:
-        first.kill()
-    assert not flag.exists()
-    with workers(env, TOOLS):
+    kill_at(worker_env, TOOLS, point, tmp_path)
+    with workers(worker_env, TOOLS):
         state = saga_store.wait(sid, timeout=60)
     assert state.status is Status.COMMITTED
     assert len(effects("reserve")) == 1
