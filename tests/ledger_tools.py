@@ -121,7 +121,7 @@ def bad_result() -> Any:
     return ["not", "an", "object"]
 
 
-@tool(reversibility=Reversibility.READONLY)
+@tool(reversibility=Reversibility.READONLY, timeout=3)
 def slow_noop(seconds: float) -> dict[str, Any]:
     time.sleep(seconds)
     return {"slept": seconds}

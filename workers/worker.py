@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Any, ClassVar
 
+import redis
 from rq.exceptions import NoSuchJobError, StopRequested
 from rq.job import Job
 from rq.queue import Queue
@@ -23,6 +24,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from saga_store import jobs
 from saga_store.client import SagaStore
+from saga_store.errors import StoreUnavailable
 from saga_store.ids import valid_id
 from saga_store.registry import Registry
 from saga_store.settings import Settings
@@ -112,6 +114,11 @@ class StepWorker(SimpleWorker):
                 run_compensation(self.saga_store, self.name, str(args[0]), ack)
         except StopRequested:
             raise
+        except (redis.ConnectionError, redis.TimeoutError, StoreUnavailable) as exc:
+            # leave the job unacknowledged: the log keeps the step's state, the
+            # sweeper redelivers it, and RQ's dequeue backs off until Redis is back
+            log.error("Redis unreachable during job %s (%s); it will be redelivered", job.id,
+                      exc)
         except Exception:
             # the log keeps the step's state; the sweeper redelivers it later
             log.exception("job %s (%s%s) raised; it will be redelivered", job.id, func, args)
@@ -134,7 +141,10 @@ class StepWorker(SimpleWorker):
 
     def run_maintenance_tasks(self) -> None:
         if self.sweeper.due():
-            self.metrics.redeliveries.inc(self.sweeper.sweep())
+            try:
+                self.metrics.redeliveries.inc(self.sweeper.sweep())
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                log.error("sweeper: Redis unreachable (%s); next sweep later", exc)
         if super().should_run_maintenance_tasks:
             super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
 
