@@ -12,8 +12,9 @@ import pytest
 import redis
 
 from saga_store import jobs
-from saga_store.client import SagaStore, enqueue_step
+from saga_store.client import SagaStore
 from saga_store.context import Subscriber, rebuild_history
+from saga_store.enqueue import enqueue_step
 from saga_store.events import EventKind as K
 from saga_store.state import Status
 from saga_store.testing import assert_eventually
@@ -163,7 +164,7 @@ def test_a_forward_step_delivered_after_unwinding_began_is_refused(
     """The job of a step that never started, arriving after an abort, does nothing."""
     saga = saga_store.saga(agent_id="agent-f")
     spec = saga_store.registry.get("reserve_inventory")
-    from saga_store.client import intent_fields
+    from saga_store.enqueue import intent_fields
     intent = intent_fields(saga.saga_id, 0, spec, {"sku": "Z", "qty": 1}, "c0")
     saga.writer.append(K.STEP_INTENT, **intent)
     intent_seq = saga.writer.head.seq

@@ -13,7 +13,8 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer
 
 from saga_store import jobs, keys
-from saga_store.client import SagaStore, enqueue_step, intent_fields
+from saga_store.client import SagaStore
+from saga_store.enqueue import enqueue_step, intent_fields
 from saga_store.events import EventKind as K
 from saga_store.state import Status
 from saga_store.testing import assert_eventually

@@ -18,7 +18,8 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer
 
 from saga_store import jobs
-from saga_store.client import SagaStore, enqueue_step
+from saga_store.client import SagaStore
+from saga_store.enqueue import enqueue_step
 from saga_store.metrics import exported_names
 from saga_store.testing import assert_eventually, free_port
 from saga_store.testing_workers import workers

@@ -21,8 +21,9 @@ from typing import Any
 import orjson
 
 from saga_store import keys
-from saga_store.client import SagaStore, enqueue_compensation, enqueue_step, intent_fields
+from saga_store.client import SagaStore
 from saga_store.context import project, projection
+from saga_store.enqueue import enqueue_compensation, enqueue_step, intent_fields
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.ids import check_id

@@ -14,8 +14,9 @@ import time
 from typing import Any
 
 from saga_store import keys
-from saga_store.client import SagaStore, enqueue_compensation, enqueue_step
+from saga_store.client import SagaStore
 from saga_store.context import project
+from saga_store.enqueue import enqueue_compensation, enqueue_step
 from saga_store.log import command
 from saga_store.state import Status, fold
 from saga_store.verify import Verifier
