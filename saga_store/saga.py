@@ -66,7 +66,7 @@ class Saga:
         """
         if self.state.status is not Status.RUNNING:
             raise SagaAborted(f"saga {self.saga_id} is {self.state.status}; start a new saga")
-        spec, validated = self._validate(tool, args or {})
+        spec, validated = self._validate(tool, {} if args is None else args)
         if tool_call_id is not None:
             check_id(tool_call_id, "tool_call_id")
         salt = self.store.secrets.salt(self.saga_id) if spec.secret else b""
@@ -89,10 +89,10 @@ class Saga:
         self._append_intent(n, intent, secret_values)
         return self._answer(n, timeout or spec.timeout + 30)
 
-    def _validate(self, tool: str, args: Mapping[str, Any]) -> tuple[ToolSpec, dict[str, Any]]:
+    def _validate(self, tool: str, args: Any) -> tuple[ToolSpec, dict[str, Any]]:
         try:
             spec = self.store.registry.get(tool)
-            return spec, spec.validate(dict(args))
+            return spec, spec.validate(args)  # an object, as sent: no coercion
         except InvalidInput as exc:
             self.invalid_calls += 1
             if self.invalid_calls >= self.store.invalid_call_limit:
