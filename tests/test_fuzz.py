@@ -53,7 +53,7 @@ def test_fuzzed_tool_arguments_are_refused_cleanly(tool: str, args: Any) -> None
     else:
         refused = False
     if refused:
-        with pytest.raises((InvalidInput, SagaAborted), match=".+"):
+        with pytest.raises((InvalidInput, SagaAborted), match=r"\w"):  # says something
             saga.call(tool, args)
         assert store.redis.dbsize() == before  # the first invalid call writes nothing
 
