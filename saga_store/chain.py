@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 from pathlib import Path
 from typing import Final
 
@@ -71,7 +70,3 @@ def load_key(env_value: str | None, file_path: str | None) -> bytes | None:
         except ValueError:
             return env_value.encode()
     return None
-
-
-def random_key() -> bytes:
-    return os.urandom(32)

@@ -44,12 +44,6 @@ class EventKind(StrEnum):
 
 
 KNOWN_KINDS = frozenset(k.value for k in EventKind)
-FORWARD_KINDS = frozenset({
-    EventKind.STEP_INTENT, EventKind.STEP_STARTED, EventKind.STEP_SUCCEEDED,
-})
-OUTCOME_KINDS = frozenset({
-    EventKind.STEP_SUCCEEDED, EventKind.STEP_FAILED, EventKind.STEP_IN_DOUBT,
-})
 TERMINAL_KINDS = frozenset({
     EventKind.SAGA_COMMITTED, EventKind.SAGA_COMPENSATED, EventKind.SAGA_NEEDS_ATTENTION,
 })

@@ -8,8 +8,7 @@ touches a single Redis Cluster slot.
                                    raw bytes); prev is the entry before's h
     ss:{S}:meta           hash     cached projection: agent_id, state, phase,
                                    seq, created_ms, updated_ms (rebuildable)
-    ss:{S}:lease          string   current lease token (fencing), PX-expiring
-    ss:{S}:fence          string   monotonically increasing fencing counter
+    ss:{S}:lease          string   the lease: its holder's fencing token, PX-expiring
     ss:{S}:blob:<sha256>  string   large payload stored by content hash
     ss:{S}:secrets        hash     secret tool arguments by step, and the salt
                                    of their digests (never in the log)
@@ -40,10 +39,6 @@ def saga_meta(saga_id: str) -> str:
 
 def saga_lease(saga_id: str) -> str:
     return f"{PREFIX}:{{{saga_id}}}:lease"
-
-
-def saga_fence(saga_id: str) -> str:
-    return f"{PREFIX}:{{{saga_id}}}:fence"
 
 
 def saga_blob(saga_id: str, digest_hex: str) -> str:
