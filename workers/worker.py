@@ -66,6 +66,9 @@ class StepWorker(SimpleWorker):
     tools_modules: ClassVar[tuple[str, ...]] = ()
     settings: ClassVar[Settings] = Settings()
     sweep_interval_s: ClassVar[float] = 1.0
+    # RQ backs off 1, 2, 4 ... s between reconnects, up to 60 s by default: an
+    # outage would leave workers idle up to a minute after Redis is back
+    max_connection_wait_time = 5.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["serializer"] = JSONSerializer
