@@ -87,7 +87,7 @@ def _run(store: SagaStore, embedded: bool, title: str, steps: list[dict[str, Any
     if embedded:
         _drain(store)
     state = store.wait(sid, timeout=60)
-    for ev in store.store.log.events(sid):
+    for ev in store.store.log.bodies(sid):
         line = _describe(ev)
         if line:
             click.echo(f"  {line}")

@@ -14,6 +14,7 @@ from saga_store.export import export as export_log
 from saga_store.export import verify_file
 from saga_store.ids import check_id
 from saga_store.ledger import read_anchor
+from saga_store.store import Store
 from saga_store.verify import Verifier, VerifyResult
 
 from .common import (
@@ -89,9 +90,7 @@ def _count_lines(path: str) -> int:
         return sum(1 for _ in fh) - 1
 
 
-def _count_events(store: object, saga_id: str | None) -> int:
-    from saga_store.store import Store
-    assert isinstance(store, Store)
+def _count_events(store: Store, saga_id: str | None) -> int:
     ids = [saga_id] if saga_id else list(store.log.chain_ids())
     pipe = store.redis.pipeline(transaction=False)
     for sid in [*ids, keys.LEDGER_ID]:

@@ -25,7 +25,7 @@ import orjson
 
 from . import keys
 from .events import EventKind as K
-from .state import SagaState, Status, StepState, fold, paused_gc
+from .state import SagaState, Status, StepState, paused_gc
 
 FORMATS = ("openai", "anthropic", "plain")
 
@@ -196,13 +196,7 @@ def _mask(args: Any) -> Any:
 
 def agent_states(store: Any, agent_id: str) -> list[SagaState]:
     """Every saga of ``agent_id``, oldest first, folded from the log."""
-    ids = []
-    for entry in store.log.entries(keys.LEDGER_ID):
-        ev = entry.event()
-        data = ev.get("data") or {}
-        if ev["kind"] == K.LEDGER_OPENED and data.get("agent_id") == agent_id:
-            ids.append(data["saga_id"])
-    return [fold(sid, store.log.events(sid)) for sid in ids]
+    return [store.state(sid) for sid in reversed(store.saga_ids(agent_id=agent_id))]
 
 
 class Subscriber:

@@ -23,7 +23,7 @@ from .events import EventKind as K
 from .idempotency import args_digest, explicit_key, step_key
 from .ids import check_id
 from .log import Head
-from .state import SagaState, Status, fold
+from .state import SagaState, Status
 from .store import ChainWriter
 from .tools import ToolSpec
 
@@ -156,7 +156,7 @@ class Saga:
         """An explicit key already used by (claim.saga_id, claim.step): same answer."""
         if claim.state == "succeeded":
             return dict(claim.result or {})
-        other = fold(claim.saga_id, self.store.store.log.events(claim.saga_id))
+        other = self.store.store.state(claim.saga_id)
         if claim.step not in other.steps:
             raise StepPending("that idempotency key is in progress; try again shortly")
         sub = self.store.follow(other, lambda s: s.steps[claim.step].finished, timeout)

@@ -106,14 +106,17 @@ class Store:
                 *(x for kv in meta.items() for x in kv))
         return meta
 
-    def saga_ids(self, limit: int | None = None) -> list[str]:
-        """Saga ids, newest first, from the ledger's opening entries."""
+    def saga_ids(self, limit: int | None = None, agent_id: str | None = None) -> list[str]:
+        """Saga ids from the ledger's opening entries, newest first (of one agent if
+        ``agent_id`` is given)."""
         out: list[str] = []
         seen: set[str] = set()
-        for entry in self.log.entries(keys.LEDGER_ID):
-            ev = entry.event()
-            sid = (ev.get("data") or {}).get("saga_id")
-            if ev["kind"] == K.LEDGER_OPENED and isinstance(sid, str) and sid not in seen:
+        for ev in self.log.bodies(keys.LEDGER_ID):
+            data = ev.get("data") or {}
+            sid = data.get("saga_id")
+            if ev["kind"] != K.LEDGER_OPENED or not isinstance(sid, str) or sid in seen:
+                continue
+            if agent_id is None or data.get("agent_id") == agent_id:
                 seen.add(sid)
                 out.append(sid)
         out.reverse()
