@@ -83,6 +83,9 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
                 click.echo("error: refusing to start without durable Redis (--strict); "
                            "see 'saga doctor'", err=True)
                 sys.exit(EXIT_UNAVAILABLE)
+        # a worker outlives any outage: it backs off (capped, jittered) and carries on
+        from saga_store.connection import set_retry_window
+        set_retry_window(store.redis, None)
         worker_class = configured(tools, ctx.settings)
         names = list(queues) or QUEUES
         logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(message)s")
@@ -105,7 +108,9 @@ def serve_metrics(client: Any, port: int, host: str, *, multiprocess: bool) -> N
     process's counters when ``multiprocess``."""
     from prometheus_client import CollectorRegistry, start_http_server
 
+    from saga_store.connection import fail_fast
     from saga_store.metrics import RedisCollector
+    client = fail_fast(client)  # a scrape answers now, also while Redis is down
     registry = CollectorRegistry()
     if multiprocess:
         from prometheus_client import multiprocess as mp

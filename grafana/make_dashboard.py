@@ -35,6 +35,8 @@ PANELS = [
     ("Chain appends and CAS conflicts per second", "timeseries", "ops",
      ['sum(rate(saga_chain_appends_total[1m]))',
       'sum(rate(saga_chain_cas_conflicts_total[1m]))']),
+    ("Redis reachable (0 = outage; workers back off until it returns)", "stat", "short",
+     ['min(saga_redis_up)']),
     ("Chain health: verification failures (1h)", "stat", "short",
      ['sum(increase(saga_verification_failures_total[1h]))']),
     ("Deduplicated calls per second by kind", "timeseries", "ops",

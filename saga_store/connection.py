@@ -3,28 +3,71 @@ the zero-setup demo. The main code never knows which one it talks to."""
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
 import redis
 
+from .backoff import OutageRetry
 from .errors import StoreUnavailable
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_RETRY_S = 30.0
+FOREVER = None
 
 
-def connect(url: str, *, check: bool = True, timeout_s: float = 5.0) -> redis.Redis:
-    """A client for ``url`` (``redis://``, ``rediss://`` or ``unix://``); pings it."""
+def retry_window() -> float | None:
+    """How long a client rides out an outage: ``SAGA_REDIS_RETRY_S`` seconds
+    (default 30; ``forever`` for no limit)."""
+    raw = os.environ.get("SAGA_REDIS_RETRY_S", "").strip().lower()
+    if not raw:
+        return DEFAULT_RETRY_S
+    if raw == "forever":
+        return FOREVER
+    try:
+        value = float(raw)
+    except ValueError:
+        raise StoreUnavailable(f"SAGA_REDIS_RETRY_S={raw!r} is not a number of seconds "
+                               "or 'forever'") from None
+    return max(0.0, value)
+
+
+def connect(url: str, *, check: bool = True, timeout_s: float = 5.0,
+            retry_s: float | str | None = "env") -> redis.Redis:
+    """A client for ``url`` (``redis://``, ``rediss://`` or ``unix://``, with a
+    password or ACL user in the URL if needed).
+
+    The first ping fails fast (a wrong address is an error now, not in 30 s);
+    after that, a lost connection is retried with capped, jittered backoff for
+    ``retry_s`` seconds (``None``: for ever; default :func:`retry_window`)."""
+    window = retry_window() if retry_s == "env" else retry_s
     try:
         client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
-                                      health_check_interval=30)
+                                      health_check_interval=30, retry=OutageRetry(0))
         if check:
             client.ping()
     except redis.RedisError as exc:
         raise StoreUnavailable(
             f"cannot reach Redis at {redact(url)}: {exc}; check SAGA_REDIS_URL and the server"
         ) from exc
+    set_retry_window(client, window)  # type: ignore[arg-type]
     return client
+
+
+def set_retry_window(client: redis.Redis, seconds: float | None) -> None:
+    """Ride out outages of up to ``seconds`` (``None``: for ever) on ``client``
+    and on every client later built from its connection settings."""
+    client.set_retry(OutageRetry(seconds))
+
+
+def fail_fast(client: redis.Redis) -> redis.Redis:
+    """A client on the same server that never waits out an outage (for metrics
+    scrapes and health checks, which must answer now)."""
+    pool = client.connection_pool
+    kwargs = {**pool.connection_kwargs, "retry": OutageRetry(0), "socket_timeout": 2.0}
+    return redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class, **kwargs))
 
 
 def embedded() -> redis.Redis:

@@ -16,6 +16,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
+from redis.exceptions import RedisError
 
 from . import jobs, keys
 
@@ -68,6 +69,19 @@ class RedisCollector:
         self.redis, self.queues = client, queues
 
     def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("saga_redis_up",
+                               "1 if Redis answered this scrape, 0 while it is unreachable.")
+        try:
+            replies, active = self._read()
+        except RedisError:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from self._families(replies, active)
+
+    def _read(self) -> tuple[list[Any], list[bytes]]:
         r = self.redis
         active = r.zrange(keys.ACTIVE, 0, -1)
         pipe = r.pipeline(transaction=False)
@@ -77,7 +91,9 @@ class RedisCollector:
             pipe.llen(jobs.queue_key(q))
             pipe.lindex(jobs.queue_key(q), 0)
         pipe.scard(keys.NEEDS_ATTENTION)
-        replies = pipe.execute()
+        return pipe.execute(), active
+
+    def _families(self, replies: list[Any], active: list[bytes]) -> Iterator[Metric]:
         by_state = {"running": 0, "compensating": 0, "stuck": 0}
         for state in replies[:len(active)]:
             name = state.decode() if state else "running"
@@ -104,7 +120,10 @@ class RedisCollector:
     def _age(self, job_id: bytes | None) -> float:
         if not job_id:
             return 0.0
-        raw = self.redis.hget(jobs.job_key(job_id.decode()), "enqueued_at")
+        try:
+            raw = self.redis.hget(jobs.job_key(job_id.decode()), "enqueued_at")
+        except RedisError:
+            return 0.0
         if not raw:
             return 0.0
         from datetime import UTC, datetime
@@ -121,5 +140,6 @@ def exported_names() -> set[str]:
                 "gauge": ("",)}
     for family in reg.collect():
         names |= {family.name + s for s in suffixes.get(family.type, ("",))}
-    names |= {"saga_sagas", "saga_queue_depth", "saga_queue_oldest_job_age_seconds"}
+    names |= {"saga_sagas", "saga_queue_depth", "saga_queue_oldest_job_age_seconds",
+              "saga_redis_up"}
     return names

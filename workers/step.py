@@ -47,6 +47,7 @@ class StepView:
     started: int = 0
     outcome: dict[str, Any] | None = None
     unwinding: bool = False
+    closed: bool = False  # the saga has its final event: nothing may follow it
     head: Head = field(default_factory=lambda: Head(-1, b""))
     plan: list[dict[str, Any]] | None = None
     agent_id: str | None = None
@@ -98,6 +99,8 @@ class StepRunner:
                 continue
             if kind in (K.SAGA_FAILED, K.COMPENSATION_INTENT, K.STEP_NOT_COMPENSABLE):
                 view.unwinding = True
+            elif kind in (K.SAGA_COMMITTED, K.SAGA_COMPENSATED, K.SAGA_NEEDS_ATTENTION):
+                view.closed = True
             if ev.get("step") != step:
                 continue
             if kind == K.STEP_STARTED:
@@ -122,9 +125,10 @@ class StepRunner:
         if view.outcome is not None:
             if metrics is not None:
                 metrics.dedupe_hits.labels("duplicate_delivery").inc()
-            with contextlib.suppress(ConflictError):  # a note only; the outcome stands
-                writer.append(K.STEP_DUPLICATE_SUPPRESSED, step=step,
-                              data={"outcome": view.outcome["kind"]})
+            if not view.closed:  # a closed saga takes no more events; the metric counts it
+                with contextlib.suppress(ConflictError):  # a note only; the outcome stands
+                    writer.append(K.STEP_DUPLICATE_SUPPRESSED, step=step,
+                                  data={"outcome": view.outcome["kind"]})
             self._ack(extra)
             return "duplicate"
         if view.unwinding and view.started == 0:
@@ -223,7 +227,7 @@ class StepRunner:
         else:
             raise ConflictError(f"saga {saga_id}: could not record the outcome of step {step}")
         if acquire:  # dead letter / in doubt took the lease to write; hand it on
-            self.store.redis.delete(keys.saga_lease(saga_id))
+            self.store.redis.pexpire(keys.saga_lease(saga_id), 0)
         fault("after_outcome")
         metrics = self.store.metrics
         if metrics is not None:
