@@ -29,6 +29,9 @@ class Finding:
                 "advice": self.advice}
 
 
+UNKNOWN = "unknown"
+
+
 def examine(client: redis.Redis) -> list[Finding]:
     """What matters for durability, read from the server; unreadable settings
     (an ACL without CONFIG) are reported as unknown, never as fine."""
@@ -39,25 +42,45 @@ def examine(client: redis.Redis) -> list[Finding]:
     out.append(Finding("redis_version", version, major >= 6,
                        "" if major >= 6 else "use Redis 6.2 or newer (BLMOVE, ACLs)"))
     try:
-        conf = {k: str(v) for k, v in client.config_get("*").items()}
+        conf: dict[str, str] = {str(k): str(v) for k, v in client.config_get("*").items()}
     except redis.ResponseError:
-        return [*out, Finding("config", "unreadable", False,
-                              "this user may not run CONFIG: check the settings below by hand "
-                              "(appendonly yes, maxmemory-policy noeviction)")]
+        conf = _from_info(client)  # an ACL user without CONFIG (as recommended)
     aof = conf.get("appendonly", "?")
     out.append(Finding("appendonly", aof, aof == "yes",
                        "" if aof == "yes" else "set 'appendonly yes': with snapshots only, "
                        "a crash loses acknowledged appends"))
     fsync = conf.get("appendfsync", "?")
-    out.append(Finding("appendfsync", fsync, fsync in ("everysec", "always"),
-                       "" if fsync in ("everysec", "always") else
-                       "set 'appendfsync everysec' (or 'always')"))
+    if fsync == UNKNOWN:
+        out.append(Finding("appendfsync", fsync, False,
+                           "this user may not run CONFIG GET; check by hand that "
+                           "appendfsync is everysec or always"))
+    else:
+        out.append(Finding("appendfsync", fsync, fsync in ("everysec", "always"),
+                           "" if fsync in ("everysec", "always") else
+                           "set 'appendfsync everysec' (or 'always')"))
     policy = conf.get("maxmemory-policy", "?")
-    out.append(Finding("maxmemory-policy", policy, policy not in EVICTING,
-                       "" if policy not in EVICTING else
-                       "set 'maxmemory-policy noeviction': this policy can evict log keys"))
+    fine = policy not in EVICTING and policy not in (UNKNOWN, "?")
+    out.append(Finding("maxmemory-policy", policy, fine,
+                       "" if fine else
+                       "set 'maxmemory-policy noeviction': an evicting policy can drop log keys"))
     return out
 
 
+def _from_info(client: redis.Redis) -> dict[str, str]:
+    """The settings INFO shows (it needs no CONFIG right); appendfsync it does not."""
+    try:
+        persistence = client.info("persistence")
+        memory = client.info("memory")
+    except redis.ResponseError:
+        return {"appendonly": UNKNOWN, "appendfsync": UNKNOWN, "maxmemory-policy": UNKNOWN}
+    return {"appendonly": "yes" if int(persistence.get("aof_enabled", 0)) else "no",
+            "appendfsync": UNKNOWN,
+            "maxmemory-policy": str(memory.get("maxmemory_policy", UNKNOWN))}
+
+
 def persistent(findings: list[Finding]) -> bool:
-    return all(f.ok for f in findings if f.setting in ("appendonly", "appendfsync", "config"))
+    """AOF on, and fsync not known to be off (it cannot be read without CONFIG)."""
+    seen = {f.setting: f for f in findings}
+    aof, fsync = seen.get("appendonly"), seen.get("appendfsync")
+    return (aof is not None and aof.ok and fsync is not None
+            and (fsync.ok or fsync.value == UNKNOWN))

@@ -93,4 +93,4 @@ class DedupeRecords:
 
     def release(self, key: str) -> None:
         """Forget a claim that never became a step (its intent was not written)."""
-        self.redis.delete(keys.idem(key))
+        self.redis.pexpire(keys.idem(key), 0)  # expire now (no DEL right needed)

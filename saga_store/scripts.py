@@ -9,7 +9,7 @@ APPEND
     ARGV[3] lease token ('' = no lease check)
     ARGV[4] lease mode: 'hold'    KEYS[3] must hold the token
                         'acquire' take KEYS[3] if free or ours, for ARGV[5] ms
-                        'release' KEYS[3] must hold the token; deleted after
+                        'release' KEYS[3] must hold the token; expired after
     ARGV[5] lease time to live in ms (for 'acquire'; Redis's clock, relative)
     ARGV[6] phase the meta must be in ('' = no check; missing phase = forward)
     ARGV[7] n, the number of events
@@ -68,7 +68,7 @@ if token ~= '' then
   if mode == 'acquire' then
     redis.call('SET', KEYS[3], token, 'PX', ARGV[5])
   elseif mode == 'release' then
-    redis.call('DEL', KEYS[3])
+    redis.call('PEXPIRE', KEYS[3], 0)  -- expire now: workers need no DEL
   end
 end
 return {1, seq, ''}

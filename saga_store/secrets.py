@@ -60,4 +60,4 @@ class Secrets:
         return out
 
     def drop(self, saga_id: str) -> None:
-        self.redis.delete(keys.saga_secrets(saga_id))
+        self.redis.pexpire(keys.saga_secrets(saga_id), 0)  # expire now (no DEL right needed)

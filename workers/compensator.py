@@ -80,9 +80,9 @@ class Compensator:
                     continue  # someone appended: re-read and decide again
             return "conflict"
         finally:
-            # release only our own lease (compare-and-delete)
+            # release only our own lease (compare-and-expire)
             r.eval("if redis.call('GET', KEYS[1]) == ARGV[1] then "
-                   "return redis.call('DEL', KEYS[1]) end return 0",
+                   "return redis.call('PEXPIRE', KEYS[1], 0) end return 0",
                    1, keys.saga_lease(saga_id), token)
 
     def _unwind(self, saga_id: str, token: str) -> str:
@@ -124,7 +124,7 @@ class Compensator:
         if attention:
             pipe.sadd(keys.NEEDS_ATTENTION, saga_id)
         pipe.zrem(keys.ACTIVE, saga_id)
-        pipe.delete(keys.saga_secrets(saga_id))
+        pipe.pexpire(keys.saga_secrets(saga_id), 0)
         pipe.execute()
         return "compensated" if not attention else "needs_attention"
 

@@ -245,7 +245,10 @@ class StepRunner:
         if not inline:
             project(self.store.store, saga_id)
         if follow == "committed":  # only now: ss:active is the sweeper's cue to project
-            self.store.redis.zrem(keys.ACTIVE, saga_id)
+            done = self.store.redis.pipeline(transaction=False)
+            done.zrem(keys.ACTIVE, saga_id)
+            done.pexpire(keys.saga_secrets(saga_id), 0)  # secret values: no longer needed
+            done.execute()
         return outcome.kind
 
     def _after_outcome(self, pipe: Any, saga_id: str, step: int, view: StepView,
