@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real test-parity lint typecheck bench clean
+.PHONY: demo test test-real test-parity lint typecheck bench chaos clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -26,6 +26,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	QUICK=$(QUICK) $(BIN)/python -m benchmarks.run_all
+
+# the chaos soak at full size (SAGAS=400 for a short one); the suite runs a short one
+SAGAS ?= 10000
+chaos: $(STAMP)
+	$(BIN)/python -m tests.chaos --sagas $(SAGAS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -20,6 +20,8 @@ touches a single Redis Cluster slot.
     ss:needs_attention    set      sagas that ended needing a person
 
 The ledger key does not begin with ``ss:{`` so no saga id can collide with it.
+No key here is ever deleted: leases, secrets and idempotency claims expire
+(``PEXPIRE key 0`` retires one at once), so ACL users need no DEL (see acl.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,459 @@
+"""The chaos soak: many sagas of mixed shapes through several worker pools while
+pools (step workers and compensators) are SIGKILLed at random about every two
+seconds and Redis is killed and restarted once; then every guarantee is checked
+against the soak's own side-effect ledger, ``saga verify`` and the metrics.
+
+    python -m tests.chaos --sagas 10000          # what ``make chaos`` runs
+    python -m tests.chaos --sagas 400            # a short run (CI runs one as a test)
+
+Shapes: success (4 steps); failure at a random step (compensated); an in-doubt
+timeout (the probe settles it, compensated); an irreversible step before a
+failure (needs attention); invalid input (refused, nothing written).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from saga_store import Registry, SagaStore, Settings, jobs, keys
+from saga_store.connection import connect
+from saga_store.errors import InvalidInput
+from saga_store.state import SagaState, Status
+from saga_store.testing import RedisServer
+from saga_store.testing_workers import WorkerProcess
+
+from . import chaos_tools
+from .chaos_tools import FORWARD
+
+TOOLS = "tests.chaos_tools"
+ROOT = Path(__file__).resolve().parent.parent
+EXPECTED = {"success": Status.COMMITTED, "fail": Status.COMPENSATED,
+            "in_doubt": Status.COMPENSATED, "irreversible": Status.NEEDS_ATTENTION}
+SHAPES = [("success", 40), ("fail", 30), ("in_doubt", 10), ("irreversible", 10),
+          ("invalid", 10)]
+
+
+@dataclass
+class Config:
+    sagas: int = 10_000
+    step_pools: int = 2
+    compensator_pools: int = 1
+    workers_per_pool: int = 2
+    kill_every_s: float = 2.0
+    in_flight: int = 200
+    redis_restart_at: float = 0.5  # once this share of sagas is final
+    lease_ms: int = 2000
+    seed: int = 1
+    timeout_s: float = 3600.0
+
+
+@dataclass
+class Report:
+    config: Config
+    seconds: float = 0.0
+    by_shape: Counter[str] = field(default_factory=Counter)
+    by_state: Counter[str] = field(default_factory=Counter)
+    pool_kills: int = 0
+    processes_killed: int = 0
+    redis_restarts: int = 0
+    effects: int = 0
+    compensations: int = 0
+    tool_reruns: int = 0
+    in_doubt: int = 0
+    recoveries_s: list[float] = field(default_factory=list)
+    unrecovered: int = 0
+    metrics: dict[str, tuple[float, int]] = field(default_factory=dict)
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def fail(self, message: str) -> None:
+        if len(self.failures) < 50:
+            self.failures.append(message)
+
+    def percentile(self, q: float) -> float:
+        xs = sorted(self.recoveries_s)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else 0.0
+
+    def table(self) -> str:
+        c = self.config
+        rows = [
+            ("sagas", f"{sum(self.by_shape.values())} "
+                      f"({', '.join(f'{k} {v}' for k, v in sorted(self.by_shape.items()))})"),
+            ("final states", ", ".join(f"{k} {v}" for k, v in sorted(self.by_state.items()))),
+            ("worker pools", f"{c.step_pools} step + {c.compensator_pools} compensator, "
+                             f"{c.workers_per_pool} processes each"),
+            ("pool kills (SIGKILL)", f"{self.pool_kills} ({self.processes_killed} processes)"),
+            ("Redis kill -9 + restart", str(self.redis_restarts)),
+            ("forward effects", str(self.effects)),
+            ("compensations", str(self.compensations)),
+            ("tool bodies re-run after a kill", str(self.tool_reruns)),
+            ("steps left in doubt by a kill", f"{self.in_doubt} (irreversible, not re-run)"),
+            ("stall after a kill p50 / p99 / max",
+             f"{self.percentile(0.5):.2f} / {self.percentile(0.99):.2f} / "
+             f"{max(self.recoveries_s, default=0):.2f} s "
+             f"({len(self.recoveries_s)} sagas, lease {c.lease_ms} ms)"),
+            ("metrics vs log", "; ".join(f"{k} {v[0]:.0f}/{v[1]}" for k, v in
+                                         sorted(self.metrics.items()))),
+            ("duration", f"{self.seconds:.1f} s"),
+            ("result", "PASS" if self.ok else f"FAIL ({len(self.failures)} problems)"),
+        ]
+        width = max(len(r[0]) for r in rows)
+        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)
+
+
+def plan_for(shape: str, rng: random.Random, n: int) -> list[dict[str, Any]]:
+    sku, customer = f"sku-{n % 97}", f"cust-{n}"
+    forward = [{"tool": "reserve", "args": {"sku": sku}},
+               {"tool": "charge", "args": {"amount_cents": 100 + n % 900,
+                                           "card": f"4{n:015d}"}},
+               {"tool": "crm", "args": {"customer": customer, "hang": False}}]
+    fraud = {"tool": "check_fraud", "args": {"score": 99}}
+    if shape == "success":
+        return [*forward, {"tool": "ship", "args": {"order": f"o-{n}"}}]
+    if shape == "fail":
+        at = rng.randrange(len(forward) + 1)
+        return [*forward[:at], fraud, *forward[at:]]
+    if shape == "in_doubt":
+        return [forward[0], forward[1], {"tool": "crm", "args": {"customer": customer,
+                                                                 "hang": True}}]
+    if shape == "irreversible":
+        return [forward[0], {"tool": "ship", "args": {"order": f"o-{n}"}}, fraud]
+    bad = rng.choice([{"tool": "charge", "args": {"amount_cents": "lots", "card": "4"}},
+                      {"tool": "reserve", "args": {"sku": "x", "extra": 1}},
+                      {"tool": "no_such_tool", "args": {}}])
+    return [forward[0], bad]
+
+
+class Pools:
+    """The worker pools, each a ``saga worker`` process group; killed and restarted."""
+
+    def __init__(self, cfg: Config, env: dict[str, str], log: Path) -> None:
+        self.specs = ([jobs.STEP_QUEUE] * cfg.step_pools
+                      + [jobs.COMPENSATION_QUEUE] * cfg.compensator_pools)
+        self.cfg, self.env, self.log = cfg, env, log
+        self.procs = [self._start(q) for q in self.specs]
+
+    def _start(self, queue: str) -> WorkerProcess:
+        return WorkerProcess(self.env, TOOLS, "-n", str(self.cfg.workers_per_pool),
+                             "--queues", queue, "--log-level", "WARNING", log=self.log).start()
+
+    def kill(self, i: int) -> int:
+        """SIGKILL pool ``i`` (its whole group) and start a new one; processes killed."""
+        proc = self.procs[i]
+        assert proc.proc is not None
+        n = len(group_pids(proc.proc.pid))
+        proc.kill()
+        self.procs[i] = self._start(self.specs[i])
+        return n
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.proc is not None and p.alive:
+                p.proc.send_signal(signal.SIGTERM)
+        for p in self.procs:
+            try:
+                if p.proc is not None:
+                    p.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def group_pids(pgid: int) -> set[int]:
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:
+                out.add(int(entry.name))
+    return out
+
+
+def worker_names(r: redis.Redis, pids: set[int]) -> set[str]:
+    """RQ worker names of these processes (from RQ's worker registry)."""
+    names = [k.decode() for k in r.smembers("rq:workers")]
+    pipe = r.pipeline(transaction=False)
+    for k in names:
+        pipe.hget(k, "pid")
+    return {k.rsplit(":", 1)[-1] for k, pid in zip(names, pipe.execute(), strict=True)
+            if pid is not None and int(pid) in pids}
+
+
+def held_by(r: redis.Redis, names: set[str]) -> dict[str, int]:
+    """Active sagas whose lease one of ``names`` holds, with their head seq."""
+    active = [s.decode() for s in r.zrange(keys.ACTIVE, 0, -1)]
+    pipe = r.pipeline(transaction=False)
+    for sid in active:
+        pipe.get(keys.saga_lease(sid))
+        pipe.hget(keys.saga_meta(sid), "seq")
+    replies = pipe.execute()
+    out = {}
+    for i, sid in enumerate(active):
+        holder, seq = replies[2 * i], replies[2 * i + 1]
+        if holder and holder.decode().split(":", 1)[0] in names and seq is not None:
+            out[sid] = int(seq)
+    return out
+
+
+def run(cfg: Config, out: Any = sys.stdout) -> Report:
+    rep = Report(cfg)
+    rng = random.Random(cfg.seed)
+    shapes = rng.choices([s for s, _ in SHAPES], [w for _, w in SHAPES], k=cfg.sagas)
+    work = Path(tempfile.mkdtemp(prefix="saga-chaos-"))
+    ledger, metrics_dir = work / "ledger.db", work / "metrics"
+    metrics_dir.mkdir()
+    os.environ["SAGA_TEST_LEDGER"] = str(ledger)  # for this process's ledger reads
+    registry = Registry.from_modules(TOOLS)
+    started = time.monotonic()
+    with RedisServer(appendfsync="everysec") as srv:
+        env = {**os.environ, "SAGA_REDIS_URL": srv.url, "SAGA_TEST_LEDGER": str(ledger),
+               "SAGA_LEASE_MS": str(cfg.lease_ms), "PYTHONPATH": str(ROOT),
+               "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+        client = connect(srv.url, retry_s=120)
+        store = SagaStore(client, registry, Settings(lease_ms=cfg.lease_ms))
+        pools = Pools(cfg, env, work / "workers.log")
+        ids: dict[str, str] = {}
+        submitted = threading.Event()
+        errors: list[BaseException] = []
+
+        def submit_all() -> None:
+            try:
+                for n, shape in enumerate(shapes):
+                    while client.zcard(keys.ACTIVE) >= cfg.in_flight:
+                        time.sleep(0.01)
+                    sid = f"chaos-{n}"
+                    try:
+                        store.submit(plan_for(shape, rng_for(cfg, n), n),
+                                     agent_id=f"agent-{n % 16}", saga_id=sid)
+                    except InvalidInput:
+                        if shape != "invalid":
+                            raise
+                    ids[sid] = shape
+            except BaseException as exc:  # reported by the main loop
+                errors.append(exc)
+            finally:
+                submitted.set()
+
+        submitter = threading.Thread(target=submit_all, daemon=True)
+        submitter.start()
+        next_kill = time.monotonic() + rng.uniform(0.5, 1.5) * cfg.kill_every_s
+        pending: dict[str, tuple[int, float]] = {}
+        restarted = False
+        last_print = 0.0
+        try:
+            while True:
+                now = time.monotonic()
+                if errors:
+                    raise errors[0]
+                done = len(ids) - client.zcard(keys.ACTIVE) if ids else 0
+                if submitted.is_set() and client.zcard(keys.ACTIVE) == 0:
+                    break
+                if now - started > cfg.timeout_s:
+                    rep.fail(f"timed out after {cfg.timeout_s:.0f} s with "
+                             f"{client.zcard(keys.ACTIVE)} sagas not final")
+                    break
+                if not restarted and done >= cfg.redis_restart_at * cfg.sagas:
+                    srv.kill()
+                    srv.start()  # same port and directory: the AOF is replayed
+                    rep.redis_restarts += 1
+                    restarted = True
+                if now >= next_kill:
+                    i = rng.randrange(len(pools.procs))
+                    proc = pools.procs[i].proc
+                    assert proc is not None
+                    pids = group_pids(proc.pid)
+                    victims = held_by(client, worker_names(client, pids))
+                    t_kill = time.monotonic()
+                    rep.processes_killed += pools.kill(i)
+                    rep.pool_kills += 1
+                    for sid, seq in victims.items():
+                        pending[sid] = (seq, t_kill)
+                    next_kill = now + rng.uniform(0.5, 1.5) * cfg.kill_every_s
+                _track_recovery(client, pending, rep)
+                if now - last_print > 5:
+                    print(f"  {now - started:6.1f} s  {done}/{cfg.sagas} final, "
+                          f"{rep.pool_kills} kills", file=out, flush=True)
+                    last_print = now
+                time.sleep(0.02)
+            deadline = time.monotonic() + 30
+            while pending and time.monotonic() < deadline:
+                _track_recovery(client, pending, rep)
+                time.sleep(0.02)
+            rep.unrecovered = len(pending)
+        finally:
+            pools.stop()
+        rep.seconds = time.monotonic() - started
+        check(rep, store, ids, ledger, metrics_dir, srv.url)
+    return rep
+
+
+def rng_for(cfg: Config, n: int) -> random.Random:
+    return random.Random(cfg.seed * 1_000_003 + n)
+
+
+def _track_recovery(client: redis.Redis, pending: dict[str, tuple[int, float]],
+                    rep: Report) -> None:
+    """A saga recovers from a kill when its log moves past where the kill left it."""
+    if not pending:
+        return
+    sids = list(pending)
+    pipe = client.pipeline(transaction=False)
+    for sid in sids:
+        pipe.hget(keys.saga_meta(sid), "seq")
+    now = time.monotonic()
+    for sid, seq in zip(sids, pipe.execute(), strict=True):
+        if seq is not None and int(seq) > pending[sid][0]:
+            rep.recoveries_s.append(now - pending[sid][1])
+            del pending[sid]
+
+
+def check(rep: Report, store: SagaStore, ids: dict[str, str], ledger: Path,
+          metrics_dir: Path, url: str) -> None:
+    """Every guarantee, against the soak's own ledger."""
+    rep.by_shape.update(ids.values())
+    db = chaos_tools.db()
+    by_saga: dict[str, list[tuple[int, str, int]]] = defaultdict(list)
+    for n, kind, saga, step in db.execute("SELECT n, kind, saga, step FROM effects"):
+        by_saga[saga].append((n, kind, step))
+    runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
+    total = db.execute("SELECT COUNT(*) FROM effects").fetchone()[0]
+    rep.tool_reruns = runs - total
+    comp_kinds = set(FORWARD.values())
+    log_counts: Counter[str] = Counter()
+    for sid, shape in ids.items():
+        rows = sorted(by_saga.pop(sid, []))
+        if shape == "invalid":
+            rep.by_state["refused (nothing written)"] += 1
+            if not store.store.log.head(sid).empty or rows:
+                rep.fail(f"{sid}: invalid input left a trace")
+            continue
+        st = store.state(sid)
+        rep.by_state[str(st.status)] += 1
+        log_counts[f"finished {st.status}"] += 1
+        expected = {EXPECTED[shape]}
+        if any(s.status == "in_doubt" for s in st.steps.values()):
+            expected = {Status.COMPENSATED, Status.NEEDS_ATTENTION}  # a kill left it unknown
+        if not st.final or st.status not in expected:
+            rep.fail(f"{sid} ({shape}): {st.status}, expected {EXPECTED[shape]}; {_steps(st)}")
+        _check_saga(rep, sid, st, rows, comp_kinds, log_counts)
+    for sid in by_saga:
+        rep.fail(f"effects for {sid}, which the soak never submitted")
+    _check_metrics(rep, metrics_dir, log_counts)
+    verify = subprocess.run([sys.executable, "-m", "cli.main", "--redis-url", url, "verify",
+                             ], capture_output=True, text=True, cwd=ROOT, check=False)
+    if verify.returncode != 0:
+        rep.fail(f"saga verify exited {verify.returncode}: {verify.stdout[-500:]}"
+                 f"{verify.stderr[-500:]}")
+
+
+def _check_saga(rep: Report, sid: str, st: SagaState, rows: list[tuple[int, str, int]],
+                comp_kinds: set[str], log_counts: Counter[str]) -> None:
+    """Effects against the log. A step left in doubt (its worker was killed inside
+    an irreversible tool, which is never re-run blind) may or may not have had its
+    effect: that is what in doubt means, and why the saga then needs a person."""
+    forward = [(n, kind, step) for n, kind, step in rows if kind not in comp_kinds]
+    comps = [(n, kind, step) for n, kind, step in rows if kind in comp_kinds]
+    rep.effects += len(forward)
+    rep.compensations += len(comps)
+    steps = st.steps.values()
+    effectful = ("reserve", "charge", "crm", "ship")
+    exact = {(s.tool, s.step) for s in steps if s.status == "succeeded" and s.tool in effectful}
+    maybe = {(s.tool, s.step) for s in steps if s.status == "in_doubt" and s.tool in effectful}
+    rep.in_doubt += len(maybe)
+    got = Counter((kind, step) for _, kind, step in forward)
+    if (not exact <= set(got) <= exact | maybe) or any(v != 1 for v in got.values()):
+        rep.fail(f"{sid}: forward effects {dict(got)}, log says succeeded {sorted(exact)}, "
+                 f"in doubt {sorted(maybe)}; {_steps(st)}")
+    log_counts["steps succeeded"] += sum(1 for s in steps if s.status == "succeeded")
+    undo = set() if st.status is Status.COMMITTED else {
+        (FORWARD[s.tool], s.step) for s in steps if s.status == "succeeded" and s.tool in FORWARD}
+    undo_maybe = {(FORWARD[s.tool], s.step) for s in steps
+                  if s.status == "in_doubt" and s.tool in FORWARD}
+    got_comps = Counter((kind, step) for _, kind, step in comps)
+    if (not undo <= set(got_comps) <= undo | undo_maybe) or any(
+            v != 1 for v in got_comps.values()):
+        rep.fail(f"{sid}: compensations {dict(got_comps)}, expected {sorted(undo)}; "
+                 f"{_steps(st)}")
+    steps_in_order = [step for _, _, step in comps]
+    if steps_in_order != sorted(steps_in_order, reverse=True):
+        rep.fail(f"{sid}: compensated steps in order {steps_in_order}, not in reverse")
+    if comps and forward and max(n for n, _, _ in forward) > min(n for n, _, _ in comps):
+        rep.fail(f"{sid}: a forward effect came after compensation began")
+    for s in steps:
+        if s.compensation == "succeeded" and st.status is not Status.COMMITTED:
+            log_counts["compensations succeeded"] += 1
+
+
+def _steps(st: SagaState) -> str:
+    return ", ".join(f"{s.step}:{s.tool}={s.status}/{s.compensation}" for s in
+                     st.steps.values())
+
+
+def _check_metrics(rep: Report, metrics_dir: Path, log_counts: Counter[str]) -> None:
+    """Counters can lag the log by an increment per killed process (a kill between
+    an append and its increment), never lead it."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.multiprocess import MultiProcessCollector
+    reg = CollectorRegistry()
+    MultiProcessCollector(reg, path=str(metrics_dir))  # type: ignore[no-untyped-call]
+    got: Counter[str] = Counter()
+    for family in reg.collect():
+        for s in family.samples:
+            if s.name == "saga_sagas_finished_total":
+                got[f"finished {s.labels['state']}"] += s.value
+            elif s.name == "saga_steps_total" and s.labels["outcome"] == "succeeded":
+                got["steps succeeded"] += s.value
+            elif s.name == "saga_compensations_total" and s.labels["outcome"] == "succeeded":
+                got["compensations succeeded"] += s.value
+    slack = rep.processes_killed
+    for name, want in log_counts.items():
+        value = got.get(name, 0.0)
+        rep.metrics[name] = (value, want)
+        if not want - slack <= value <= want:
+            rep.fail(f"metric {name} = {value:.0f}, log says {want} "
+                     f"(allowed lag {slack}: one per killed process)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sagas", type=int, default=Config.sagas)
+    p.add_argument("--step-pools", type=int, default=Config.step_pools)
+    p.add_argument("--compensator-pools", type=int, default=Config.compensator_pools)
+    p.add_argument("--workers-per-pool", type=int, default=Config.workers_per_pool)
+    p.add_argument("--kill-every", type=float, default=Config.kill_every_s)
+    p.add_argument("--in-flight", type=int, default=Config.in_flight)
+    p.add_argument("--seed", type=int, default=Config.seed)
+    a = p.parse_args(argv)
+    cfg = Config(sagas=a.sagas, step_pools=a.step_pools, compensator_pools=a.compensator_pools,
+                 workers_per_pool=a.workers_per_pool, kill_every_s=a.kill_every,
+                 in_flight=a.in_flight, seed=a.seed)
+    print(f"chaos soak: {cfg.sagas} sagas, a pool SIGKILLed every ~{cfg.kill_every_s} s, "
+          "Redis restarted once", flush=True)
+    rep = run(cfg)
+    print(rep.table())
+    for f in rep.failures:
+        print(f"  FAIL {f}")
+    return 0 if rep.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
