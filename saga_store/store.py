@@ -14,7 +14,7 @@ import redis
 
 from . import keys
 from .connection import connect
-from .errors import ConflictError, InvalidInput
+from .errors import ConflictError, IntegrityError, InvalidInput
 from .events import EventKind as K
 from .events import body_dict
 from .ids import check_id, new_id
@@ -88,8 +88,14 @@ class Store:
 
     def state(self, saga_id: str) -> SagaState:
         check_id(saga_id, "saga_id")
-        with paused_gc():
-            return fold(saga_id, self.log.bodies(saga_id))
+        try:
+            with paused_gc():
+                return fold(saga_id, self.log.bodies(saga_id))
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # incl. JSON errors
+            raise IntegrityError(
+                f"saga {saga_id}: its log holds an entry that is not a valid event "
+                f"({type(exc).__name__}: {str(exc)[:200]}); run 'saga verify --saga "
+                f"{saga_id}' to find it") from None
 
     def meta(self, saga_id: str) -> dict[str, str]:
         raw: dict[bytes, bytes] = command(self.redis, "HGETALL", keys.saga_meta(saga_id))

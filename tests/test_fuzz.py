@@ -3,6 +3,7 @@ success, and a refusal writes nothing."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +120,36 @@ def test_a_worker_survives_garbage_in_a_log(client: redis.Redis, worker_env: dic
                           timeout=30, what="the junk job to be consumed")
         sid = store.submit([{"tool": "noop", "args": {"n": 1}}], agent_id="after-junk")
         assert str(store.wait(sid, timeout=30).status) == "committed"
+
+
+entry_fields = st.dictionaries(
+    st.sampled_from([b"b", b"h", b"x"]),
+    st.binary(max_size=64) | json_values.map(orjson.dumps),
+    min_size=1, max_size=3)
+
+
+@FAST
+@given(entries=st.lists(entry_fields, min_size=1, max_size=4), valid_first=st.booleans())
+def test_fuzzed_log_entries_read_back_from_redis(entries: list[dict[bytes, bytes]],
+                                                 valid_first: bool) -> None:
+    """Garbage stream entries (as someone with write access could leave them): the
+    verifier names a broken chain, reading state raises a typed error, nothing
+    crashes and nothing is written."""
+    from saga_store import SagaError, keys
+    from saga_store.verify import Verifier
+    store = _store()
+    r = store.redis
+    sid = "fuzzed"
+    if valid_first:
+        sid = store.submit([{"tool": "noop", "args": {"n": 1}}], agent_id="fuzz")
+    start = store.store.log.head(sid).seq + 2
+    for i, fields in enumerate(entries):
+        r.xadd(keys.saga_log(sid), fields, id=f"0-{start + i}")
+    before = r.xlen(keys.saga_log(sid))
+    result = Verifier(store.store.log).verify(saga_id=sid)
+    assert not result.ok
+    bad = [c for c in result.chains if not c.ok]
+    assert bad[0].reason, "a broken chain must name its reason"
+    with contextlib.suppress(SagaError):  # a typed error is the right answer
+        store.state(sid)
+    assert r.xlen(keys.saga_log(sid)) == before
