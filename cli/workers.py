@@ -56,10 +56,14 @@ class Plan(BaseModel):
               envvar="SAGA_METRICS_HOST")
 @click.option("--strict", is_flag=True, envvar="SAGA_STRICT",
               help="Refuse to start when Redis does not persist every write (AOF).")
+@click.option("--policy", "policy_file", default=None, envvar="SAGA_POLICY_FILE",
+              type=click.Path(dir_okay=False, exists=True),
+              help="Approval policy (TOML). Without one, every call is allowed unless "
+                   "its tool asks for approval itself.")
 @pass_ctx
 def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
            queues: tuple[str, ...], log_level: str, metrics_port: int | None,
-           metrics_host: str, strict: bool) -> None:
+           metrics_host: str, strict: bool, policy_file: str | None) -> None:
     """Run worker processes for steps and compensations.
 
     SIGTERM or SIGINT: each worker finishes its current step, then exits. With
@@ -72,6 +76,12 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
     from workers.worker import configured
     with errors_to_exit():
         Registry.from_modules(*tools)  # fail here, not in every forked worker
+        if policy_file:
+            import dataclasses
+
+            from saga_store.policy import Policy
+            Policy.load(policy_file)  # a bad policy is a usage error now, not in each worker
+            ctx.settings = dataclasses.replace(ctx.settings, policy_file=policy_file)
         store = ctx.store()
         from saga_store.doctor import examine, persistent
         findings = examine(store.redis)
@@ -151,9 +161,11 @@ def metrics(ctx: Context, port: int, host: str, once: bool) -> None:
               show_default=True, help="With --wait: give up after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
               help="Machine-readable output.")
+@click.option("--approve-interactively", "interactive", is_flag=True,
+              help="With --wait: ask here about each step the policy gates.")
 @pass_ctx
 def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeout: float,
-        as_json: bool) -> None:
+        as_json: bool, interactive: bool) -> None:
     """Submit a plan file; workers drive it to the end."""
     with errors_to_exit():
         plan = _read_plan(plan_file)
@@ -163,7 +175,11 @@ def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeou
         if not wait:
             emit_json({"saga_id": sid, "state": "running"}) if as_json else click.echo(sid)
             return
-        state = store.wait(sid, timeout)
+        if interactive:
+            from .approvals import wait_interactively
+            state = wait_interactively(store, sid, timeout)
+        else:
+            state = store.wait(sid, timeout)
         steps = [{"step": s.step, "tool": s.tool, "status": s.status,
                   "compensation": s.compensation} for s in state.steps.values()]
         if as_json:

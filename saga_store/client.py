@@ -27,6 +27,7 @@ from .errors import ConflictError, FencedOff, InvalidInput, StepPending
 from .events import EventKind as K
 from .idempotency import DedupeRecords
 from .ids import check_id, new_id
+from .policy import Policy
 from .registry import Registry
 from .saga import AsyncSaga, Saga
 from .secrets import Secrets
@@ -46,7 +47,8 @@ class SagaStore:
 
     def __init__(self, client: redis.Redis, registry: Registry,
                  settings: Settings | None = None, *, queue: str = jobs.STEP_QUEUE,
-                 invalid_call_limit: int = 2, metrics: Metrics | None = None) -> None:
+                 invalid_call_limit: int = 2, metrics: Metrics | None = None,
+                 policy: Policy | None = None) -> None:
         self.settings = settings or Settings()
         self.registry = registry
         self.store = Store(client, self.settings)
@@ -57,6 +59,10 @@ class SagaStore:
         self.invalid_call_limit = invalid_call_limit
         self.secrets = Secrets(client, self.settings.dedupe_ttl_s)
         self.dedupe = DedupeRecords(client, self.settings.dedupe_ttl_s)
+        if policy is None:
+            policy = (Policy.load(self.settings.policy_file) if self.settings.policy_file
+                      else Policy.permissive())
+        self.policy = policy
 
     @classmethod
     def from_url(cls, url: str, registry: Registry, settings: Settings | None = None,

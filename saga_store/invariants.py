@@ -22,8 +22,8 @@ _UNWIND_STARTS = frozenset({K.SAGA_FAILED, K.COMPENSATION_INTENT, K.STEP_NOT_COM
 class Invariants:
     """Feed events in order; :meth:`feed` returns a reason string at the first violation."""
 
-    __slots__ = ("closed", "comp_done", "comp_open", "last_comp", "outcome", "readonly",
-                 "started", "unwinding", "walked")
+    __slots__ = ("approvals", "closed", "comp_done", "comp_open", "last_comp", "outcome",
+                 "readonly", "started", "unwinding", "walked")
 
     def __init__(self) -> None:
         self.outcome: dict[int, str | None] = {}  # step -> last outcome kind (None: intent only)
@@ -35,6 +35,7 @@ class Invariants:
         self.last_comp: int | None = None
         self.unwinding = False
         self.closed = False
+        self.approvals: dict[int, str] = {}  # step -> the last approval event kind
 
     def feed(self, kind: str, step: int | None, data: Any) -> str | None:
         if self.closed:
@@ -54,8 +55,10 @@ class Invariants:
             return f"{kind} for step {step}, which has no intent"
         if kind in (K.STEP_STARTED, K.STEP_SUCCEEDED, K.STEP_FAILED, K.STEP_IN_DOUBT):
             return self._forward(kind, step)
-        if kind == K.STEP_DUPLICATE_SUPPRESSED or kind.startswith("approval_"):
+        if kind == K.STEP_DUPLICATE_SUPPRESSED:
             return None
+        if kind.startswith("approval_"):
+            return self._approval(kind, step)
         return self._compensation(kind, step)
 
     def _forward(self, kind: str, step: int) -> str | None:
@@ -63,6 +66,9 @@ class Invariants:
         if kind == K.STEP_STARTED:
             if self.unwinding:
                 return f"step {step} started after compensation began"
+            gate = self.approvals.get(step)
+            if gate in (K.APPROVAL_REQUESTED, K.APPROVAL_DENIED):
+                return f"step {step} started while its approval was {gate.split('_')[1]}"
             if prior is not None:
                 return f"step {step} started again after its outcome {prior}"
             self.started.add(step)
@@ -76,6 +82,16 @@ class Invariants:
         if step in self.walked and not resolving:
             return f"step {step} got an outcome after the unwind passed it"
         self.outcome[step] = kind
+        return None
+
+    def _approval(self, kind: str, step: int) -> str | None:
+        prior = self.approvals.get(step)
+        if kind == K.APPROVAL_REQUESTED:
+            if prior is not None or step in self.started:
+                return f"approval requested twice, or after step {step} started"
+        elif kind in (K.APPROVAL_GRANTED, K.APPROVAL_DENIED) and prior != K.APPROVAL_REQUESTED:
+            return f"{kind} for step {step} without a pending approval_requested"
+        self.approvals[step] = kind
         return None
 
     def _compensation(self, kind: str, step: int) -> str | None:

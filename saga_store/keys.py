@@ -18,6 +18,8 @@ touches a single Redis Cluster slot.
     ss:active             zset     sagas with work in flight, scored by the time
                                    (ms) after which the sweeper looks at them
     ss:needs_attention    set      sagas that ended needing a person
+    ss:approvals          zset     gated steps awaiting a decision, "<saga>:<step>",
+                                   scored by their deadline (ms)
 
 The ledger key does not begin with ``ss:{`` so no saga id can collide with it.
 No key here is ever deleted: leases, secrets and idempotency claims expire
@@ -53,6 +55,7 @@ def saga_secrets(saga_id: str) -> str:
 
 ACTIVE = f"{PREFIX}:active"
 NEEDS_ATTENTION = f"{PREFIX}:needs_attention"
+APPROVALS = f"{PREFIX}:approvals"
 
 
 def idem(key: str) -> str:

@@ -18,6 +18,7 @@ class Settings:
     max_depth: int = 32
     dedupe_ttl_s: int = 7 * 24 * 3600
     lease_ms: int = 10_000
+    policy_file: str | None = None  # approval policy (TOML); none: allow every call
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Self:
@@ -25,6 +26,7 @@ class Settings:
         values: dict[str, object] = {
             "redis_url": e.get("SAGA_REDIS_URL") or None,
             "hmac_key": chain.load_key(e.get("SAGA_HMAC_KEY"), e.get("SAGA_HMAC_KEY_FILE")),
+            "policy_file": e.get("SAGA_POLICY_FILE") or None,
         }
         for name, var in (("max_event_bytes", "SAGA_MAX_EVENT_BYTES"),
                           ("blob_threshold", "SAGA_BLOB_THRESHOLD"),

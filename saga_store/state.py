@@ -52,6 +52,8 @@ class StepState:
     intent_seq: int = -1
     resume_base: int = 0  # compensation attempts made before the last resume
     reversibility: str | None = None
+    approval: str | None = None  # requested, granted, denied
+    approval_data: Any = None  # the preview; then who decided, and why
 
     @property
     def finished(self) -> bool:
@@ -79,6 +81,11 @@ class SagaState:
     @property
     def final(self) -> bool:
         return self.status in FINAL
+
+    @property
+    def pending_approvals(self) -> list[int]:
+        """Steps waiting for a person's decision."""
+        return [n for n, st in self.steps.items() if st.approval == "requested"]
 
     def step_state(self, n: int) -> StepState:
         st = self.steps.get(n)
@@ -151,6 +158,14 @@ class SagaState:
             st.error = _get(data, "error")
         elif kind == K.STEP_NOT_COMPENSABLE:
             st.compensation = "not_compensable"
+        elif kind in _APPROVALS:
+            st.approval = _APPROVALS[kind]
+            st.approval_data = data if kind == K.APPROVAL_REQUESTED else {
+                **(st.approval_data or {}), "decision": data}
+
+
+_APPROVALS: dict[str, str] = {K.APPROVAL_REQUESTED: "requested", K.APPROVAL_GRANTED: "granted",
+              K.APPROVAL_DENIED: "denied"}
 
 
 def _get(data: Any, name: str) -> Any:

@@ -7,6 +7,7 @@ call) and records the saga's opening and close in the ledger.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
@@ -66,6 +67,9 @@ class Store:
         if conversation_id is not None:
             payload["conversation_id"] = conversation_id
         self.log.check_payload(payload)
+        # two opens of one id never look alike, so a resent open (its reply lost with
+        # the connection) is told apart from someone else's open of the same id
+        payload["open_id"] = os.urandom(8).hex()
         writer = ChainWriter(self, sid, EMPTY)
         # the opening events have no context projection: the cursor starts past them
         call = writer.prepare(

@@ -104,6 +104,7 @@ class ToolSpec:
     secret: frozenset[str] = frozenset()
     probe: str | None = None
     description: str = ""
+    approval: str | None = None  # the tool's own least decision: require_approval, deny
 
     @property
     def after_crash(self) -> str:
@@ -155,14 +156,15 @@ def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,
          preconditions: Sequence[Condition] = (), postconditions: Sequence[Condition] = (),
          timeout: float = 30.0, retry: RetryPolicy | None = None,
          secret: Sequence[str] = (), probe: str | Callable[..., Any] | None = None,
-         description: str | None = None) -> Any:
+         description: str | None = None, approval: str | None = None) -> Any:
     """Declare a tool. Usable bare (``@tool``) or with options (``@tool(...)``)."""
 
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
         spec = build_spec(f, name=name, reversibility=reversibility, compensation=compensation,
                           mapping=mapping, preconditions=preconditions,
                           postconditions=postconditions, timeout=timeout, retry=retry,
-                          secret=secret, probe=probe, description=description)
+                          secret=secret, probe=probe, description=description,
+                          approval=approval)
         setattr(f, SPEC_ATTR, spec)
         return f
 
@@ -180,7 +182,8 @@ def build_spec(f: Callable[..., Any], *, name: str | None,
                mapping: Mapping[str, str] | None, preconditions: Sequence[Condition],
                postconditions: Sequence[Condition], timeout: float,
                retry: RetryPolicy | None, secret: Sequence[str],
-               probe: str | Callable[..., Any] | None, description: str | None) -> ToolSpec:
+               probe: str | Callable[..., Any] | None, description: str | None,
+               approval: str | None = None) -> ToolSpec:
     tool_name = name or f.__name__
     model, params, takes_ctx = _args_model(f, tool_name)
     comp_name = compensation if isinstance(compensation, str) or compensation is None \
@@ -208,6 +211,9 @@ def build_spec(f: Callable[..., Any], *, name: str | None,
     comp_spec = spec_of(compensation) if callable(compensation) else None
     if comp_spec is not None:
         check_mapping_targets(tool_name, maps, comp_spec)
+    if approval not in (None, "allow", "require_approval", "deny"):
+        raise InvalidInput(f"tool {tool_name}: approval must be 'allow', 'require_approval' "
+                           "or 'deny'")
     probe_name = probe if isinstance(probe, str) or probe is None else \
         (getattr(spec_of(probe), "name", None) or probe.__name__)
     return ToolSpec(
@@ -215,7 +221,8 @@ def build_spec(f: Callable[..., Any], *, name: str | None,
         params=params, takes_ctx=takes_ctx, reversibility=rev, compensation=comp_name,
         mapping=maps, preconditions=tuple(preconditions), postconditions=tuple(postconditions),
         timeout=float(timeout), retry=retry or RetryPolicy(), secret=frozenset(secret),
-        probe=probe_name, description=description or inspect.getdoc(f) or "")
+        probe=probe_name, description=description or inspect.getdoc(f) or "",
+        approval=approval)
 
 
 def check_mapping(tool_name: str, mapping: Mapping[str, str], params: Sequence[str],

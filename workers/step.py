@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from saga_store import keys
+from saga_store import approvals, keys
 from saga_store.client import SagaStore
 from saga_store.context import project, projection
 from saga_store.enqueue import enqueue_compensation, enqueue_step, intent_fields
@@ -28,6 +28,7 @@ from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.ids import check_id
 from saga_store.log import Head, Lease, body_and_hash
+from saga_store.policy import Decision
 from saga_store.registry import UnknownTool
 from saga_store.store import ChainWriter
 from saga_store.tools import StepContext, ToolSpec
@@ -36,6 +37,7 @@ from .faults import fault
 from .invoke import Invoker, Outcome
 
 log = logging.getLogger("saga_store.worker")
+_APPROVAL_KINDS = frozenset({K.APPROVAL_REQUESTED, K.APPROVAL_GRANTED, K.APPROVAL_DENIED})
 MAX_REDECIDE = 50
 
 
@@ -48,6 +50,7 @@ class StepView:
     outcome: dict[str, Any] | None = None
     unwinding: bool = False
     closed: bool = False  # the saga has its final event: nothing may follow it
+    approval: tuple[str, Any] | None = None  # the step's last approval event (kind, data)
     head: Head = field(default_factory=lambda: Head(-1, b""))
     plan: list[dict[str, Any]] | None = None
     agent_id: str | None = None
@@ -105,6 +108,8 @@ class StepRunner:
                 continue
             if kind == K.STEP_STARTED:
                 view.started += 1
+            elif kind in _APPROVAL_KINDS:
+                view.approval = (kind, ev.get("data"))
             elif kind in (K.STEP_SUCCEEDED, K.STEP_FAILED, K.STEP_IN_DOUBT):
                 view.outcome = ev
         if first:
@@ -146,6 +151,10 @@ class StepRunner:
             return self._finish(writer, saga_id, step, view, token, extra, Outcome(
                 "failed", error=f"dead-lettered: {view.started} deliveries never finished "
                 "(the step keeps killing its worker)"), spec, acquire=ttl)
+        if not view.started:  # a step that started once had passed its gate
+            gated = self._gate(writer, saga_id, step, view, spec, token, extra, ttl)
+            if gated is not None:
+                return gated
         if view.started and spec.after_crash == "in_doubt":
             return self._finish(writer, saga_id, step, view, token, extra, Outcome(
                 "in_doubt", error=f"attempt {view.started} never finished; its outcome is "
@@ -250,6 +259,51 @@ class StepRunner:
             done.pexpire(keys.saga_secrets(saga_id), 0)  # secret values: no longer needed
             done.execute()
         return outcome.kind
+
+    def _gate(self, writer: ChainWriter, saga_id: str, step: int, view: StepView,
+              spec: ToolSpec, token: str, extra: Any, ttl: int) -> str | None:
+        """The approval gate: None to run the step now; else what happened instead."""
+        if view.approval is not None:
+            kind, data = view.approval
+            if kind == K.APPROVAL_GRANTED:
+                return None
+            if kind == K.APPROVAL_DENIED:
+                d = data if isinstance(data, dict) else {}
+                why = f": {d['reason']}" if d.get("reason") else ""
+                return self._finish(writer, saga_id, step, view, token, extra, Outcome(
+                    "failed", error=f"denied by {d.get('by', 'someone')}{why}"), spec,
+                    acquire=ttl)
+            self._ack(extra)  # requested and not decided yet: nothing to do until it is
+            return "awaiting_approval"
+        assert view.intent is not None
+        args = view.intent["data"]["args"]
+        policy = self.store.policy
+        verdict = policy.decide(spec.name, str(spec.reversibility), args,
+                                Decision(spec.approval) if spec.approval else None)
+        if verdict.decision is Decision.ALLOW:
+            return None
+        if verdict.decision is Decision.DENY:
+            return self._finish(writer, saga_id, step, view, token, extra, Outcome(
+                "failed", error=f"denied by policy ({verdict.reason})"), spec, acquire=ttl)
+        data = approvals.preview(spec, args, verdict, policy.approval_timeout_s)
+        call = writer.prepare([(K.APPROVAL_REQUESTED, {"step": step, "tool": spec.name,
+                                                       "data": data})], phase="forward")
+        pipe = self.store.redis.pipeline(transaction=False)
+        call.send(pipe)
+        pipe.zadd(keys.APPROVALS, {approvals.member(saga_id, step):
+                                   approvals.deadline(policy.approval_timeout_s)})
+        try:
+            writer.applied(call, pipe.execute(raise_on_error=False)[0])
+        except FencedOff:
+            self._ack(extra)
+            return "cancelled"  # unwinding began: this step will never run
+        except ConflictError:
+            return "conflict"
+        self._ack(extra)
+        project(self.store.store, saga_id)
+        log.info("saga %s step %d (%s) waits for approval: %s", saga_id, step, spec.name,
+                 verdict.reason)
+        return "awaiting_approval"
 
     def _after_outcome(self, pipe: Any, saga_id: str, step: int, view: StepView,
                        outcome: Outcome, spec: ToolSpec | None, follow: str | None,

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any
 
-from saga_store import keys
+from saga_store import approvals, keys
 from saga_store.client import SagaStore
 from saga_store.context import project
 from saga_store.enqueue import enqueue_compensation, enqueue_step
@@ -51,6 +51,14 @@ class Sweeper:
             except Exception:
                 log.exception("sweeper: saga %s could not be examined", sid)
         self.redelivered += queued
+        try:
+            expired = approvals.expire_due(self.store)
+        except Exception:
+            log.exception("sweeper: approval deadlines could not be checked")
+        else:
+            if expired:
+                log.warning("sweeper %s: %d approval(s) timed out and were denied", self.name,
+                            expired)
         return queued
 
     def _look_at(self, sid: str, now_ms: int) -> int:
@@ -78,10 +86,10 @@ class Sweeper:
             queued = 1
         elif state.status is Status.RUNNING:
             for st in state.steps.values():
-                if not st.finished and st.idem_key:
+                if not st.finished and st.idem_key and st.approval != "requested":
                     enqueue_step(pipe, self.store.queue, sid, st.step, st.intent_seq, st.idem_key)
                     queued += 1
-            if not queued:  # waiting on its agent: look again much later
+            if not queued:  # waiting on its agent or a person: look again much later
                 pipe.zadd(keys.ACTIVE, {sid: now_ms + 60 * lease_ms})
         pipe.execute()
         if queued:

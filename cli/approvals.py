@@ -1,0 +1,113 @@
+"""Approval commands: ``saga approvals``, ``saga approve``, ``saga deny``."""
+
+from __future__ import annotations
+
+import getpass
+import time
+from typing import Any
+
+import click
+
+from saga_store import approvals
+from saga_store.client import SagaStore
+from saga_store.registry import Registry
+from saga_store.state import SagaState
+
+from .common import Context, emit_json, errors_to_exit, pass_ctx
+
+
+def _store(ctx: Context) -> SagaStore:
+    return SagaStore(ctx.store().redis, Registry(), ctx.settings)
+
+
+def _who() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "operator"
+
+
+def describe(p: dict[str, Any]) -> str:
+    """A pending approval, readable in a terminal."""
+    flag = "  PRODUCTION" if p.get("production") else ""
+    comp = p.get("compensation")
+    undo = (f"undo: {comp['tool']}({', '.join(f'{k}={v}' for k, v in comp['mapping'].items())})"
+            if comp else "undo: none (cannot be undone)")
+    args = ", ".join(f"{k}={v!r}" for k, v in (p.get("args") or {}).items())
+    lines = [f"{p['saga_id']} step {p['step']}: {p['tool']}({args}){flag}",
+             f"    {p.get('reversibility')}; {undo}",
+             f"    why: {p.get('reason')}"]
+    if p.get("expires_ms"):
+        left = max(0, p["expires_ms"] / 1000 - time.time())
+        lines.append(f"    denied automatically in {left:.0f} s")
+    return "\n".join(lines)
+
+
+@click.command("approvals")
+@click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
+              help="Machine-readable output.")
+@pass_ctx
+def approvals_command(ctx: Context, as_json: bool) -> None:
+    """List steps waiting for a person to approve or deny them."""
+    with errors_to_exit():
+        items = [p.to_dict() for p in approvals.pending(_store(ctx))]
+        if as_json:
+            emit_json(items)
+            return
+        if not items:
+            click.echo("no approvals pending")
+        for p in items:
+            click.echo(describe(p))
+
+
+@click.command("approve")
+@click.argument("saga_id")
+@click.argument("step", type=int)
+@click.option("--by", default=None, help="Who approves (default: the login name).")
+@pass_ctx
+def approve(ctx: Context, saga_id: str, step: int, by: str | None) -> None:
+    """Approve a gated step: it is recorded in the chain and the step runs."""
+    with errors_to_exit():
+        approvals.decide(_store(ctx), saga_id, step, grant=True, by=by or _who())
+        click.echo(f"saga {saga_id} step {step}: approved")
+
+
+@click.command("deny")
+@click.argument("saga_id")
+@click.argument("step", type=int)
+@click.option("--reason", required=True, help="Why (recorded in the chain).")
+@click.option("--by", default=None, help="Who denies (default: the login name).")
+@pass_ctx
+def deny(ctx: Context, saga_id: str, step: int, reason: str, by: str | None) -> None:
+    """Deny a gated step: it never runs, the saga fails and compensates."""
+    with errors_to_exit():
+        approvals.decide(_store(ctx), saga_id, step, grant=False, by=by or _who(),
+                         reason=reason)
+        click.echo(f"saga {saga_id} step {step}: denied; the saga will compensate")
+
+
+def wait_interactively(store: SagaStore, saga_id: str, timeout: float) -> SagaState:
+    """Wait for the saga, asking the terminal user about each gated step."""
+    deadline = time.monotonic() + timeout
+    asked: set[int] = set()
+    while True:
+        st = store.state(saga_id)
+        if st.final:
+            return st
+        for n in st.pending_approvals:
+            if n in asked:
+                continue
+            asked.add(n)
+            data = dict(st.steps[n].approval_data or {})
+            click.echo(describe({"saga_id": saga_id, "step": n, **data}), err=True)
+            if click.confirm("Approve this step?", default=False, err=True):
+                approvals.decide(store, saga_id, n, grant=True, by=_who())
+            else:
+                reason = click.prompt("Reason", default="denied at the terminal", err=True)
+                approvals.decide(store, saga_id, n, grant=False, by=_who(), reason=reason)
+        if time.monotonic() > deadline:
+            return st
+        time.sleep(0.1)
+
+
+COMMANDS = [approvals_command, approve, deny]
