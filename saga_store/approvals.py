@@ -120,7 +120,8 @@ def decide(store: SagaStore, saga_id: str, step: int, *, grant: bool, by: str,
             continue  # the log moved: read again and decide again
         pipe = store.redis.pipeline(transaction=False)
         pipe.zrem(keys.APPROVALS, member(saga_id, step))
-        enqueue_step(pipe, store.queue, saga_id, step, s.intent_seq, s.idem_key or "")
+        if st.executor is None:  # a worker's step: queue it again; a gateway polls the log
+            enqueue_step(pipe, store.queue, saga_id, step, s.intent_seq, s.idem_key or "")
         pipe.execute()
         return
     raise ConflictError(f"saga {saga_id} kept moving; try again")

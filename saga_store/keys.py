@@ -18,6 +18,7 @@ touches a single Redis Cluster slot.
     ss:active             zset     sagas with work in flight, scored by the time
                                    (ms) after which the sweeper looks at them
     ss:needs_attention    set      sagas that ended needing a person
+    ss:gateway:{<id>}     set      sagas an MCP gateway for one downstream has open
     ss:approvals          zset     gated steps awaiting a decision, "<saga>:<step>",
                                    scored by their deadline (ms)
 
@@ -60,6 +61,10 @@ APPROVALS = f"{PREFIX}:approvals"
 
 def idem(key: str) -> str:
     return f"{PREFIX}:idem:{{{key}}}"
+
+
+def gateway_sagas(gateway_id: str) -> str:
+    return f"{PREFIX}:gateway:{{{gateway_id}}}"
 
 
 def agent_ctx(agent_id: str) -> str:

@@ -77,6 +77,7 @@ class SagaState:
     by_key: dict[str, int] = field(default_factory=dict)  # idempotency key -> step
     failed_ts: int | None = None  # when unwinding was decided
     next_step: int = 0
+    executor: str | None = None  # who runs the steps: workers (None) or the MCP gateway
 
     @property
     def final(self) -> bool:
@@ -105,6 +106,7 @@ class SagaState:
             if isinstance(data, dict):
                 self.conversation_id = data.get("conversation_id")
                 self.plan = bool(data.get("plan"))
+                self.executor = data.get("executor")
             return
         if n is not None:
             self._apply_step(kind, self.step_state(n), ev, data)

@@ -1,0 +1,152 @@
+"""``saga mcp-guard``: serve MCP on stdio in front of a downstream MCP server,
+turning every tools/call into a logged, gated, compensable saga step."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import click
+
+from saga_store.client import SagaStore
+from saga_store.errors import InvalidInput
+from saga_store.registry import Registry
+
+from .common import Context, errors_to_exit, pass_ctx
+
+log = logging.getLogger("saga_store.gateway")
+
+
+@click.command("mcp-guard", context_settings={"allow_interspersed_args": False})
+@click.option("--policy", "policy_file", default=None, envvar="SAGA_POLICY_FILE",
+              type=click.Path(dir_okay=False, exists=True),
+              help="Approval policy (TOML). Default: the safe built-in policy (irreversible "
+                   "and unclassified tools need approval).")
+@click.option("--tools-map", "tools_map_file", default=None, envvar="SAGA_TOOLS_MAP",
+              type=click.Path(dir_okay=False, exists=True),
+              help="Local classification of the downstream's tools (TOML); it wins.")
+@click.option("--url", default=None, help="Downstream Streamable-HTTP MCP endpoint, instead "
+                                          "of a command.")
+@click.option("--agent", "agent_id", default="mcp-client", show_default=True,
+              envvar="SAGA_AGENT_ID", help="Agent id the sagas are recorded under.")
+@click.option("--log-level", default="WARNING", envvar="SAGA_LOG_LEVEL", show_default=True)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@pass_ctx
+def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
+              url: str | None, agent_id: str, log_level: str, command: tuple[str, ...]) -> None:
+    """Put Saga Store in front of an MCP server: saga mcp-guard -- COMMAND ARGS...
+
+    Serves MCP on stdio to the client. Each tools/call is logged in a saga (one per
+    client session, or per saga_begin/saga_commit), gated by the policy,
+    deduplicated, and when a mutating call fails, earlier calls are compensated
+    last first through the server's own compensation tools. Approve gated calls
+    from another terminal with 'saga approvals' and 'saga approve'.
+    """
+    logging.basicConfig(level=log_level, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(message)s")
+    with errors_to_exit():
+        if bool(command) == bool(url):
+            raise InvalidInput("give the downstream server as -- COMMAND ARGS... or --url URL, "
+                               "not both or neither")
+        try:
+            import anyio
+            import mcp  # noqa: F401
+        except ImportError:
+            raise InvalidInput("the MCP gateway needs the mcp package: "
+                               "pip install 'saga-store[mcp]'") from None
+        from saga_store.gateway import gateway_id, load_tools_map
+        from saga_store.policy import Policy
+        policy = Policy.load(policy_file) if policy_file else Policy.safe()
+        tools_map = load_tools_map(tools_map_file) if tools_map_file else {}
+        store = SagaStore(ctx.store().redis, Registry(), ctx.settings, policy=policy)
+        gid = gateway_id(list(command) or None, url)
+        anyio.run(_serve, store, policy, tools_map, gid, agent_id, list(command), url)
+
+
+@asynccontextmanager
+async def _downstream(command: list[str], url: str | None) -> AsyncIterator[Any]:
+    from mcp import ClientSession
+    if url:
+        from mcp.client.streamable_http import streamable_http_client
+        async with streamable_http_client(url) as streams, \
+                ClientSession(streams[0], streams[1]) as session:
+            yield session
+        return
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+    # the downstream runs in the gateway's environment, as if the client had started it
+    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        yield session
+
+
+async def _serve(store: SagaStore, policy: Any, tools_map: Any, gid: str, agent_id: str,
+                 command: list[str], url: str | None) -> None:
+    import mcp_types as types
+    from mcp.server.lowlevel import Server
+    from mcp.server.stdio import stdio_server
+
+    from saga_store.gateway import SESSION_TOOLS, CallOutcome, Gateway, result_text
+
+    async with _downstream(command, url) as session:
+        await session.initialize()
+
+        async def call(name: str, args: dict[str, Any], meta: dict[str, Any]) -> CallOutcome:
+            r = await session.call_tool(name, args, meta=meta)
+            return CallOutcome(not r.is_error, r.structured_content, result_text(r.content),
+                               raw=r)
+
+        gw = Gateway(store, policy, tools_map, call, gid, agent_id=agent_id,
+                     dedupe_ttl_s=store.settings.dedupe_ttl_s)
+        gw.set_tools((await session.list_tools()).tools)
+        for sid, how in await gw.recover():
+            log.warning("finished saga %s left by an earlier gateway: %s", sid, how)
+
+        session_tools = [
+            types.Tool(name="saga_begin", description="Start a saga: later calls are undone "
+                       "together if one fails, until saga_commit. [saga: session control]",
+                       input_schema={"type": "object", "properties": {}}),
+            types.Tool(name="saga_commit", description="Commit the open saga: its calls "
+                       "stand. [saga: session control]",
+                       input_schema={"type": "object", "properties": {}}),
+            types.Tool(name="saga_abort", description="Undo the open saga's calls, last "
+                       "first. [saga: session control]",
+                       input_schema={"type": "object",
+                                     "properties": {"reason": {"type": "string"}}}),
+        ]
+        assert [t.name for t in session_tools] == list(SESSION_TOOLS)
+
+        async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+            tools = (await session.list_tools()).tools
+            gw.set_tools(tools)
+            listed = [t.model_copy(update={"description": gw.describe(t)}) for t in tools]
+            return types.ListToolsResult(tools=[*listed, *session_tools])
+
+        async def on_call_tool(ctx: Any, params: types.CallToolRequestParams,
+                               ) -> types.CallToolResult:
+            meta = params.meta if isinstance(params.meta, dict) else (
+                params.meta.model_dump(by_alias=True) if params.meta is not None else None)
+            out = await gw.handle(params.name, dict(params.arguments or {}), meta)
+            raw = out.raw
+            if raw is not None and out.ok:
+                return raw  # type: ignore[no-any-return]
+            return types.CallToolResult(content=[types.TextContent(text=out.text)],
+                                        structured_content=out.structured,
+                                        is_error=not out.ok)
+
+        server: Server[Any] = Server("saga-store-gateway", on_list_tools=on_list_tools,
+                                     on_call_tool=on_call_tool)
+        async with stdio_server() as (read, write):
+            await server.run(read, write, server.create_initialization_options())
+        try:
+            closed = gw.commit()  # the client's session ended: its calls stand
+        except InvalidInput:
+            closed = await gw.abort("the client's session ended with a call unsettled")
+        if closed:
+            log.info("session ended; saga %s closed", closed)
+
+
+COMMANDS = [mcp_guard]

@@ -1,0 +1,563 @@
+"""The MCP gateway: Saga Store in front of any MCP server.
+
+The gateway owns the downstream session, so it runs every call itself; what
+workers would decide, it decides the same way, in the same chain: each
+``tools/call`` is a step (intent, started, outcome), classified, gated by the
+policy, deduplicated by its idempotency key, and, when a later mutating call
+fails, the session's earlier calls are compensated last first through the
+downstream server's own compensation tools.
+
+Classification of a downstream tool (first that says something wins):
+1. the local tools-map file (``[tools.NAME]`` with ``reversibility`` and, for
+   compensable tools, ``compensation = { tool = ..., args = { p = "$.input.x" } }``);
+2. the tool's ``_meta["dev.chronomcp/compensate"] = {"tool": ..., "args": {...}}``;
+3. the tool's MCP annotations: ``readOnlyHint`` makes it read-only for rollback
+   purposes, but for the policy it stays ``unknown`` unless the policy trusts
+   server hints; a server never talks its way past a stricter local policy;
+4. otherwise unknown: treated as mutating and not undoable.
+
+Compensation arguments come only from the static mapping: ``$.input.<path>``
+(the call's arguments) or ``$.output.<path>`` (its logged result, e.g.
+``$.output.structuredContent.id``). One that does not resolve is recorded as
+``step_not_compensable`` with the reason, and the saga ends needing a person.
+
+Session boundaries: one saga per client session (committed when the session
+ends), or explicit ones with the ``saga_begin`` / ``saga_commit`` /
+``saga_abort`` tools the gateway adds. After a rollback, later calls open a new
+saga. Sagas the gateway has open are listed under ``ss:gateway:{<id>}``: the
+next gateway for the same downstream finishes their unwinds before serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import time
+import tomllib
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from . import approvals, keys
+from .canonical import canonical
+from .context import project
+from .errors import ConflictError, InvalidInput, KeyReuseError
+from .events import EventKind as K
+from .idempotency import DedupeRecords, compensation_key, explicit_key, step_key
+from .ids import new_id
+from .policy import Decision, Policy, Verdict
+from .state import SagaState, Status, fold
+from .store import ChainWriter
+
+if TYPE_CHECKING:
+    from .client import SagaStore
+
+log = logging.getLogger("saga_store.gateway")
+META_COMPENSATE = "dev.chronomcp/compensate"
+META_IDEMPOTENCY = "dev.chronomcp/idempotency_key"
+SESSION_TOOLS = ("saga_begin", "saga_commit", "saga_abort")
+EXECUTOR = "mcp-gateway"
+APPROVAL_POLL_S = 0.1
+
+CallFn = Callable[[str, dict[str, Any], dict[str, Any]], Awaitable["CallOutcome"]]
+
+
+@dataclass(frozen=True)
+class Compensation:
+    tool: str
+    args: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Classification:
+    reversibility: str  # readonly, compensable, irreversible, unknown
+    compensation: Compensation | None = None
+    source: str = "none"  # tools-map, _meta, annotations, none
+    server_readonly: bool = False  # only the server says it is read-only
+
+    def for_policy(self, trust_server_hints: bool) -> str:
+        if self.server_readonly and not trust_server_hints:
+            return "unknown"
+        return self.reversibility
+
+    @property
+    def mutating(self) -> bool:
+        return self.reversibility != "readonly"
+
+    def label(self) -> str:
+        if self.reversibility == "readonly":
+            return "read-only" + (" (server's claim)" if self.server_readonly else "")
+        if self.compensation is not None:
+            return f"compensable: undone by {self.compensation.tool} if a later call fails"
+        if self.reversibility == "irreversible":
+            return "IRREVERSIBLE: cannot be undone"
+        return "unclassified: treated as mutating and not undoable"
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """What the downstream answered: ``ok`` (not isError), the structured content,
+    the text content, and the raw result object to pass back to the client."""
+
+    ok: bool
+    structured: Any
+    text: str
+    raw: Any = None
+    in_doubt: str | None = None  # the call raised: transport error, timeout
+
+    def logged(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"text": self.text[:2000]}
+        if self.structured is not None:
+            out["structuredContent"] = self.structured
+        return out
+
+
+def load_tools_map(path: str | Path) -> dict[str, Classification]:
+    """The local tools-map (TOML); it wins over anything a server says."""
+    p = Path(path)
+    try:
+        doc = tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidInput(f"cannot read tools map {p}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"tools map {p} is not valid TOML: {exc}") from None
+    out = {}
+    for name, entry in (doc.get("tools") or {}).items():
+        where = f"tools map {p}: tools.{name}"
+        if not isinstance(entry, dict):
+            raise InvalidInput(f"{where} must be a table")
+        comp = entry.get("compensation")
+        rev = entry.get("reversibility", "compensable" if comp else None)
+        if rev not in ("readonly", "compensable", "irreversible"):
+            raise InvalidInput(f"{where}: reversibility must be readonly, compensable or "
+                               "irreversible")
+        out[name] = Classification(rev, _compensation(comp, where, rev), "tools-map")
+    return out
+
+
+def _compensation(raw: Any, where: str, rev: str) -> Compensation | None:
+    if rev != "compensable":
+        if raw:
+            raise InvalidInput(f"{where}: only a compensable tool names a compensation")
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("tool"), str):
+        raise InvalidInput(f"{where}: a compensable tool needs compensation = "
+                           "{ tool = \"...\", args = { param = \"$.input.x\" } }")
+    args = raw.get("args") or {}
+    if not isinstance(args, dict):
+        raise InvalidInput(f"{where}: compensation args is a table of param = path")
+    for param, path in args.items():
+        if not isinstance(path, str) or not path.startswith(("$.input.", "$.output.")) \
+                or not all(path.split(".")[2:]):
+            raise InvalidInput(f"{where}: compensation argument {param!r} must map from "
+                               f"'$.input.<field>' or '$.output.<field>', got {path!r}")
+    return Compensation(raw["tool"], dict(args))
+
+
+def classify(tool: Any, tools_map: Mapping[str, Classification]) -> Classification:
+    """Classify a downstream ``Tool`` (an object with name, meta, annotations)."""
+    if tool.name in tools_map:
+        return tools_map[tool.name]
+    meta = getattr(tool, "meta", None) or {}
+    declared = meta.get(META_COMPENSATE) if isinstance(meta, dict) else None
+    if declared is not None:
+        try:
+            return Classification("compensable", _compensation(
+                declared, f"tool {tool.name}: _meta {META_COMPENSATE}", "compensable"), "_meta")
+        except InvalidInput as exc:
+            log.warning("%s; treating %s as unclassified", exc, tool.name)
+    ann = getattr(tool, "annotations", None)
+    if ann is not None and getattr(ann, "read_only_hint", None):
+        return Classification("readonly", None, "annotations", server_readonly=True)
+    if ann is not None and getattr(ann, "destructive_hint", None) is True:
+        return Classification("irreversible", None, "annotations")
+    return Classification("unknown")
+
+
+class MappingError(Exception):
+    pass
+
+
+def resolve(path: str, args: Mapping[str, Any], result: Any) -> Any:
+    """``$.input.a.b`` from the call's arguments, ``$.output.a.b`` from its logged
+    result; raises :class:`MappingError` if any part is missing."""
+    parts = path.split(".")
+    node: Any = args if parts[1] == "input" else result
+    for part in parts[2:]:
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            raise MappingError(f"{path} did not resolve (no {part!r})")
+    return node
+
+
+def gateway_id(command: list[str] | None, url: str | None) -> str:
+    """A stable id for a downstream, so the next gateway finds what this one left."""
+    ident = canonical({"command": command, "url": url})
+    return hashlib.sha256(ident).hexdigest()[:24]
+
+
+@dataclass
+class Session:
+    """The gateway's side of one client session."""
+
+    agent_id: str
+    writer: ChainWriter | None = None
+    state: SagaState | None = None
+    explicit: bool = False
+    rolled_back: list[str] = field(default_factory=list)
+
+
+class Gateway:
+    """Runs each call as a saga step. ``call`` reaches the downstream server."""
+
+    def __init__(self, saga_store: SagaStore, policy: Policy,
+                 tools_map: Mapping[str, Classification], call: CallFn, gid: str,
+                 agent_id: str = "mcp-client", dedupe_ttl_s: int = 7 * 24 * 3600) -> None:
+        self.saga_store, self.store = saga_store, saga_store.store
+        self.policy, self.tools_map, self.call = policy, tools_map, call
+        self.gid = gid
+        self.tools: dict[str, Any] = {}
+        self.session = Session(agent_id)
+        self.dedupe = DedupeRecords(self.store.redis, dedupe_ttl_s)
+        self.approval_timeout_s = policy.approval_timeout_s
+
+    # -- tools/list ------------------------------------------------------------
+
+    def set_tools(self, tools: list[Any]) -> None:
+        self.tools = {t.name: t for t in tools}
+
+    def classification(self, name: str) -> Classification:
+        tool = self.tools.get(name)
+        if tool is None:
+            return self.tools_map.get(name, Classification("unknown"))
+        return classify(tool, self.tools_map)
+
+    def describe(self, tool: Any) -> str:
+        """The tool's description with what the model must know: can it be undone."""
+        base = (tool.description or "").rstrip()
+        note = f"[saga: {self.classification(tool.name).label()}]"
+        return f"{base}\n\n{note}" if base else note
+
+    # -- sagas -------------------------------------------------------------------
+
+    def _open(self) -> ChainWriter:
+        s = self.session
+        if s.writer is None:
+            s.writer = self.store.open(s.agent_id, saga_id=new_id(),
+                                       data={"executor": EXECUTOR, "gateway": self.gid})
+            s.state = fold(s.writer.saga_id, self.store.log.bodies(s.writer.saga_id))
+            self.store.redis.sadd(keys.gateway_sagas(self.gid), s.writer.saga_id)
+        return s.writer
+
+    def _refresh(self) -> SagaState:
+        s = self.session
+        assert s.writer is not None
+        s.state = fold(s.writer.saga_id, self.store.log.bodies(s.writer.saga_id))
+        return s.state
+
+    def _close(self, writer: ChainWriter) -> None:
+        self.store.redis.srem(keys.gateway_sagas(self.gid), writer.saga_id)
+        project(self.store, writer.saga_id)
+        if self.session.writer is writer:
+            self.session.writer, self.session.state = None, None
+
+    def commit(self) -> str | None:
+        """Commit the session's saga (the session ended, or saga_commit)."""
+        writer = self.session.writer
+        if writer is None:
+            return None
+        st = self._refresh()
+        if any(s.status not in ("succeeded", "failed") for s in st.steps.values()):
+            raise InvalidInput(f"saga {writer.saga_id} has a step without an outcome; "
+                               "abort it instead")
+        writer.append(K.SAGA_COMMITTED, phase="forward")
+        self._close(writer)
+        return writer.saga_id
+
+    async def abort(self, reason: str) -> str | None:
+        writer = self.session.writer
+        if writer is None:
+            return None
+        return await self.rollback(writer, reason)
+
+    # -- tools/call -------------------------------------------------------------
+
+    async def handle(self, name: str, args: dict[str, Any], meta: Mapping[str, Any] | None,
+                     ) -> CallOutcome:
+        """One tools/call from the client, start to end."""
+        if name in SESSION_TOOLS:
+            return await self._session_tool(name, args)
+        cls = self.classification(name)
+        problem = self._invalid(name, args)
+        if problem:
+            return CallOutcome(False, None, problem)  # nothing ran; nothing to undo
+        writer = self._open()
+        st = self.session.state
+        assert st is not None
+        explicit = (meta or {}).get(META_IDEMPOTENCY)
+        key = explicit_key(str(explicit)) if explicit else step_key(writer.saga_id, name, args)
+        if key in st.by_key:  # the same call again in this saga: its recorded answer
+            return self._repeat(writer, st, st.by_key[key])
+        if explicit:
+            try:
+                claim = self.dedupe.claim(key, hashlib.sha256(canonical([name, args])
+                                                              ).hexdigest(),
+                                          writer.saga_id, st.next_step)
+            except KeyReuseError as exc:
+                return CallOutcome(False, None, str(exc))
+            if claim.status == "exists":
+                return CallOutcome(claim.state == "succeeded", (claim.result or {}).get(
+                    "structuredContent"), f"(repeated call, recorded answer) "
+                    f"{(claim.result or {}).get('text', '')}")
+        step = st.next_step
+        verdict = self.policy.decide(name, cls.for_policy(self.policy.trust_server_hints),
+                                     args)
+        intent = {"step": step, "tool": name, "idem_key": key,
+                  "data": {"args": args, "reversibility": cls.reversibility,
+                           **({"keyed": True} if explicit else {})}}
+        if verdict.decision is Decision.ALLOW:
+            writer.append_many([(K.STEP_INTENT, intent),
+                                (K.STEP_STARTED, {"step": step, "attempt": 1,
+                                                  "data": {"worker": EXECUTOR}})],
+                               phase="forward")
+        else:
+            writer.append_many([(K.STEP_INTENT, intent)], phase="forward")
+            denial = await self._gate(writer, step, name, args, cls, verdict)
+            if denial is not None:
+                writer.append(K.STEP_FAILED, step=step, data={"error": denial})
+                return await self._failed(writer, name, cls, CallOutcome(False, None, denial))
+            writer.append(K.STEP_STARTED, step=step, attempt=1,
+                          data={"worker": EXECUTOR}, phase="forward")
+        self._refresh()
+        outcome = await self._call(name, args, key)
+        if outcome.in_doubt:
+            writer.append(K.STEP_IN_DOUBT, step=step, data={"error": outcome.in_doubt})
+        elif outcome.ok:
+            writer.append(K.STEP_SUCCEEDED, step=step, tool=name,
+                          data={"result": outcome.logged()})
+        else:
+            writer.append(K.STEP_FAILED, step=step, data={"error": outcome.text[:2000]})
+        if explicit:
+            self.dedupe.finish(key, "succeeded" if outcome.ok else "failed", outcome.logged())
+        project(self.store, writer.saga_id)
+        self._refresh()
+        if outcome.ok and not outcome.in_doubt:
+            return outcome
+        return await self._failed(writer, name, cls, outcome)
+
+    async def _call(self, name: str, args: dict[str, Any], key: str) -> CallOutcome:
+        """Call downstream, passing the idempotency key in ``_meta`` for servers that
+        honour one (a resent compensation after a crash is then harmless)."""
+        try:
+            return await self.call(name, args, {META_IDEMPOTENCY: key})
+        except Exception as exc:  # the downstream broke mid-call: unknown if it ran
+            return CallOutcome(False, None, f"{type(exc).__name__}: {exc}",
+                               in_doubt=f"the call did not return: {type(exc).__name__}")
+
+    async def _failed(self, writer: ChainWriter, name: str, cls: Classification,
+                      outcome: CallOutcome) -> CallOutcome:
+        """A call failed: a read-only one rolls nothing back; a mutating one rolls
+        back the session's saga, and the answer says what was undone."""
+        if not cls.mutating and not outcome.in_doubt:
+            return outcome
+        ended = await self.rollback(writer, f"{name} failed: {outcome.text[:300]}")
+        undone = self.session.rolled_back
+        note = (f"\n\n[saga {writer.saga_id} rolled back: {ended}; undone, last first: "
+                f"{', '.join(undone) if undone else 'nothing'}. Earlier results of this "
+                "session no longer hold.]")
+        return CallOutcome(False, outcome.structured, outcome.text + note, outcome.raw,
+                           outcome.in_doubt)
+
+    def _repeat(self, writer: ChainWriter, st: SagaState, step: int) -> CallOutcome:
+        s = st.steps[step]
+        with contextlib.suppress(ConflictError):
+            writer.append(K.STEP_DUPLICATE_SUPPRESSED, step=step,
+                          data={"outcome": s.status})
+        result = s.result if isinstance(s.result, dict) else {}
+        return CallOutcome(s.status == "succeeded", result.get("structuredContent"),
+                           f"(repeated call, recorded answer) {result.get('text', s.error or '')}")
+
+    def _invalid(self, name: str, args: dict[str, Any]) -> str | None:
+        tool = self.tools.get(name)
+        schema = getattr(tool, "input_schema", None) if tool is not None else None
+        if not schema:
+            return None
+        import jsonschema  # type: ignore[import-untyped]
+        try:
+            jsonschema.validate(args, schema)
+        except jsonschema.ValidationError as exc:
+            where = "/".join(str(p) for p in exc.absolute_path) or "arguments"
+            return f"invalid arguments for {name} at {where}: {exc.message}"
+        except jsonschema.SchemaError:
+            return None  # the server's schema is broken; let the server judge
+        return None
+
+    async def _gate(self, writer: ChainWriter, step: int, name: str, args: dict[str, Any],
+                    cls: Classification, verdict: Verdict) -> str | None:
+        """None if the call may run; else why not. Waits for a person when asked to."""
+        if verdict.decision is Decision.DENY:
+            return f"denied by policy ({verdict.reason})"
+        shown = dict(args)
+        comp = ({"tool": cls.compensation.tool, "mapping": dict(cls.compensation.args)}
+                if cls.compensation else None)
+        preview: dict[str, Any] = {"tool": name, "args": shown, "reversibility": cls.reversibility,
+                   "compensation": comp, "production": verdict.production,
+                   "reason": verdict.reason}
+        if self.approval_timeout_s:
+            preview["timeout_s"] = self.approval_timeout_s
+        writer.append(K.APPROVAL_REQUESTED, step=step, tool=name, data=preview,
+                      phase="forward")
+        self.store.redis.zadd(keys.APPROVALS, {approvals.member(writer.saga_id, step):
+                                               approvals.deadline(self.approval_timeout_s)})
+        project(self.store, writer.saga_id)
+        log.warning("saga %s step %d (%s) waits for approval: saga approve %s %d",
+                    writer.saga_id, step, name, writer.saga_id, step)
+        import anyio
+        deadline = time.monotonic() + self.approval_timeout_s if self.approval_timeout_s \
+            else None
+        while True:
+            s = self._refresh().steps[step]
+            if s.approval == "granted":
+                writer.head = self.store.log.head(writer.saga_id)
+                return None
+            if s.approval == "denied":
+                writer.head = self.store.log.head(writer.saga_id)
+                d = (s.approval_data or {}).get("decision") or {}
+                why = f": {d['reason']}" if d.get("reason") else ""
+                return f"denied by {d.get('by', 'someone')}{why}"
+            if deadline is not None and time.monotonic() > deadline:
+                with contextlib.suppress(InvalidInput, ConflictError):
+                    approvals.decide(self.saga_store, writer.saga_id, step, grant=False,
+                                     by="timeout", reason="no decision before the deadline")
+                continue
+            await anyio.sleep(APPROVAL_POLL_S)
+
+    async def _session_tool(self, name: str, args: dict[str, Any]) -> CallOutcome:
+        if name == "saga_begin":
+            committed = self.commit()
+            self.session.explicit = True
+            writer = self._open()
+            text = f"saga {writer.saga_id} begun"
+            if committed:
+                text += f" (saga {committed} committed first)"
+            return CallOutcome(True, {"saga_id": writer.saga_id}, text)
+        if name == "saga_commit":
+            sid = self.commit()
+            return CallOutcome(True, {"saga_id": sid},
+                               f"saga {sid} committed" if sid else "no saga was open")
+        reason = str(args.get("reason") or "aborted by the client")
+        current = self.session.writer
+        if current is None:
+            return CallOutcome(True, {"saga_id": None}, "no saga was open")
+        writer = current
+        ended = await self.rollback(writer, reason)
+        return CallOutcome(True, {"saga_id": writer.saga_id, "state": ended,
+                                  "undone": self.session.rolled_back},
+                           f"saga {writer.saga_id} {ended}; undone, last first: "
+                           f"{', '.join(self.session.rolled_back) or 'nothing'}")
+
+    # -- the unwind ----------------------------------------------------------------
+
+    async def rollback(self, writer: ChainWriter, reason: str) -> str:
+        """Compensate the saga's succeeded mutating calls, last first, through the
+        downstream server. Works from the log, so a later gateway can finish it."""
+        st = fold(writer.saga_id, self.store.log.bodies(writer.saga_id))
+        writer.head = self.store.log.head(writer.saga_id)
+        if st.final:
+            self._close(writer)
+            return str(st.status)
+        if st.status is Status.RUNNING:
+            writer.append(K.SAGA_FAILED, data={"reason": reason})
+        undone: list[str] = []
+        attention: list[str] = []
+        for n in sorted(st.steps, reverse=True):
+            s = st.steps[n]
+            if s.compensation in ("succeeded", "not_compensable"):
+                if s.compensation == "not_compensable":
+                    attention.append(f"step {n} ({s.tool})")
+                continue
+            if s.status == "started":
+                writer.append(K.STEP_IN_DOUBT, step=n, data={
+                    "error": "the gateway stopped before recording an outcome"})
+                s.status = "in_doubt"
+            if s.status not in ("succeeded", "in_doubt") or s.reversibility == "readonly":
+                continue
+            cls = self.classification(s.tool or "")
+            if cls.compensation is None:
+                writer.append(K.STEP_NOT_COMPENSABLE, step=n, data={
+                    "reason": f"{s.tool} is {cls.reversibility}: {cls.label()}"})
+                attention.append(f"step {n} ({s.tool})")
+                continue
+            try:
+                cargs = {p: resolve(path, s.args or {}, s.result)
+                         for p, path in cls.compensation.args.items()}
+            except MappingError as exc:
+                writer.append(K.STEP_NOT_COMPENSABLE, step=n, data={
+                    "reason": f"compensation {cls.compensation.tool}: {exc}"})
+                attention.append(f"step {n} ({s.tool})")
+                continue
+            attempt = s.compensation_attempts + 1
+            ckey = compensation_key(s.idem_key or "")
+            writer.append(K.COMPENSATION_INTENT, step=n, tool=cls.compensation.tool,
+                          attempt=attempt, idem_key=ckey, data={"args": cargs})
+            out = await self._call(cls.compensation.tool, cargs, ckey)
+            if out.ok and not out.in_doubt:
+                writer.append(K.COMPENSATION_SUCCEEDED, step=n, tool=cls.compensation.tool,
+                              data={"result": out.logged(), "undid": s.tool})
+                undone.append(f"{s.tool} (step {n})")
+                continue
+            writer.append(K.COMPENSATION_FAILED, step=n, data={"error": out.text[:2000]})
+            writer.append(K.SAGA_STUCK, data={"step": n, "error": out.text[:500],
+                                              "hint": "fix the cause, then restart the "
+                                                      "gateway to finish the unwind"})
+            self.session.rolled_back = undone
+            project(self.store, writer.saga_id)
+            return "stuck"
+        final = K.SAGA_NEEDS_ATTENTION if attention else K.SAGA_COMPENSATED
+        writer.append(final, data={"needs_attention": attention} if attention else None)
+        if attention:
+            self.store.redis.sadd(keys.NEEDS_ATTENTION, writer.saga_id)
+        self.session.rolled_back = undone
+        self._close(writer)
+        return "needs attention" if attention else "compensated"
+
+    async def recover(self) -> list[tuple[str, str]]:
+        """Finish what a previous gateway for this downstream left: unwinds it began,
+        and sessions it never closed (committed if every call has an outcome, else
+        rolled back). Returns (saga id, how it ended)."""
+        done = []
+        members: set[bytes] = self.store.redis.smembers(  # type: ignore[assignment]
+            keys.gateway_sagas(self.gid))
+        for raw in sorted(members):
+            sid = raw.decode()
+            st = fold(sid, self.store.log.bodies(sid))
+            writer = ChainWriter(self.store, sid, self.store.log.head(sid))
+            if st.final:
+                self.store.redis.srem(keys.gateway_sagas(self.gid), sid)
+                continue
+            unsettled = any(s.status in ("intent", "started", "in_doubt")
+                            for s in st.steps.values())
+            if st.status is Status.RUNNING and not unsettled:
+                writer.append(K.SAGA_COMMITTED, phase="forward")
+                self._close(writer)
+                done.append((sid, "committed"))
+                continue
+            done.append((sid, await self.rollback(writer, "the previous gateway stopped "
+                                                          "mid-session")))
+        return done
+
+
+def result_text(content: list[Any]) -> str:
+    return "\n".join(getattr(c, "text", "") or "" for c in content if getattr(c, "type", "")
+                     == "text")
+
+
+def dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()

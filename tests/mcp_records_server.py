@@ -1,0 +1,106 @@
+"""A small MCP server for the gateway tests: records, charges, a failing call and
+an irreversible one. Every effect goes to the test's own SQLite ledger
+($SAGA_TEST_LEDGER), never inferred from Saga Store's log."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+import uuid
+from typing import Any
+
+from mcp.server.mcpserver import MCPServer
+from mcp_types import ToolAnnotations
+
+server = MCPServer("records")
+
+
+def _db() -> sqlite3.Connection:
+    db = sqlite3.connect(os.environ["SAGA_TEST_LEDGER"], timeout=30, isolation_level=None)
+    db.execute("CREATE TABLE IF NOT EXISTS effects (n INTEGER PRIMARY KEY AUTOINCREMENT, "
+               "kind TEXT, key TEXT, detail TEXT)")
+    db.execute("CREATE TABLE IF NOT EXISTS records (id TEXT PRIMARY KEY, name TEXT)")
+    return db
+
+
+def effect(kind: str, key: str, detail: str = "") -> None:
+    with _db() as db:
+        db.execute("INSERT INTO effects (kind, key, detail) VALUES (?, ?, ?)",
+                   (kind, key, detail))
+
+
+@server.tool(meta={"dev.chronomcp/compensate": {
+    "tool": "delete_record", "args": {"id": "$.output.structuredContent.id"}}})
+def create_record(name: str) -> dict[str, Any]:
+    """Create a record."""
+    rid = f"rec-{uuid.uuid4().hex[:8]}"
+    with _db() as db:
+        db.execute("INSERT INTO records (id, name) VALUES (?, ?)", (rid, name))
+    effect("create", rid, name)
+    return {"id": rid, "name": name}
+
+
+@server.tool()
+def delete_record(id: str) -> dict[str, Any]:
+    """Delete a record."""
+    hang = os.environ.get("RECORDS_HANG_ON_DELETE")
+    while hang and os.path.exists(hang):  # a compensation that hangs (a test kills us)
+        time.sleep(0.05)
+    with _db() as db:
+        gone = db.execute("DELETE FROM records WHERE id = ?", (id,)).rowcount
+    if gone:  # deleting what is already gone is a no-op, as a real service's would be
+        effect("delete", id)
+    return {"deleted": id}
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def get_record(id: str) -> dict[str, Any]:
+    """Read a record; fails if there is none."""
+    with _db() as db:
+        row = db.execute("SELECT name FROM records WHERE id = ?", (id,)).fetchone()
+    if row is None:
+        raise ValueError(f"no record {id}")
+    return {"id": id, "name": row[0]}
+
+
+@server.tool()
+def charge(amount_cents: int) -> dict[str, Any]:
+    """Charge a card (compensation declared in the gateway's tools map)."""
+    cid = f"ch-{uuid.uuid4().hex[:8]}"
+    effect("charge", cid, str(amount_cents))
+    return {"charge_id": cid}
+
+
+@server.tool()
+def refund(charge_id: str) -> dict[str, Any]:
+    """Refund a charge."""
+    effect("refund", charge_id)
+    return {"refunded": charge_id}
+
+
+@server.tool()
+def update_crm(note: str) -> dict[str, Any]:
+    """Update the CRM; 'fail' makes it fail (a mutating call that fails)."""
+    if note == "fail":
+        raise RuntimeError("CRM timed out")
+    effect("crm", note)
+    return {"noted": note}
+
+
+@server.tool(annotations=ToolAnnotations(destructive_hint=True))
+def wire_funds(amount_cents: int, to: str) -> dict[str, Any]:
+    """Send money. Cannot be undone."""
+    effect("wire", to, str(amount_cents))
+    return {"sent": amount_cents}
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def drop_everything() -> dict[str, Any]:
+    """Claims to be read-only. It is not."""
+    effect("drop", "all")
+    return {"dropped": True}
+
+
+if __name__ == "__main__":
+    server.run()

@@ -1,0 +1,384 @@
+"""The MCP gateway (``saga mcp-guard``) in front of real MCP servers: a small one
+written for these tests, and the npm reference server ``server-memory`` run
+with Node. The client is the official MCP SDK; effects are counted in the test
+server's own ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from saga_store import Registry, SagaStore, approvals, keys
+from saga_store.events import EventKind as K
+from saga_store.state import Status
+from saga_store.testing import assert_eventually
+from saga_store.verify import Verifier
+
+pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
+ROOT = Path(__file__).resolve().parent.parent
+SERVER = [sys.executable, str(ROOT / "tests" / "mcp_records_server.py")]
+TOOLS_MAP = """
+[tools.charge]
+reversibility = "compensable"
+compensation = { tool = "refund", args = { charge_id = "$.output.structuredContent.charge_id" } }
+
+[tools.delete_record]
+reversibility = "irreversible"
+
+[tools.refund]
+reversibility = "irreversible"
+"""
+POLICY = """
+[defaults]
+unknown = "allow"
+irreversible = "require_approval"
+
+[[rules]]
+tool = "drop_*"
+decision = "deny"
+name = "never-drop"
+"""
+
+
+def _effects(ledger: Path) -> list[tuple[int, str, str]]:
+    if not ledger.exists():
+        return []
+    with sqlite3.connect(ledger) as db:
+        try:
+            return list(db.execute("SELECT n, kind, key FROM effects ORDER BY n"))
+        except sqlite3.OperationalError:
+            return []
+
+
+@pytest.fixture
+def gw(redis_url: str, client: redis.Redis, tmp_path: Path) -> dict[str, Any]:
+    (tmp_path / "tools.toml").write_text(TOOLS_MAP)
+    (tmp_path / "policy.toml").write_text(POLICY)
+    ledger = tmp_path / "ledger.db"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SAGA_TEST_LEDGER": str(ledger),
+           "SAGA_REDIS_URL": redis_url}
+    args = ["-m", "cli.main", "mcp-guard", "--policy", str(tmp_path / "policy.toml"),
+            "--tools-map", str(tmp_path / "tools.toml")]
+    store = SagaStore(client, Registry())
+    return {"env": env, "args": args, "ledger": ledger, "store": store, "tmp": tmp_path}
+
+
+@asynccontextmanager
+async def _session(gw: dict[str, Any], downstream: list[str] = SERVER,
+                   extra: list[str] | None = None) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(command=sys.executable,
+                                   args=[*gw["args"], *(extra or []), "--", *downstream],
+                                   env=gw["env"], cwd=str(ROOT))
+    async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+        await s.initialize()
+        yield s
+
+
+def _run(fn: Callable[[], Any]) -> Any:
+    return anyio.run(fn)
+
+
+def _sagas(store: SagaStore) -> list[Any]:
+    return [store.state(sid) for sid in reversed(store.store.saga_ids())]
+
+
+def _text(result: Any) -> str:
+    return "\n".join(getattr(c, "text", "") for c in result.content)
+
+
+def test_a_failure_after_two_compensable_calls_undoes_both_last_first(
+        gw: dict[str, Any]) -> None:
+    async def go() -> tuple[Any, Any, Any]:
+        async with _session(gw) as s:
+            a = await s.call_tool("create_record", {"name": "a"})
+            c = await s.call_tool("charge", {"amount_cents": 1200})
+            bad = await s.call_tool("update_crm", {"note": "fail"})
+            return a, c, bad
+    a, c, bad = _run(go)
+    assert not a.is_error
+    assert not c.is_error
+    assert bad.is_error
+    assert "rolled back" in _text(bad)
+    assert "charge (step 1), create_record (step 0)" in _text(bad)
+    rid, cid = a.structured_content["id"], c.structured_content["charge_id"]
+    kinds = [(k, key) for _, k, key in _effects(gw["ledger"])]
+    assert kinds == [("create", rid), ("charge", cid), ("refund", cid), ("delete", rid)]
+    [st] = _sagas(gw["store"])
+    assert st.status is Status.COMPENSATED
+    assert [n for n in (1, 0) if st.steps[n].compensation == "succeeded"] == [1, 0]
+    ctx = gw["store"].redis.xrange(keys.agent_ctx("mcp-client"))
+    assert any(b"retracted" in v[b"e"] or b"rolled" in v[b"e"] for _, v in ctx), \
+        "the agent's context stream says what was rolled back"
+    assert Verifier(gw["store"].store.log).verify().ok
+
+
+def test_an_irreversible_call_waits_for_approval_and_a_denial_leaves_it_unexecuted(
+        gw: dict[str, Any]) -> None:
+    store: SagaStore = gw["store"]
+
+    async def go() -> Any:
+        async with _session(gw) as s:
+            await s.call_tool("create_record", {"name": "a"})
+            async with anyio.create_task_group() as tg:
+                out: list[Any] = []
+
+                async def wire() -> None:
+                    out.append(await s.call_tool("wire_funds",
+                                                 {"amount_cents": 5000, "to": "acct-9"}))
+                tg.start_soon(wire)
+                pending = await anyio.to_thread.run_sync(lambda: assert_eventually(
+                    lambda: approvals.pending(store), timeout=30, what="an approval request"))
+                assert pending[0].preview["tool"] == "wire_funds"
+                assert pending[0].preview["reversibility"] == "irreversible"
+                assert not [e for e in _effects(gw["ledger"]) if e[1] == "wire"]
+                approvals.decide(store, pending[0].saga_id, pending[0].step, grant=False,
+                                 by="bob", reason="wrong account")
+            return out[0]
+    result = _run(go)
+    assert result.is_error
+    assert "denied by bob: wrong account" in _text(result)
+    kinds = [k for _, k, _ in _effects(gw["ledger"])]
+    assert kinds == ["create", "delete"]  # no wire; the earlier call was compensated
+    [st] = _sagas(store)
+    assert st.status is Status.COMPENSATED
+    assert st.steps[1].approval == "denied"
+    assert Verifier(store.store.log).verify().ok
+
+
+def test_an_approved_irreversible_call_runs_once(gw: dict[str, Any]) -> None:
+    store: SagaStore = gw["store"]
+
+    async def go() -> Any:
+        async with _session(gw) as s, anyio.create_task_group() as tg:
+            out: list[Any] = []
+
+            async def wire() -> None:
+                out.append(await s.call_tool("wire_funds", {"amount_cents": 5, "to": "a"}))
+            tg.start_soon(wire)
+            pending = await anyio.to_thread.run_sync(lambda: assert_eventually(
+                lambda: approvals.pending(store), timeout=30, what="an approval request"))
+            approvals.decide(store, pending[0].saga_id, pending[0].step, grant=True,
+                             by="alice")
+        return out[0]
+    assert not _run(go).is_error
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["wire"]
+    [st] = _sagas(store)
+    assert st.status is Status.COMMITTED  # the session ended: its calls stand
+
+
+def test_a_read_failure_or_bad_arguments_roll_nothing_back(gw: dict[str, Any]) -> None:
+    async def go() -> tuple[Any, Any, Any]:
+        async with _session(gw) as s:
+            await s.call_tool("create_record", {"name": "a"})
+            missing = await s.call_tool("get_record", {"id": "nope"})
+            invalid = await s.call_tool("create_record", {"name": 123})
+            later = await s.call_tool("create_record", {"name": "b"})
+            return missing, invalid, later
+    missing, invalid, later = _run(go)
+    assert missing.is_error
+    assert "rolled back" not in _text(missing)
+    assert invalid.is_error
+    assert "invalid arguments" in _text(invalid)
+    assert not later.is_error
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "create"]
+    [st] = _sagas(gw["store"])
+    assert st.status is Status.COMMITTED
+
+
+def test_a_servers_read_only_claim_does_not_beat_local_policy(gw: dict[str, Any]) -> None:
+    async def go() -> Any:
+        async with _session(gw) as s:
+            listed = {t.name: t.description for t in (await s.list_tools()).tools}
+            assert "server's claim" in listed["drop_everything"]
+            assert "IRREVERSIBLE" in listed["wire_funds"]
+            assert "undone by delete_record" in listed["create_record"]
+            return await s.call_tool("drop_everything", {})
+    result = _run(go)
+    assert result.is_error
+    assert "denied by policy (policy rule never-drop)" in _text(result)
+    assert not _effects(gw["ledger"])
+
+
+def test_repeated_calls_are_answered_from_the_log(gw: dict[str, Any]) -> None:
+    async def go() -> tuple[Any, Any, Any]:
+        async with _session(gw) as s:
+            first = await s.call_tool("create_record", {"name": "same"})
+            again = await s.call_tool("create_record", {"name": "same"})
+            keyed = await s.call_tool("charge", {"amount_cents": 7},
+                                      meta={"dev.chronomcp/idempotency_key": "order-1"})
+            return first, again, keyed
+    first, again, keyed = _run(go)
+
+    async def later() -> Any:  # a new session, the same explicit key
+        async with _session(gw) as s:
+            return await s.call_tool("charge", {"amount_cents": 7},
+                                     meta={"dev.chronomcp/idempotency_key": "order-1"})
+    repeat = _run(later)
+    assert again.structured_content == first.structured_content
+    assert repeat.structured_content == keyed.structured_content
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "charge"]
+    kinds = [e["kind"] for st in _sagas(gw["store"])
+             for e in gw["store"].store.log.bodies(st.saga_id)]
+    assert K.STEP_DUPLICATE_SUPPRESSED in kinds
+
+
+def test_session_tools_begin_commit_abort(gw: dict[str, Any]) -> None:
+    async def go() -> Any:
+        async with _session(gw) as s:
+            await s.call_tool("saga_begin", {})
+            await s.call_tool("create_record", {"name": "kept"})
+            await s.call_tool("saga_commit", {})
+            await s.call_tool("saga_begin", {})
+            await s.call_tool("create_record", {"name": "dropped"})
+            return await s.call_tool("saga_abort", {"reason": "changed my mind"})
+    aborted = _run(go)
+    assert "compensated" in _text(aborted)
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "create", "delete"]
+    assert [st.status for st in _sagas(gw["store"])] == [Status.COMMITTED, Status.COMPENSATED]
+
+
+def test_a_batch_cannot_bypass_the_gate(gw: dict[str, Any]) -> None:
+    """A JSON-RPC batch of tools/call: each call meets the gate, or the batch is
+    refused; either way the irreversible call does not run unapproved."""
+    proc = subprocess.Popen([sys.executable, *gw["args"], "--", *SERVER], cwd=ROOT,
+                            env=gw["env"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True)
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+
+    def send(msg: Any) -> None:
+        proc.stdin.write(json.dumps(msg) + "\n")  # type: ignore[union-attr]
+        proc.stdin.flush()  # type: ignore[union-attr]
+    try:
+        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}}})
+        assert json.loads(proc.stdout.readline())["id"] == 1
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        send([{"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+               "params": {"name": "wire_funds", "arguments": {"amount_cents": 1, "to": "x"}}},
+              {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+               "params": {"name": "drop_everything", "arguments": {}}}])
+        store: SagaStore = gw["store"]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not approvals.pending(store):
+            time.sleep(0.05)
+        assert not [e for e in _effects(gw["ledger"]) if e[1] in ("wire", "drop")]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+    assert not [e for e in _effects(gw["ledger"]) if e[1] in ("wire", "drop")]
+
+
+def test_a_gateway_killed_mid_unwind_is_finished_by_the_next(gw: dict[str, Any]) -> None:
+    """The compensation hangs, the gateway is SIGKILLed; the next gateway for the same
+    downstream finishes the unwind before serving, and nothing is undone twice."""
+    hang = gw["tmp"] / "hang"
+    hang.touch()
+    env = {**gw["env"], "RECORDS_HANG_ON_DELETE": str(hang)}
+    proc = subprocess.Popen([sys.executable, *gw["args"], "--", *SERVER], cwd=ROOT, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+
+    def rpc(i: int, method: str, params: Any) -> None:
+        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": i, "method": method,  # type: ignore[union-attr]
+                                     "params": params}) + "\n")
+        proc.stdin.flush()  # type: ignore[union-attr]
+    rpc(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
+                          "clientInfo": {"name": "raw", "version": "1"}})
+    proc.stdout.readline()
+    proc.stdin.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})
+                     + "\n")
+    rpc(2, "tools/call", {"name": "create_record", "arguments": {"name": "a"}})
+    proc.stdout.readline()
+    rpc(3, "tools/call", {"name": "update_crm", "arguments": {"note": "fail"}})
+    store: SagaStore = gw["store"]
+    assert_eventually(lambda: any(st.steps[0].compensation == "intent"
+                                  for st in _sagas(store)), timeout=30,
+                      what="the unwind to reach the hanging compensation")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    hang.unlink()
+
+    async def next_gateway() -> None:
+        async with _session(gw) as s:
+            await s.list_tools()
+    _run(next_gateway)
+    [st] = _sagas(store)
+    assert st.status is Status.COMPENSATED
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "delete"]
+    assert Verifier(store.store.log).verify().ok
+
+
+def _memory_server(cache: Path) -> list[str]:
+    """The npm reference server, installed once into a cache directory."""
+    npm = subprocess.run(["npm", "--version"], capture_output=True, text=True, check=False)
+    assert npm.returncode == 0, "npm is needed for the reference-server test (apt install npm)"
+    entry = cache / "node_modules" / "@modelcontextprotocol" / "server-memory" / "dist" / \
+        "index.js"
+    if not entry.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(cache),
+                        "@modelcontextprotocol/server-memory@2026.8.31"], check=True,
+                       capture_output=True, timeout=300)
+    return ["node", str(entry)]
+
+
+def test_in_front_of_the_npm_reference_memory_server(gw: dict[str, Any]) -> None:
+    """create_relations is compensable by delete_relations (declared in the tools map);
+    a failing add_observations rolls it back through the server itself."""
+    server = _memory_server(ROOT / ".cache" / "npm")
+    (gw["tmp"] / "memory.toml").write_text("""
+[tools.create_relations]
+reversibility = "compensable"
+compensation = { tool = "delete_relations", args = { relations = "$.input.relations" } }
+
+[tools.read_graph]
+reversibility = "readonly"
+""")
+    memory = gw["tmp"] / "memory.jsonl"
+    gw["env"]["MEMORY_FILE_PATH"] = str(memory)
+    extra = ["--tools-map", str(gw["tmp"] / "memory.toml")]
+    relation = {"from": "alice", "to": "bob", "relationType": "knows"}
+
+    async def go() -> tuple[Any, Any, Any]:
+        async with _session(gw, server, extra) as s:
+            # entities made outside any saga's undo: a setup the test keeps
+            await s.call_tool("saga_begin", {})
+            await s.call_tool("create_entities", {"entities": [
+                {"name": "alice", "entityType": "person", "observations": []},
+                {"name": "bob", "entityType": "person", "observations": []}]})
+            await s.call_tool("saga_commit", {})
+            rel = await s.call_tool("create_relations", {"relations": [relation]})
+            bad = await s.call_tool("add_observations", {"observations": [
+                {"entityName": "nobody", "contents": ["x"]}]})
+            graph = await s.call_tool("read_graph", {})
+            return rel, bad, graph
+    rel, bad, graph = _run(go)
+    assert not rel.is_error
+    assert bad.is_error
+    assert "rolled back" in _text(bad)
+    text = _text(graph)
+    assert "alice" in text
+    assert "knows" not in text  # the relation was deleted by the server's own tool
+    states = [st.status for st in _sagas(gw["store"])]
+    # setup committed; the relation's saga rolled back; the read after it opened a new one
+    assert states == [Status.COMMITTED, Status.COMPENSATED, Status.COMMITTED]
+    assert Verifier(gw["store"].store.log).verify().ok
