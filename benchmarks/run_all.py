@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import bench_compensation, bench_log, bench_steps, bench_workflows
+from . import bench_compensation, bench_gateway, bench_log, bench_steps, bench_workflows
 
 OUT = Path(__file__).parent / "out"
 
 
 def table(log: dict[str, Any], steps: dict[str, Any], comp: dict[str, Any],
-          flows: dict[str, Any]) -> str:
+          flows: dict[str, Any], gw: dict[str, Any]) -> str:
     rt, fc = steps["round_trip_ms"], steps["flat_cost_ms"]
     rows = [
         ("append, one at a time", f"{log['append_one_per_s']:,.0f} /s", ">= 5,000 /s"),
@@ -67,6 +67,16 @@ def table(log: dict[str, Any], steps: dict[str, Any], comp: dict[str, Any],
                      f"(x{row['ratio']['workflows_per_s']:.2f}); p50/p95/p99 "
                      f"{d['p50_ms']:.0f}/{d['p95_ms']:.0f}/{d['p99_ms']:.0f} ms vs "
                      f"{m['p50_ms']:.0f}/{m['p95_ms']:.0f}/{m['p99_ms']:.0f} ms", target))
+    rows += [
+        ("MCP gateway (stdio) overhead per call p50, vs direct (SDK proxy hop alone)",
+         f"{gw['overhead_p50_ms']:.2f} ms ({gw['sdk_proxy_overhead_p50_ms']:.2f} ms); "
+         f"direct {gw['direct_ms']['p50']:.2f} ms", "<= 1 ms"),
+        ("MCP guard in the agent's process: overhead per call p50",
+         f"{gw['in_process_overhead_p50_ms']:.2f} ms", "<= 1 ms"),
+        (f"MCP gateway call {gw['depth']:,} / call 1 (median of 100)",
+         f"{gw['last_100_ms']:.2f} / {gw['first_100_ms']:.2f} ms = {gw['depth_ratio']:.2f}x",
+         "<= 1.2x"),
+    ]
     out = ["| measure | result | target |", "|---|---|---|"]
     out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(out)
@@ -80,10 +90,12 @@ def main() -> None:
     steps = bench_steps.run(quick)
     comp = bench_compensation.run(quick)
     flows = bench_workflows.run(16, quick)
+    gw = bench_gateway.run(calls=1000 if quick else 3000, side_by_side=300 if quick else 1000)
     results = {"log": log, "steps": steps, "compensation": comp, "workflows": flows,
+               "gateway": gw,
                "seconds": time.time() - started, "quick": quick}
     (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    md = table(log, steps, comp, flows)
+    md = table(log, steps, comp, flows, gw)
     (OUT / "table.md").write_text(md + "\n")
     print(md)
 

@@ -89,7 +89,7 @@ async def _serve(store: SagaStore, policy: Any, tools_map: Any, gid: str, agent_
     from mcp.server.lowlevel import Server
     from mcp.server.stdio import stdio_server
 
-    from saga_store.gateway import SESSION_TOOLS, CallOutcome, Gateway, result_text
+    from saga_store.gateway import SESSION_TOOLS, CallOutcome, Gateway, as_result, result_text
 
     async with _downstream(command, url) as session:
         await session.initialize()
@@ -130,12 +130,7 @@ async def _serve(store: SagaStore, policy: Any, tools_map: Any, gid: str, agent_
             meta = params.meta if isinstance(params.meta, dict) else (
                 params.meta.model_dump(by_alias=True) if params.meta is not None else None)
             out = await gw.handle(params.name, dict(params.arguments or {}), meta)
-            raw = out.raw
-            if raw is not None and out.ok:
-                return raw  # type: ignore[no-any-return]
-            return types.CallToolResult(content=[types.TextContent(text=out.text)],
-                                        structured_content=out.structured,
-                                        is_error=not out.ok)
+            return as_result(out)  # type: ignore[no-any-return]
 
         server: Server[Any] = Server("saga-store-gateway", on_list_tools=on_list_tools,
                                      on_call_tool=on_call_tool)

@@ -62,6 +62,8 @@ META_IDEMPOTENCY = "dev.chronomcp/idempotency_key"
 SESSION_TOOLS = ("saga_begin", "saga_commit", "saga_abort")
 EXECUTOR = "mcp-gateway"
 APPROVAL_POLL_S = 0.1
+PROJECT_EVERY = 32
+PROJECT_AFTER_S = 1.0
 
 CallFn = Callable[[str, dict[str, Any], dict[str, Any]], Awaitable["CallOutcome"]]
 
@@ -212,6 +214,8 @@ class Session:
     state: SagaState | None = None
     explicit: bool = False
     rolled_back: list[str] = field(default_factory=list)
+    unprojected: int = 0
+    projected_at: float = 0.0
 
 
 class Gateway:
@@ -224,6 +228,7 @@ class Gateway:
         self.policy, self.tools_map, self.call = policy, tools_map, call
         self.gid = gid
         self.tools: dict[str, Any] = {}
+        self._validators: dict[str, Any] = {}
         self.session = Session(agent_id)
         self.dedupe = DedupeRecords(self.store.redis, dedupe_ttl_s)
         self.approval_timeout_s = policy.approval_timeout_s
@@ -232,6 +237,7 @@ class Gateway:
 
     def set_tools(self, tools: list[Any]) -> None:
         self.tools = {t.name: t for t in tools}
+        self._validators = {}
 
     def classification(self, name: str) -> Classification:
         tool = self.tools.get(name)
@@ -261,6 +267,18 @@ class Gateway:
         assert s.writer is not None
         s.state = fold(s.writer.saga_id, self.store.log.bodies(s.writer.saga_id))
         return s.state
+
+    def _add(self, writer: ChainWriter, items: list[tuple[str, dict[str, Any]]],
+             phase: str | None = None) -> None:
+        """Append events and fold them into the session's state as they are, so a
+        call costs the same at depth 3,000 as at depth 1 (no re-read of the log)."""
+        head = writer.append_many(items, phase=phase)
+        st = self.session.state
+        if st is None or self.session.writer is not writer:
+            return
+        first = head.seq - len(items) + 1
+        for i, (kind, fields) in enumerate(items):
+            st.apply({"kind": kind, "seq": first + i, **fields})
 
     def _close(self, writer: ChainWriter) -> None:
         self.store.redis.srem(keys.gateway_sagas(self.gid), writer.saga_id)
@@ -322,33 +340,29 @@ class Gateway:
         intent = {"step": step, "tool": name, "idem_key": key,
                   "data": {"args": args, "reversibility": cls.reversibility,
                            **({"keyed": True} if explicit else {})}}
+        started = (K.STEP_STARTED, {"step": step, "attempt": 1, "data": {"worker": EXECUTOR}})
         if verdict.decision is Decision.ALLOW:
-            writer.append_many([(K.STEP_INTENT, intent),
-                                (K.STEP_STARTED, {"step": step, "attempt": 1,
-                                                  "data": {"worker": EXECUTOR}})],
-                               phase="forward")
+            self._add(writer, [(K.STEP_INTENT, intent), started], phase="forward")
         else:
-            writer.append_many([(K.STEP_INTENT, intent)], phase="forward")
+            self._add(writer, [(K.STEP_INTENT, intent)], phase="forward")
             denial = await self._gate(writer, step, name, args, cls, verdict)
             if denial is not None:
-                writer.append(K.STEP_FAILED, step=step, data={"error": denial})
+                self._add(writer, [(K.STEP_FAILED, {"step": step, "data": {"error": denial}})])
                 return await self._failed(writer, name, cls, CallOutcome(False, None, denial))
-            writer.append(K.STEP_STARTED, step=step, attempt=1,
-                          data={"worker": EXECUTOR}, phase="forward")
-        self._refresh()
+            self._add(writer, [started], phase="forward")
         outcome = await self._call(name, args, key)
         if outcome.in_doubt:
-            writer.append(K.STEP_IN_DOUBT, step=step, data={"error": outcome.in_doubt})
+            ended = (K.STEP_IN_DOUBT, {"step": step, "data": {"error": outcome.in_doubt}})
         elif outcome.ok:
-            writer.append(K.STEP_SUCCEEDED, step=step, tool=name,
-                          data={"result": outcome.logged()})
+            ended = (K.STEP_SUCCEEDED, {"step": step, "tool": name,
+                                        "data": {"result": outcome.logged()}})
         else:
-            writer.append(K.STEP_FAILED, step=step, data={"error": outcome.text[:2000]})
+            ended = (K.STEP_FAILED, {"step": step, "data": {"error": outcome.text[:2000]}})
+        self._add(writer, [ended])
         if explicit:
             self.dedupe.finish(key, "succeeded" if outcome.ok else "failed", outcome.logged())
-        project(self.store, writer.saga_id)
-        self._refresh()
         if outcome.ok and not outcome.in_doubt:
+            self._project_soon(writer.saga_id)
             return outcome
         return await self._failed(writer, name, cls, outcome)
 
@@ -361,11 +375,24 @@ class Gateway:
             return CallOutcome(False, None, f"{type(exc).__name__}: {exc}",
                                in_doubt=f"the call did not return: {type(exc).__name__}")
 
+    def _project_soon(self, saga_id: str) -> None:
+        """Context events for successful calls go out in batches (every
+        PROJECT_EVERY calls or PROJECT_AFTER_S seconds); failures, rollbacks,
+        approval requests and closes project at once. The client already has each
+        result; the log has everything, so nothing waits on this."""
+        s = self.session
+        s.unprojected += 1
+        now = time.monotonic()
+        if s.unprojected >= PROJECT_EVERY or now - s.projected_at >= PROJECT_AFTER_S:
+            project(self.store, saga_id)
+            s.unprojected, s.projected_at = 0, now
+
     async def _failed(self, writer: ChainWriter, name: str, cls: Classification,
                       outcome: CallOutcome) -> CallOutcome:
         """A call failed: a read-only one rolls nothing back; a mutating one rolls
         back the session's saga, and the answer says what was undone."""
         if not cls.mutating and not outcome.in_doubt:
+            project(self.store, writer.saga_id)
             return outcome
         ended = await self.rollback(writer, f"{name} failed: {outcome.text[:300]}")
         undone = self.session.rolled_back
@@ -378,26 +405,40 @@ class Gateway:
     def _repeat(self, writer: ChainWriter, st: SagaState, step: int) -> CallOutcome:
         s = st.steps[step]
         with contextlib.suppress(ConflictError):
-            writer.append(K.STEP_DUPLICATE_SUPPRESSED, step=step,
-                          data={"outcome": s.status})
+            self._add(writer, [(K.STEP_DUPLICATE_SUPPRESSED,
+                                {"step": step, "data": {"outcome": s.status}})])
         result = s.result if isinstance(s.result, dict) else {}
         return CallOutcome(s.status == "succeeded", result.get("structuredContent"),
                            f"(repeated call, recorded answer) {result.get('text', s.error or '')}")
 
     def _invalid(self, name: str, args: dict[str, Any]) -> str | None:
-        tool = self.tools.get(name)
-        schema = getattr(tool, "input_schema", None) if tool is not None else None
-        if not schema:
+        validator = self._validator(name)
+        if validator is None:
             return None
         import jsonschema  # type: ignore[import-untyped]
-        try:
-            jsonschema.validate(args, schema)
-        except jsonschema.ValidationError as exc:
-            where = "/".join(str(p) for p in exc.absolute_path) or "arguments"
-            return f"invalid arguments for {name} at {where}: {exc.message}"
-        except jsonschema.SchemaError:
-            return None  # the server's schema is broken; let the server judge
-        return None
+        error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path) or "arguments"
+        return f"invalid arguments for {name} at {where}: {error.message}"
+
+    def _validator(self, name: str) -> Any:
+        """The tool's input-schema validator, built once per tools/list."""
+        if name in self._validators:
+            return self._validators[name]
+        tool = self.tools.get(name)
+        schema = getattr(tool, "input_schema", None) if tool is not None else None
+        validator = None
+        if schema:
+            import jsonschema
+            kind = jsonschema.validators.validator_for(schema)
+            try:
+                kind.check_schema(schema)
+                validator = kind(schema)
+            except jsonschema.SchemaError:
+                validator = None  # the server's schema is broken; let the server judge
+        self._validators[name] = validator
+        return validator
 
     async def _gate(self, writer: ChainWriter, step: int, name: str, args: dict[str, Any],
                     cls: Classification, verdict: Verdict) -> str | None:
@@ -561,3 +602,61 @@ def result_text(content: list[Any]) -> str:
 
 def dumps(value: Any) -> str:
     return orjson.dumps(value).decode()
+
+
+class GuardedSession:
+    """The gateway in the agent's own process: wrap an MCP ``ClientSession`` and
+    every ``call_tool`` goes through the same saga logic as ``saga mcp-guard``,
+    without the extra process hop.
+
+        async with ClientSession(r, w) as raw:
+            await raw.initialize()
+            async with GuardedSession(raw, store, policy=Policy.safe()) as s:
+                await s.call_tool("create_record", {"name": "a"})
+    """
+
+    def __init__(self, session: Any, saga_store: SagaStore, *, policy: Policy | None = None,
+                 tools_map: Mapping[str, Classification] | None = None,
+                 downstream: str = "in-process", agent_id: str = "mcp-client") -> None:
+        self.session = session
+
+        async def call(name: str, args: dict[str, Any], meta: dict[str, Any]) -> CallOutcome:
+            r = await session.call_tool(name, args, meta=meta)
+            return CallOutcome(not r.is_error, r.structured_content, result_text(r.content),
+                               raw=r)
+
+        self.gateway = Gateway(saga_store, policy or Policy.safe(), tools_map or {}, call,
+                               gateway_id(None, downstream), agent_id=agent_id,
+                               dedupe_ttl_s=saga_store.settings.dedupe_ttl_s)
+
+    async def __aenter__(self) -> GuardedSession:
+        await self.list_tools()
+        await self.gateway.recover()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        try:
+            self.gateway.commit()
+        except InvalidInput:
+            await self.gateway.abort("the session ended with a call unsettled")
+
+    async def list_tools(self) -> Any:
+        listed = await self.session.list_tools()
+        self.gateway.set_tools(listed.tools)
+        return listed.model_copy(update={"tools": [
+            t.model_copy(update={"description": self.gateway.describe(t)})
+            for t in listed.tools]})
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None,
+                        meta: Mapping[str, Any] | None = None) -> Any:
+        out = await self.gateway.handle(name, dict(arguments or {}), meta)
+        return as_result(out)
+
+
+def as_result(out: CallOutcome) -> Any:
+    """A ``CallToolResult`` for the client: the server's own when it succeeded."""
+    if out.raw is not None and out.ok:
+        return out.raw
+    import mcp_types as types
+    return types.CallToolResult(content=[types.TextContent(text=out.text)],
+                                structured_content=out.structured, is_error=not out.ok)

@@ -382,3 +382,32 @@ reversibility = "readonly"
     # setup committed; the relation's saga rolled back; the read after it opened a new one
     assert states == [Status.COMMITTED, Status.COMPENSATED, Status.COMMITTED]
     assert Verifier(gw["store"].store.log).verify().ok
+
+
+def test_the_guard_in_the_agents_own_process(gw: dict[str, Any]) -> None:
+    """GuardedSession wraps the agent's own ClientSession: same logging, gating and
+    rollback, no extra process."""
+    from saga_store.gateway import GuardedSession, load_tools_map
+    from saga_store.policy import Policy
+    store: SagaStore = gw["store"]
+
+    async def go() -> tuple[Any, Any]:
+        params = StdioServerParameters(command=SERVER[0], args=SERVER[1:], env=gw["env"])
+        async with stdio_client(params) as (r, w), ClientSession(r, w) as raw:
+            await raw.initialize()
+            async with GuardedSession(raw, store, policy=Policy.load(gw["tmp"] / "policy.toml"),
+                                      tools_map=load_tools_map(gw["tmp"] / "tools.toml"),
+                                      ) as s:
+                listed = {t.name: t.description for t in (await s.list_tools()).tools}
+                assert "IRREVERSIBLE" in listed["wire_funds"]
+                a = await s.call_tool("create_record", {"name": "a"})
+                bad = await s.call_tool("update_crm", {"note": "fail"})
+                return a, bad
+    a, bad = _run(go)
+    assert not a.is_error
+    assert bad.is_error
+    assert "rolled back" in _text(bad)
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "delete"]
+    [st] = _sagas(store)
+    assert st.status is Status.COMPENSATED
+    assert Verifier(store.store.log).verify().ok

@@ -1,0 +1,122 @@
+"""MCP gateway overhead: the same calls to the same server, direct and through
+``saga mcp-guard`` (real Redis, AOF, no gate, a compensable tool, every call
+logged), interleaved one by one in one run so noise hits both alike. Then cost
+per call against session depth: one session of N calls, first 100 vs last 100.
+
+    python -m benchmarks.bench_gateway [--calls 3000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from saga_store import Registry, SagaStore
+from saga_store.connection import connect
+from saga_store.gateway import GuardedSession
+from saga_store.policy import Policy
+
+from .common import bench_redis, machine, percentile
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER = [sys.executable, str(ROOT / "benchmarks" / "mcp_kv_server.py")]
+
+
+def _params(command: list[str], url: str | None = None,
+            proxy: bool = False) -> StdioServerParameters:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if proxy:
+        return StdioServerParameters(command=sys.executable, env=env, args=[
+            str(ROOT / "benchmarks" / "mcp_passthrough.py"), *command])
+    if url is None:
+        return StdioServerParameters(command=command[0], args=command[1:], env=env)
+    return StdioServerParameters(
+        command=sys.executable, env=env,
+        args=["-m", "cli.main", "--redis-url", url, "mcp-guard", "--", *command])
+
+
+async def _measure(url: str, side_by_side: int, depth: int) -> dict[str, Any]:
+    async with stdio_client(_params(SERVER)) as (r1, w1), ClientSession(r1, w1) as direct, \
+            stdio_client(_params(SERVER, url)) as (r2, w2), ClientSession(r2, w2) as guarded, \
+            stdio_client(_params(SERVER, proxy=True)) as (r3, w3), \
+            ClientSession(r3, w3) as proxied:
+        for s in (direct, guarded, proxied):
+            await s.initialize()
+        store = SagaStore(connect(url), Registry())
+        inproc = GuardedSession(direct, store, policy=Policy.safe(), downstream="bench")
+        await inproc.__aenter__()
+        for s in (direct, guarded, proxied, inproc):
+            for i in range(50):  # warm every path
+                await s.call_tool("put", {"key": f"warm{i}", "value": "v"})
+        await guarded.call_tool("saga_commit", {})
+        d_ms: list[float] = []
+        g_ms: list[float] = []
+        p_ms: list[float] = []
+        i_ms: list[float] = []
+        paths = [(direct, d_ms), (guarded, g_ms), (proxied, p_ms), (inproc, i_ms)]
+        for i in range(side_by_side):
+            for s, out in paths[i % 4:] + paths[:i % 4]:  # rotate who goes first
+                t0 = time.perf_counter()
+                res = await s.call_tool("put", {"key": f"k{i}", "value": "v" * 100})
+                out.append((time.perf_counter() - t0) * 1000)
+                assert not res.is_error
+        await guarded.call_tool("saga_commit", {})
+        deep = []
+        for i in range(depth):
+            t0 = time.perf_counter()
+            await guarded.call_tool("put", {"key": f"d{i}", "value": "v" * 100})
+            deep.append((time.perf_counter() - t0) * 1000)
+        await guarded.call_tool("saga_commit", {})
+        deep_in: list[float] = []
+        inproc.gateway.commit()
+        for i in range(depth):
+            t0 = time.perf_counter()
+            await inproc.call_tool("put", {"key": f"e{i}", "value": "v" * 100})
+            deep_in.append((time.perf_counter() - t0) * 1000)
+        await inproc.__aexit__(None, None, None)
+    first, last = statistics.median(deep[:100]), statistics.median(deep[-100:])
+    return {
+        "direct_ms": {"p50": statistics.median(d_ms), "p99": percentile(d_ms, 99)},
+        "gateway_ms": {"p50": statistics.median(g_ms), "p99": percentile(g_ms, 99)},
+        "sdk_proxy_ms": {"p50": statistics.median(p_ms), "p99": percentile(p_ms, 99)},
+        "in_process_guard_ms": {"p50": statistics.median(i_ms), "p99": percentile(i_ms, 99)},
+        "in_process_overhead_p50_ms": statistics.median(i_ms) - statistics.median(d_ms),
+        "overhead_p50_ms": statistics.median(g_ms) - statistics.median(d_ms),
+        "sdk_proxy_overhead_p50_ms": statistics.median(p_ms) - statistics.median(d_ms),
+        "depth": depth, "first_100_ms": first, "last_100_ms": last,
+        "depth_ratio": last / first, "calls_side_by_side": side_by_side,
+        "in_process_first_100_ms": statistics.median(deep_in[:100]),
+        "in_process_last_100_ms": statistics.median(deep_in[-100:]),
+    }
+
+
+def run(calls: int = 3000, side_by_side: int = 1000) -> dict[str, Any]:
+    srv = bench_redis()
+    try:
+        out: dict[str, Any] = anyio.run(_measure, srv.url, side_by_side, calls)
+    finally:
+        srv.stop()
+    out["machine"] = machine()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--calls", type=int, default=3000)
+    p.add_argument("--side-by-side", type=int, default=1000)
+    a = p.parse_args()
+    print(json.dumps(run(a.calls, a.side_by_side), indent=2))
+
+
+if __name__ == "__main__":
+    main()
