@@ -103,4 +103,8 @@ def drop_everything() -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    server.run()
+    import sys
+    if len(sys.argv) > 2 and sys.argv[1] == "--http":  # Streamable HTTP on this port
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run()

@@ -411,3 +411,35 @@ def test_the_guard_in_the_agents_own_process(gw: dict[str, Any]) -> None:
     [st] = _sagas(store)
     assert st.status is Status.COMPENSATED
     assert Verifier(store.store.log).verify().ok
+
+
+def test_a_streamable_http_downstream(gw: dict[str, Any]) -> None:
+    """--url: the same saga logic in front of a server reached over Streamable HTTP."""
+    import socket
+
+    from saga_store.testing import free_port
+    port = free_port()
+    server = subprocess.Popen([*SERVER, "--http", str(port)], env=gw["env"], cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def up() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+        assert_eventually(up, timeout=30, what="the HTTP MCP server to listen")
+        gw["args"] = [*gw["args"], "--url", f"http://127.0.0.1:{port}/mcp"]
+
+        async def go() -> tuple[Any, Any]:
+            params = StdioServerParameters(command=sys.executable, args=gw["args"],
+                                           env=gw["env"], cwd=str(ROOT))
+            async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+                await s.initialize()
+                a = await s.call_tool("create_record", {"name": "a"})
+                bad = await s.call_tool("update_crm", {"note": "fail"})
+                return a, bad
+        a, bad = _run(go)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert not a.is_error
+    assert "rolled back" in _text(bad)
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "delete"]
