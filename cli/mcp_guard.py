@@ -3,6 +3,7 @@ turning every tools/call into a logged, gated, compensable saga step."""
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import sys
@@ -11,6 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import click
+import orjson
 
 from saga_store.client import SagaStore
 from saga_store.errors import InvalidInput
@@ -134,7 +136,8 @@ async def _serve(store: SagaStore, policy: Any, tools_map: Any, gid: str, agent_
 
         server: Server[Any] = Server("saga-store-gateway", on_list_tools=on_list_tools,
                                      on_call_tool=on_call_tool)
-        async with stdio_server() as (read, write):
+        wire = BatchSplitter()
+        async with stdio_server(stdin=wire, stdout=wire) as (read, write):  # type: ignore[arg-type]
             await server.run(read, write, server.create_initialization_options())
         try:
             closed = gw.commit()  # the client's session ended: its calls stand
@@ -142,6 +145,64 @@ async def _serve(store: SagaStore, policy: Any, tools_map: Any, gid: str, agent_
             closed = await gw.abort("the client's session ended with a call unsettled")
         if closed:
             log.info("session ended; saga %s closed", closed)
+
+
+class BatchSplitter:
+    """The client's side of the wire, for the SDK's stdio server. A JSON-RPC batch
+    (which the SDK would drop unanswered) is split into its messages, so each is
+    handled exactly like a single one: every tools/call in it is gated, logged and
+    compensated the same way. Their responses go back together as one batch."""
+
+    def __init__(self) -> None:
+        import anyio
+        self._in = anyio.wrap_file(io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8",
+                                                    errors="replace"))
+        self._out = anyio.wrap_file(io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8"))
+        self._batches: list[tuple[set[bytes], dict[bytes, Any]]] = []
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._lines()
+
+    async def _lines(self) -> AsyncIterator[str]:
+        async for line in self._in:
+            if not line.lstrip().startswith("["):
+                yield line
+                continue
+            try:
+                items = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                yield line  # the SDK answers a parse error as usual
+                continue
+            if not items:
+                await self._send({"jsonrpc": "2.0", "id": None, "error": {
+                    "code": -32600, "message": "empty batch"}})
+                continue
+            ids = {orjson.dumps(m["id"]) for m in items
+                   if isinstance(m, dict) and "method" in m and "id" in m}
+            if ids:
+                self._batches.append((ids, {}))
+            for m in items:
+                yield orjson.dumps(m).decode() + "\n"
+
+    async def write(self, text: str) -> None:
+        if self._batches:
+            msg = orjson.loads(text)
+            key = orjson.dumps(msg.get("id")) if "method" not in msg else None
+            for i, (ids, got) in enumerate(self._batches):
+                if key is not None and key in ids:
+                    got[key] = msg
+                    if len(got) == len(ids):
+                        del self._batches[i]
+                        await self._out.write(orjson.dumps(list(got.values())).decode() + "\n")
+                    return
+        await self._out.write(text)
+
+    async def flush(self) -> None:
+        await self._out.flush()
+
+    async def _send(self, msg: Any) -> None:
+        await self._out.write(orjson.dumps(msg).decode() + "\n")
+        await self._out.flush()
 
 
 COMMANDS = [mcp_guard]

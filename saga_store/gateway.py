@@ -232,6 +232,7 @@ class Gateway:
         self.session = Session(agent_id)
         self.dedupe = DedupeRecords(self.store.redis, dedupe_ttl_s)
         self.approval_timeout_s = policy.approval_timeout_s
+        self._lock: Any = None  # an anyio.Lock, made inside the event loop
 
     # -- tools/list ------------------------------------------------------------
 
@@ -309,7 +310,17 @@ class Gateway:
 
     async def handle(self, name: str, args: dict[str, Any], meta: Mapping[str, Any] | None,
                      ) -> CallOutcome:
-        """One tools/call from the client, start to end."""
+        """One tools/call from the client, start to end. Calls of one session run one
+        at a time, in arrival order (a saga's steps are sequential), even when the
+        client sends them concurrently or in a batch."""
+        if self._lock is None:
+            import anyio
+            self._lock = anyio.Lock()
+        async with self._lock:
+            return await self._handle(name, args, meta)
+
+    async def _handle(self, name: str, args: dict[str, Any],
+                      meta: Mapping[str, Any] | None) -> CallOutcome:
         if name in SESSION_TOOLS:
             return await self._session_tool(name, args)
         cls = self.classification(name)

@@ -11,7 +11,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -252,37 +251,53 @@ def test_session_tools_begin_commit_abort(gw: dict[str, Any]) -> None:
     assert [st.status for st in _sagas(gw["store"])] == [Status.COMMITTED, Status.COMPENSATED]
 
 
-def test_a_batch_cannot_bypass_the_gate(gw: dict[str, Any]) -> None:
-    """A JSON-RPC batch of tools/call: each call meets the gate, or the batch is
-    refused; either way the irreversible call does not run unapproved."""
+def test_a_batch_gets_the_same_treatment_as_single_calls(gw: dict[str, Any]) -> None:
+    """A JSON-RPC batch of tools/call is split: each call meets the gate and the log
+    exactly as a single one would, and the answers come back as one batch."""
     proc = subprocess.Popen([sys.executable, *gw["args"], "--", *SERVER], cwd=ROOT,
                             env=gw["env"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     assert proc.stdin is not None
     assert proc.stdout is not None
+    store: SagaStore = gw["store"]
 
     def send(msg: Any) -> None:
         proc.stdin.write(json.dumps(msg) + "\n")  # type: ignore[union-attr]
         proc.stdin.flush()  # type: ignore[union-attr]
     try:
         send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
+            "protocolVersion": "2025-03-26", "capabilities": {},
             "clientInfo": {"name": "raw", "version": "1"}}})
         assert json.loads(proc.stdout.readline())["id"] == 1
         send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         send([{"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-               "params": {"name": "wire_funds", "arguments": {"amount_cents": 1, "to": "x"}}},
+               "params": {"name": "create_record", "arguments": {"name": "in-batch"}}},
               {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+               "params": {"name": "wire_funds", "arguments": {"amount_cents": 1, "to": "x"}}},
+              {"jsonrpc": "2.0", "id": 4, "method": "tools/call",
                "params": {"name": "drop_everything", "arguments": {}}}])
-        store: SagaStore = gw["store"]
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and not approvals.pending(store):
-            time.sleep(0.05)
+        pending = assert_eventually(lambda: approvals.pending(store), timeout=30,
+                                    what="the batched wire_funds to wait for approval")
+        assert pending[0].preview["tool"] == "wire_funds"
         assert not [e for e in _effects(gw["ledger"]) if e[1] in ("wire", "drop")]
+        approvals.decide(store, pending[0].saga_id, pending[0].step, grant=False, by="bob",
+                         reason="not in a batch")
+        answers = json.loads(proc.stdout.readline())
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=10)
-    assert not [e for e in _effects(gw["ledger"]) if e[1] in ("wire", "drop")]
+    assert isinstance(answers, list)
+    by_id = {a["id"]: a["result"] for a in answers}
+    assert sorted(by_id) == [2, 3, 4]
+    assert not by_id[2]["isError"]
+    assert by_id[3]["isError"]
+    assert "denied by bob" in by_id[3]["content"][0]["text"]
+    assert by_id[4]["isError"]
+    assert "denied by policy" in by_id[4]["content"][0]["text"]
+    kinds = [k for _, k, _ in _effects(gw["ledger"])]
+    assert "wire" not in kinds
+    assert "drop" not in kinds
+    assert Verifier(store.store.log).verify().ok
 
 
 def test_a_gateway_killed_mid_unwind_is_finished_by_the_next(gw: dict[str, Any]) -> None:
