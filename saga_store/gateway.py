@@ -34,7 +34,6 @@ import contextlib
 import hashlib
 import logging
 import time
-import tomllib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,8 +48,8 @@ from .errors import ConflictError, InvalidInput, KeyReuseError
 from .events import EventKind as K
 from .idempotency import DedupeRecords, compensation_key, explicit_key, step_key
 from .ids import new_id
-from .policy import Decision, Policy, Verdict
-from .state import SagaState, Status, fold
+from .policy import Decision, Policy, Verdict, read_toml
+from .state import SagaState, Status, fold, unwind_order
 from .store import ChainWriter
 
 if TYPE_CHECKING:
@@ -121,12 +120,7 @@ class CallOutcome:
 def load_tools_map(path: str | Path) -> dict[str, Classification]:
     """The local tools-map (TOML); it wins over anything a server says."""
     p = Path(path)
-    try:
-        doc = tomllib.loads(p.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InvalidInput(f"cannot read tools map {p}: {exc.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"tools map {p} is not valid TOML: {exc}") from None
+    doc = read_toml(p, "tools map")
     out = {}
     for name, entry in (doc.get("tools") or {}).items():
         where = f"tools map {p}: tools.{name}"
@@ -529,12 +523,8 @@ class Gateway:
             writer.append(K.SAGA_FAILED, data={"reason": reason})
         undone: list[str] = []
         attention: list[str] = []
-        for n in sorted(st.steps, reverse=True):
-            s = st.steps[n]
-            if s.compensation in ("succeeded", "not_compensable"):
-                if s.compensation == "not_compensable":
-                    attention.append(f"step {n} ({s.tool})")
-                continue
+        for s in unwind_order(st, attention):
+            n = s.step
             if s.status == "started":
                 writer.append(K.STEP_IN_DOUBT, step=n, data={
                     "error": "the gateway stopped before recording an outcome"})

@@ -121,14 +121,7 @@ class Policy:
 
     @classmethod
     def load(cls, path: str | Path) -> Policy:
-        p = Path(path)
-        try:
-            doc = tomllib.loads(p.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise InvalidInput(f"cannot read policy file {p}: {exc.strerror}") from None
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise InvalidInput(f"policy file {p} is not valid TOML: {exc}") from None
-        return cls.from_dict(doc, source=str(p))
+        return cls.from_dict(read_toml(path, "policy file"), source=str(path))
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any], source: str = "dict") -> Policy:
@@ -178,6 +171,17 @@ class Policy:
         if production and self.production_decision.rank > decision.rank:
             decision, reason = self.production_decision, "PRODUCTION arguments"
         return Verdict(decision, reason, production)
+
+
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    """A TOML file as a dict, or :class:`InvalidInput` saying what is wrong with it."""
+    p = Path(path)
+    try:
+        return tomllib.loads(p.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InvalidInput(f"cannot read {what} {p}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"{what} {p} is not valid TOML: {exc}") from None
 
 
 def _decision(value: Any, where: str) -> Decision:

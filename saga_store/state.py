@@ -166,6 +166,19 @@ class SagaState:
                 **(st.approval_data or {}), "decision": data}
 
 
+def unwind_order(state: SagaState, attention: list[str]) -> Iterator[StepState]:
+    """The steps an unwind still has to deal with, last first. Steps already
+    settled are skipped; those settled as not compensable are noted in
+    ``attention`` (they are why a saga ends needing a person)."""
+    for n in sorted(state.steps, reverse=True):
+        st = state.steps[n]
+        if st.compensation in ("succeeded", "not_compensable"):
+            if st.compensation == "not_compensable":
+                attention.append(f"step {n} ({st.tool})")
+            continue
+        yield st
+
+
 _APPROVALS: dict[str, str] = {K.APPROVAL_REQUESTED: "requested", K.APPROVAL_GRANTED: "granted",
               K.APPROVAL_DENIED: "denied"}
 

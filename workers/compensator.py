@@ -29,7 +29,7 @@ from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.idempotency import compensation_key
 from saga_store.log import Lease
-from saga_store.state import SagaState, Status, StepState, fold
+from saga_store.state import SagaState, Status, StepState, fold, unwind_order
 from saga_store.store import ChainWriter
 from saga_store.tools import Reversibility, StepContext
 
@@ -94,12 +94,8 @@ class Compensator:
         writer = ChainWriter(self.store.store, saga_id, log_.head(saga_id))
         lease = Lease(token, "acquire", self.store.settings.lease_ms)
         attention: list[str] = []
-        for n in sorted(state.steps, reverse=True):
-            st = state.steps[n]
-            if st.compensation in ("succeeded", "not_compensable"):
-                if st.compensation == "not_compensable":
-                    attention.append(f"step {n} ({st.tool})")
-                continue
+        for st in unwind_order(state, attention):
+            n = st.step
             outcome = self._settle(writer, state, st, lease)
             if outcome is None:
                 continue
