@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -79,6 +80,7 @@ class Classification:
     compensation: Compensation | None = None
     source: str = "none"  # tools-map, _meta, annotations, none
     server_readonly: bool = False  # only the server says it is read-only
+    secret: frozenset[str] = frozenset()  # arguments never written to the log
 
     def for_policy(self, trust_server_hints: bool) -> str:
         if self.server_readonly and not trust_server_hints:
@@ -131,7 +133,17 @@ def load_tools_map(path: str | Path) -> dict[str, Classification]:
         if rev not in ("readonly", "compensable", "irreversible"):
             raise InvalidInput(f"{where}: reversibility must be readonly, compensable or "
                                "irreversible")
-        out[name] = Classification(rev, _compensation(comp, where, rev), "tools-map")
+        secret = entry.get("secret") or []
+        if not isinstance(secret, list) or not all(isinstance(s, str) for s in secret):
+            raise InvalidInput(f"{where}: secret is a list of argument names")
+        compensation = _compensation(comp, where, rev)
+        if compensation is not None:
+            leaked = [p for p, path in compensation.args.items()
+                      if path.split(".")[1] == "input" and path.split(".")[2] in secret]
+            if leaked:
+                raise InvalidInput(f"{where}: compensation argument(s) {leaked} would copy a "
+                                   "secret into the log; map an id from the output instead")
+        out[name] = Classification(rev, compensation, "tools-map", secret=frozenset(secret))
     return out
 
 
@@ -210,6 +222,7 @@ class Session:
     rolled_back: list[str] = field(default_factory=list)
     unprojected: int = 0
     projected_at: float = 0.0
+    salt: bytes = field(default_factory=lambda: os.urandom(16))
 
 
 class Gateway:
@@ -324,8 +337,11 @@ class Gateway:
         writer = self._open()
         st = self.session.state
         assert st is not None
+        secrets = {k: args[k] for k in cls.secret if k in args}
+        logged = self._redact(args, secrets)
         explicit = (meta or {}).get(META_IDEMPOTENCY)
-        key = explicit_key(str(explicit)) if explicit else step_key(writer.saga_id, name, args)
+        key = explicit_key(str(explicit)) if explicit else step_key(writer.saga_id, name,
+                                                                    logged)
         if key in st.by_key:  # the same call again in this saga: its recorded answer
             return self._repeat(writer, st, st.by_key[key])
         if explicit:
@@ -343,19 +359,19 @@ class Gateway:
         verdict = self.policy.decide(name, cls.for_policy(self.policy.trust_server_hints),
                                      args)
         intent = {"step": step, "tool": name, "idem_key": key,
-                  "data": {"args": args, "reversibility": cls.reversibility,
+                  "data": {"args": logged, "reversibility": cls.reversibility,
                            **({"keyed": True} if explicit else {})}}
         started = (K.STEP_STARTED, {"step": step, "attempt": 1, "data": {"worker": EXECUTOR}})
         if verdict.decision is Decision.ALLOW:
             self._add(writer, [(K.STEP_INTENT, intent), started], phase="forward")
         else:
             self._add(writer, [(K.STEP_INTENT, intent)], phase="forward")
-            denial = await self._gate(writer, step, name, args, cls, verdict)
+            denial = await self._gate(writer, step, name, logged, cls, verdict)
             if denial is not None:
                 self._add(writer, [(K.STEP_FAILED, {"step": step, "data": {"error": denial}})])
                 return await self._failed(writer, name, cls, CallOutcome(False, None, denial))
             self._add(writer, [started], phase="forward")
-        outcome = await self._call(name, args, key)
+        outcome = _scrubbed(await self._call(name, args, key), secrets)
         if outcome.in_doubt:
             ended = (K.STEP_IN_DOUBT, {"step": step, "data": {"error": outcome.in_doubt}})
         elif outcome.ok:
@@ -379,6 +395,16 @@ class Gateway:
         except Exception as exc:  # the downstream broke mid-call: unknown if it ran
             return CallOutcome(False, None, f"{type(exc).__name__}: {exc}",
                                in_doubt=f"the call did not return: {type(exc).__name__}")
+
+    def _redact(self, args: dict[str, Any], secrets: Mapping[str, Any]) -> dict[str, Any]:
+        """The arguments as logged: a secret becomes a salted digest (the salt is the
+        session's own), so the log can tell two values apart but never show one."""
+        if not secrets:
+            return args
+        out = dict(args)
+        for k, v in secrets.items():
+            out[k] = {"$secret": hashlib.sha256(self.session.salt + canonical(v)).hexdigest()}
+        return out
 
     def _project_soon(self, saga_id: str) -> None:
         """Context events for successful calls go out in batches (every
@@ -450,7 +476,8 @@ class Gateway:
         """None if the call may run; else why not. Waits for a person when asked to."""
         if verdict.decision is Decision.DENY:
             return f"denied by policy ({verdict.reason})"
-        shown = dict(args)
+        shown = {k: "***" if isinstance(v, dict) and "$secret" in v else v
+                 for k, v in args.items()}
         comp = ({"tool": cls.compensation.tool, "mapping": dict(cls.compensation.args)}
                 if cls.compensation else None)
         preview: dict[str, Any] = {"tool": name, "args": shown, "reversibility": cls.reversibility,
@@ -594,6 +621,25 @@ class Gateway:
             done.append((sid, await self.rollback(writer, "the previous gateway stopped "
                                                           "mid-session")))
         return done
+
+
+def _scrubbed(out: CallOutcome, secrets: Mapping[str, Any]) -> CallOutcome:
+    """The outcome as it may be logged: secret values blanked out of its text and
+    structured content (servers echo arguments in errors). The client still gets
+    the server's own answer (``raw``)."""
+    values = [str(v) for v in secrets.values() if len(str(v)) >= 4]
+    if not values:
+        return out
+
+    def blank(text: str) -> str:
+        for v in values:
+            text = text.replace(v, "***")
+        return text
+    structured = out.structured
+    if structured is not None:
+        structured = orjson.loads(blank(orjson.dumps(structured).decode()))
+    return CallOutcome(out.ok, structured, blank(out.text), out.raw,
+                       blank(out.in_doubt) if out.in_doubt else None)
 
 
 def result_text(content: list[Any]) -> str:

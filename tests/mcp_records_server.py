@@ -102,6 +102,22 @@ def drop_everything() -> dict[str, Any]:
     return {"dropped": True}
 
 
+@server.tool()
+def set_password(user: str, password: str) -> dict[str, Any]:
+    """Set a user's password; a weak one is refused (and echoed, as servers do)."""
+    if password.startswith("weak"):
+        raise ValueError(f"password {password} for {user} is too weak")
+    effect("password", user)
+    return {"user": user, "note": f"password {password} set"}
+
+
+@server.tool()
+def clear_password(user: str) -> dict[str, Any]:
+    """Undo set_password."""
+    effect("clear", user)
+    return {"user": user}
+
+
 if __name__ == "__main__":
     import sys
     if len(sys.argv) > 2 and sys.argv[1] == "--http":  # Streamable HTTP on this port

@@ -39,6 +39,10 @@ compensation = { tool = "refund", args = { charge_id = "$.output.structuredConte
 [tools.delete_record]
 reversibility = "irreversible"
 
+[tools.set_password]
+compensation = { tool = "clear_password", args = { user = "$.input.user" } }
+secret = ["password"]
+
 [tools.refund]
 reversibility = "irreversible"
 """
@@ -458,3 +462,34 @@ def test_a_streamable_http_downstream(gw: dict[str, Any]) -> None:
     assert not a.is_error
     assert "rolled back" in _text(bad)
     assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "delete"]
+
+
+def test_secret_arguments_never_reach_the_log(gw: dict[str, Any]) -> None:
+    """tools-map secret = [...]: the log keeps a salted digest; the server's echo of
+    the value in a result or an error is blanked before it is logged."""
+    async def go() -> tuple[Any, Any]:
+        async with _session(gw) as s:
+            ok = await s.call_tool("set_password", {"user": "u1", "password": "hunter2-real"})
+            bad = await s.call_tool("set_password", {"user": "u2", "password": "weak-hunter2"})
+            return ok, bad
+    ok, bad = _run(go)
+    assert not ok.is_error
+    assert bad.is_error
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["password", "clear"]
+    from .test_hardening import _dump
+    r: redis.Redis = gw["store"].redis
+    everything = "".join(_dump(r, k) for k in r.scan_iter(count=1000))
+    assert "u1" in everything  # the scan does see the log
+    assert "hunter2" not in everything
+    [st] = _sagas(gw["store"])
+    assert "$secret" in st.steps[0].args["password"]
+
+
+def test_a_tools_map_may_not_copy_a_secret_into_a_compensation(tmp_path: Path) -> None:
+    from saga_store.errors import InvalidInput
+    from saga_store.gateway import load_tools_map
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[tools.t]\nsecret = ["pw"]\n'
+                   'compensation = { tool = "u", args = { pw = "$.input.pw" } }\n')
+    with pytest.raises(InvalidInput, match="would copy a secret"):
+        load_tools_map(bad)
