@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import stat
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -51,6 +52,10 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
     logging.basicConfig(level=log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(message)s")
     with errors_to_exit():
+        for fd, name in ((0, "stdin"), (1, "stdout")):
+            if stat.S_ISREG(os.fstat(fd).st_mode):
+                raise InvalidInput(f"saga mcp-guard speaks MCP over pipes; its {name} is a "
+                                   "file. Start it from an MCP client's configuration")
         if bool(command) == bool(url):
             raise InvalidInput("give the downstream server as -- COMMAND ARGS... or --url URL, "
                                "not both or neither")
