@@ -369,6 +369,8 @@ class Gateway:
             denial = await self._gate(writer, step, name, logged, cls, verdict)
             if denial is not None:
                 self._add(writer, [(K.STEP_FAILED, {"step": step, "data": {"error": denial}})])
+                if explicit:  # the key's record says how it ended, not "pending" for a week
+                    self.dedupe.finish(key, "failed", {"text": denial})
                 return await self._failed(writer, name, cls, CallOutcome(False, None, denial))
             self._add(writer, [started], phase="forward")
         outcome = _scrubbed(await self._call(name, args, key), secrets)
