@@ -18,6 +18,7 @@ touches a single Redis Cluster slot.
     ss:active             zset     sagas with work in flight, scored by the time
                                    (ms) after which the sweeper looks at them
     ss:needs_attention    set      sagas that ended needing a person
+    ss:attention:acks     stream   who acknowledged such a saga, when and why
     ss:gateway:{<id>}     set      sagas an MCP gateway for one downstream has open
     ss:approvals          zset     gated steps awaiting a decision, "<saga>:<step>",
                                    scored by their deadline (ms)
@@ -57,6 +58,7 @@ def saga_secrets(saga_id: str) -> str:
 ACTIVE = f"{PREFIX}:active"
 NEEDS_ATTENTION = f"{PREFIX}:needs_attention"
 APPROVALS = f"{PREFIX}:approvals"
+ATTENTION_ACKS = f"{PREFIX}:attention:acks"
 
 
 def idem(key: str) -> str:

@@ -194,3 +194,31 @@ def test_a_strict_worker_refuses_redis_without_aof(client: redis.Redis, redis_ur
         assert "appendonly=no" in res.output
     finally:
         client.config_set("appendonly", "yes")
+
+
+def test_attention_lists_and_acknowledges(store: Store, client: redis.Redis, redis_url: str,
+                                          ) -> None:
+    """A saga that ended needing a person is listed until someone acknowledges it;
+    the acknowledgement is kept with who and why."""
+    w = store.open("agent-1")
+    w.append("step_intent", step=0, tool="wire", idem_key="k" * 64,
+             data={"args": {}, "reversibility": "irreversible"})
+    w.append("step_started", step=0, attempt=1)
+    w.append("step_succeeded", step=0, data={"result": {}})
+    w.append("saga_failed", data={"reason": "later step failed"})
+    w.append("step_not_compensable", step=0, data={"reason": "irreversible"})
+    w.append("saga_needs_attention", data={"needs_attention": ["step 0 (wire)"]})
+    client.sadd(keys.NEEDS_ATTENTION, w.saga_id)
+    listed = orjson.loads(run(redis_url, "attention", "--json").output)
+    assert [(r["saga_id"], r["needs_attention"]) for r in listed] == [
+        (w.saga_id, ["step 0 (wire)"])]
+    res = run(redis_url, "attention", "--ack", w.saga_id, "--by", "dana", "--note",
+              "refunded by hand")
+    assert res.exit_code == 0, res.output
+    assert orjson.loads(run(redis_url, "attention", "--json").output) == []
+    [(_, ack)] = client.xrange(keys.ATTENTION_ACKS)
+    assert (ack[b"saga_id"].decode(), ack[b"by"], ack[b"note"]) == (
+        w.saga_id, b"dana", b"refunded by hand")
+    again = run(redis_url, "attention", "--ack", w.saga_id, "--by", "dana")
+    assert again.exit_code == 2
+    assert "not waiting for attention" in again.output
