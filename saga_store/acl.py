@@ -44,6 +44,7 @@ def worker_rules() -> list[str]:
     """Rules (after ``ACL SETUSER name reset``) for ``saga worker`` processes."""
     side = ["~ss:{*}:meta", "~ss:{*}:lease", "~ss:{*}:secrets", "~ss:{*}:blob:*",
             "~ss:idem:*", "~ss:ctx:*", "~ss:active", "~ss:needs_attention", "~ss:approvals",
+            "~ss:gateway:*",  # the MCP gateway runs calls like a worker: it uses this user
             "~ss:ledger:{*}:meta", "~ss:ledger:{*}:lease"]
     return [
         # RQ's keys and channels: RQ's own bookkeeping, including its deletes

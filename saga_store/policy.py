@@ -219,7 +219,8 @@ def _rule(raw: Any, where: str) -> Rule:
     if not isinstance(args, dict):
         raise InvalidInput(f"{where}: args is a table of argument name = regex")
     production = r.pop("production", None)
-    name = str(r.pop("name", "")) or f"#{where.rsplit('[', 1)[-1].rstrip(']')}"
+    number = int(where.rsplit("[", 1)[-1].rstrip("]")) + 1  # as a person counts them
+    name = str(r.pop("name", "")) or f"#{number}"
     if r:
         raise InvalidInput(f"{where}: unknown key(s) {sorted(r)}")
     if not isinstance(tool, str):

@@ -493,3 +493,26 @@ def test_a_tools_map_may_not_copy_a_secret_into_a_compensation(tmp_path: Path) -
                    'compensation = { tool = "u", args = { pw = "$.input.pw" } }\n')
     with pytest.raises(InvalidInput, match="would copy a secret"):
         load_tools_map(bad)
+
+
+def test_the_gateway_runs_as_the_worker_acl_user(gw: dict[str, Any], tmp_path: Path) -> None:
+    """The gateway needs no right the worker ACL user lacks (no DEL, no CONFIG)."""
+    from saga_store import acl
+    from saga_store.testing import RedisServer
+    with RedisServer() as srv:
+        admin = redis.Redis.from_url(srv.url)
+        admin.execute_command("ACL", "SETUSER", *acl.setuser_args(
+            "saga-worker", acl.worker_rules()), ">w-pass")
+        gw["env"]["SAGA_REDIS_URL"] = f"redis://saga-worker:w-pass@127.0.0.1:{srv.port}/0"
+
+        async def go() -> Any:
+            async with _session(gw) as s:
+                await s.call_tool("create_record", {"name": "a"})
+                return await s.call_tool("update_crm", {"note": "fail"})
+        bad = _run(go)
+        assert "rolled back" in _text(bad)
+        assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "delete"]
+        store = SagaStore(admin, Registry())
+        [st] = _sagas(store)
+        assert st.status is Status.COMPENSATED
+        assert Verifier(store.store.log).verify().ok
