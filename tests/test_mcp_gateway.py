@@ -516,3 +516,55 @@ def test_the_gateway_runs_as_the_worker_acl_user(gw: dict[str, Any], tmp_path: P
         [st] = _sagas(store)
         assert st.status is Status.COMPENSATED
         assert Verifier(store.store.log).verify().ok
+
+
+def test_a_forgotten_approval_becomes_a_denial(gw: dict[str, Any]) -> None:
+    (gw["tmp"] / "policy.toml").write_text(POLICY.replace(
+        'irreversible = "require_approval"',
+        'irreversible = "require_approval"\napproval_timeout_s = 1'))
+
+    async def go() -> Any:
+        async with _session(gw) as s:
+            await s.call_tool("create_record", {"name": "a"})
+            return await s.call_tool("wire_funds", {"amount_cents": 5, "to": "a"})
+    result = _run(go)
+    assert result.is_error
+    assert "denied by timeout" in _text(result)
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "delete"]
+    [st] = _sagas(gw["store"])
+    assert st.status is Status.COMPENSATED
+    assert st.steps[1].approval == "denied"
+
+
+def test_a_session_left_open_by_a_killed_gateway_is_committed_by_the_next(
+        gw: dict[str, Any]) -> None:
+    """Every call of the dead gateway's session had an outcome: it stands."""
+    proc = subprocess.Popen([sys.executable, *gw["args"], "--", *SERVER], cwd=ROOT,
+                            env=gw["env"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    for msg in ({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                    "protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "raw", "version": "1"}}},
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                 "params": {"name": "create_record", "arguments": {"name": "kept"}}}):
+        proc.stdin.write(json.dumps(msg) + "\n")
+        proc.stdin.flush()
+        if "id" in msg:
+            assert json.loads(proc.stdout.readline())["id"] == msg["id"]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    store: SagaStore = gw["store"]
+    [st] = _sagas(store)
+    assert st.status is Status.RUNNING  # nobody closed it
+
+    async def next_gateway() -> None:
+        async with _session(gw) as s:
+            await s.list_tools()
+    _run(next_gateway)
+    [st] = _sagas(store)
+    assert st.status is Status.COMMITTED
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create"]
+    assert Verifier(store.store.log).verify().ok
