@@ -36,12 +36,11 @@ class Pending:
     saga_id: str
     step: int
     preview: dict[str, Any]
-    requested_ts: int | None
     expires_ms: int | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"saga_id": self.saga_id, "step": self.step, "requested_ts": self.requested_ts,
-                "expires_ms": self.expires_ms, **self.preview}
+        return {"saga_id": self.saga_id, "step": self.step, "expires_ms": self.expires_ms,
+                **self.preview}
 
 
 def preview(spec: ToolSpec, logged_args: dict[str, Any], verdict: Verdict,
@@ -79,7 +78,7 @@ def pending(store: SagaStore, limit: int = 1000) -> list[Pending]:
         if step is None or step.approval != "requested" or st.status is not Status.RUNNING:
             continue
         data = step.approval_data or {}
-        out.append(Pending(saga_id, int(step_s), dict(data), None,
+        out.append(Pending(saga_id, int(step_s), dict(data),
                            None if score >= NO_DEADLINE else int(score)))
     return out
 

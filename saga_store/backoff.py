@@ -44,18 +44,12 @@ class Outage:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self.since: float | None = None
-        self.outages = 0
-
-    @property
-    def down(self) -> bool:
-        return self.since is not None
 
     def failed(self, error: BaseException) -> None:
         with self._lock:
             if self.since is not None:
                 return
             self.since = time.monotonic()
-            self.outages += 1
         log.error("Redis unreachable (%s); retrying with backoff (capped at %.0f s, jittered) "
                   "until it answers", type(error).__name__, CAP_S)
 

@@ -649,10 +649,6 @@ def result_text(content: list[Any]) -> str:
                      == "text")
 
 
-def dumps(value: Any) -> str:
-    return orjson.dumps(value).decode()
-
-
 class GuardedSession:
     """The gateway in the agent's own process: wrap an MCP ``ClientSession`` and
     every ``call_tool`` goes through the same saga logic as ``saga mcp-guard``,
