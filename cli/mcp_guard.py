@@ -96,17 +96,12 @@ async def _serve(store: SagaStore, policy: Any, tools_map: Any, gid: str, agent_
     from mcp.server.lowlevel import Server
     from mcp.server.stdio import stdio_server
 
-    from saga_store.gateway import SESSION_TOOLS, CallOutcome, Gateway, as_result, result_text
+    from saga_store.gateway import SESSION_TOOLS, Gateway, as_result, caller
 
     async with _downstream(command, url) as session:
         await session.initialize()
 
-        async def call(name: str, args: dict[str, Any], meta: dict[str, Any]) -> CallOutcome:
-            r = await session.call_tool(name, args, meta=meta)
-            return CallOutcome(not r.is_error, r.structured_content, result_text(r.content),
-                               raw=r)
-
-        gw = Gateway(store, policy, tools_map, call, gid, agent_id=agent_id,
+        gw = Gateway(store, policy, tools_map, caller(session), gid, agent_id=agent_id,
                      dedupe_ttl_s=store.settings.dedupe_ttl_s)
         gw.set_tools((await session.list_tools()).tools)
         for sid, how in await gw.recover():

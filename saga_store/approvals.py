@@ -25,7 +25,6 @@ from .state import Status
 if TYPE_CHECKING:
     from .client import SagaStore
     from .policy import Verdict
-    from .tools import ToolSpec
 
 NO_DEADLINE = 2**52  # score of an approval that never times out
 MAX_NAME = 128
@@ -43,16 +42,17 @@ class Pending:
                 **self.preview}
 
 
-def preview(spec: ToolSpec, logged_args: dict[str, Any], verdict: Verdict,
+def preview(tool: str, logged_args: dict[str, Any], reversibility: str,
+            compensation: dict[str, Any] | None, verdict: Verdict,
             timeout_s: float) -> dict[str, Any]:
-    """What a person sees before deciding: secrets masked, what would undo it."""
+    """What a person sees before deciding (for a worker's step or a gateway's
+    call alike): secrets masked, what would undo it, why it was gated."""
     args = {k: "***" if isinstance(v, dict) and "$secret" in v else v
             for k, v in logged_args.items()}
     out: dict[str, Any] = {
-        "tool": spec.name, "args": args, "reversibility": str(spec.reversibility),
-        "compensation": ({"tool": spec.compensation, "mapping": dict(spec.mapping)}
-                         if spec.compensation else None),
-        "production": verdict.production, "reason": verdict.reason}
+        "tool": tool, "args": args, "reversibility": reversibility,
+        "compensation": compensation, "production": verdict.production,
+        "reason": verdict.reason}
     if timeout_s:
         out["timeout_s"] = timeout_s
     return out

@@ -478,15 +478,10 @@ class Gateway:
         """None if the call may run; else why not. Waits for a person when asked to."""
         if verdict.decision is Decision.DENY:
             return f"denied by policy ({verdict.reason})"
-        shown = {k: "***" if isinstance(v, dict) and "$secret" in v else v
-                 for k, v in args.items()}
-        comp = ({"tool": cls.compensation.tool, "mapping": dict(cls.compensation.args)}
+        undo = ({"tool": cls.compensation.tool, "mapping": dict(cls.compensation.args)}
                 if cls.compensation else None)
-        preview: dict[str, Any] = {"tool": name, "args": shown, "reversibility": cls.reversibility,
-                   "compensation": comp, "production": verdict.production,
-                   "reason": verdict.reason}
-        if self.approval_timeout_s:
-            preview["timeout_s"] = self.approval_timeout_s
+        preview = approvals.preview(name, args, cls.reversibility, undo, verdict,
+                                    self.approval_timeout_s)
         writer.append(K.APPROVAL_REQUESTED, step=step, tool=name, data=preview,
                       phase="forward")
         self.store.redis.zadd(keys.APPROVALS, {approvals.member(writer.saga_id, step):
@@ -644,6 +639,15 @@ def _scrubbed(out: CallOutcome, secrets: Mapping[str, Any]) -> CallOutcome:
                        blank(out.in_doubt) if out.in_doubt else None)
 
 
+def caller(session: Any) -> CallFn:
+    """How the gateway reaches a downstream MCP ``ClientSession``."""
+    async def call(name: str, args: dict[str, Any], meta: dict[str, Any]) -> CallOutcome:
+        r = await session.call_tool(name, args, meta=meta)
+        return CallOutcome(not r.is_error, r.structured_content, result_text(r.content),
+                           raw=r)
+    return call
+
+
 def result_text(content: list[Any]) -> str:
     return "\n".join(getattr(c, "text", "") or "" for c in content if getattr(c, "type", "")
                      == "text")
@@ -664,13 +668,8 @@ class GuardedSession:
                  tools_map: Mapping[str, Classification] | None = None,
                  downstream: str = "in-process", agent_id: str = "mcp-client") -> None:
         self.session = session
-
-        async def call(name: str, args: dict[str, Any], meta: dict[str, Any]) -> CallOutcome:
-            r = await session.call_tool(name, args, meta=meta)
-            return CallOutcome(not r.is_error, r.structured_content, result_text(r.content),
-                               raw=r)
-
-        self.gateway = Gateway(saga_store, policy or Policy.safe(), tools_map or {}, call,
+        self.gateway = Gateway(saga_store, policy or Policy.safe(), tools_map or {},
+                               caller(session),
                                gateway_id(None, downstream), agent_id=agent_id,
                                dedupe_ttl_s=saga_store.settings.dedupe_ttl_s)
 

@@ -285,7 +285,10 @@ class StepRunner:
         if verdict.decision is Decision.DENY:
             return self._finish(writer, saga_id, step, view, token, extra, Outcome(
                 "failed", error=f"denied by policy ({verdict.reason})"), spec, acquire=ttl)
-        data = approvals.preview(spec, args, verdict, policy.approval_timeout_s)
+        undo = ({"tool": spec.compensation, "mapping": dict(spec.mapping)}
+                if spec.compensation else None)
+        data = approvals.preview(spec.name, args, str(spec.reversibility), undo, verdict,
+                                 policy.approval_timeout_s)
         call = writer.prepare([(K.APPROVAL_REQUESTED, {"step": step, "tool": spec.name,
                                                        "data": data})], phase="forward")
         pipe = self.store.redis.pipeline(transaction=False)
