@@ -159,7 +159,11 @@ class Policy:
     def decide(self, tool: str, reversibility: str | None, args: Mapping[str, Any],
                tool_default: Decision | None = None) -> Verdict:
         rev = reversibility if reversibility in REVERSIBILITIES else "unknown"
-        production = self.is_production(args)
+        # scanning every argument string is work on each step's path: do it only
+        # where the flag can change the decision (or shows in a preview, below)
+        matters = self.production_decision is not Decision.ALLOW or any(
+            r.production is not None for r in self.rules)
+        production = self.is_production(args) if matters else False
         for rule in self.rules:
             if rule.matches(tool, rev, args, production):
                 decision, reason = rule.decision, f"policy rule {rule.name}"
@@ -170,6 +174,8 @@ class Policy:
                 decision, reason = tool_default, f"the tool's own default ({tool_default})"
         if production and self.production_decision.rank > decision.rank:
             decision, reason = self.production_decision, "PRODUCTION arguments"
+        if not matters and decision is not Decision.ALLOW:
+            production = self.is_production(args)  # a person will see the flag
         return Verdict(decision, reason, production)
 
 

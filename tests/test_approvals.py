@@ -65,6 +65,13 @@ def test_rules_match_tool_reversibility_and_arguments_first_match_wins() -> None
         is Decision.REQUIRE_APPROVAL
 
 
+def test_without_a_policy_file_only_a_tools_own_default_gates() -> None:
+    p = Policy.permissive()
+    assert p.decide("wire", "irreversible", {"env": "prod"}).decision is Decision.ALLOW
+    v = p.decide("wire", "irreversible", {"env": "prod"}, Decision.REQUIRE_APPROVAL)
+    assert (v.decision, v.production) == (Decision.REQUIRE_APPROVAL, True)  # for the preview
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("[defaults]\nirreversible = 'maybe'\n", "not one of allow"),
     ("[[rules]]\ntool = 'x'\n", "needs a decision"),
