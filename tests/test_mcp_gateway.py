@@ -104,6 +104,52 @@ def _text(result: Any) -> str:
     return "\n".join(getattr(c, "text", "") for c in result.content)
 
 
+class RawGateway:
+    """``saga mcp-guard`` as a process spoken to in raw JSON-RPC lines (batches,
+    kills), initialized; in its own process group, so a kill takes its server too."""
+
+    def __init__(self, gw: dict[str, Any], env: dict[str, str] | None = None,
+                 protocol: str = "2025-06-18") -> None:
+        self.proc = subprocess.Popen([sys.executable, *gw["args"], "--", *SERVER], cwd=ROOT,
+                                     env=env or gw["env"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, start_new_session=True)
+        self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": protocol, "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"}}})
+        assert self.receive()["id"] == 0
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def send(self, msg: Any) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+
+    def call(self, i: int, name: str, arguments: dict[str, Any]) -> None:
+        self.send({"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                   "params": {"name": name, "arguments": arguments}})
+
+    def receive(self) -> Any:
+        assert self.proc.stdout is not None
+        return json.loads(self.proc.stdout.readline())
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=10)
+
+
+def _next_gateway(gw: dict[str, Any]) -> None:
+    """Start a gateway for the same downstream (it recovers before serving)."""
+    async def go() -> None:
+        async with _session(gw) as s:
+            await s.list_tools()
+    _run(go)
+
+
 def test_a_failure_after_two_compensable_calls_undoes_both_last_first(
         gw: dict[str, Any]) -> None:
     async def go() -> tuple[Any, Any, Any]:
@@ -258,23 +304,10 @@ def test_session_tools_begin_commit_abort(gw: dict[str, Any]) -> None:
 def test_a_batch_gets_the_same_treatment_as_single_calls(gw: dict[str, Any]) -> None:
     """A JSON-RPC batch of tools/call is split: each call meets the gate and the log
     exactly as a single one would, and the answers come back as one batch."""
-    proc = subprocess.Popen([sys.executable, *gw["args"], "--", *SERVER], cwd=ROOT,
-                            env=gw["env"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True)
-    assert proc.stdin is not None
-    assert proc.stdout is not None
+    raw = RawGateway(gw, protocol="2025-03-26")  # batches were still in that version
     store: SagaStore = gw["store"]
-
-    def send(msg: Any) -> None:
-        proc.stdin.write(json.dumps(msg) + "\n")  # type: ignore[union-attr]
-        proc.stdin.flush()  # type: ignore[union-attr]
     try:
-        send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-03-26", "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "1"}}})
-        assert json.loads(proc.stdout.readline())["id"] == 1
-        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-        send([{"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        raw.send([{"jsonrpc": "2.0", "id": 2, "method": "tools/call",
                "params": {"name": "create_record", "arguments": {"name": "in-batch"}}},
               {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
                "params": {"name": "wire_funds", "arguments": {"amount_cents": 1, "to": "x"}}},
@@ -286,10 +319,9 @@ def test_a_batch_gets_the_same_treatment_as_single_calls(gw: dict[str, Any]) -> 
         assert not [e for e in _effects(gw["ledger"]) if e[1] in ("wire", "drop")]
         approvals.decide(store, pending[0].saga_id, pending[0].step, grant=False, by="bob",
                          reason="not in a batch")
-        answers = json.loads(proc.stdout.readline())
+        answers = raw.receive()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=10)
+        raw.stop()
     assert isinstance(answers, list)
     by_id = {a["id"]: a["result"] for a in answers}
     assert sorted(by_id) == [2, 3, 4]
@@ -309,37 +341,17 @@ def test_a_gateway_killed_mid_unwind_is_finished_by_the_next(gw: dict[str, Any])
     downstream finishes the unwind before serving, and nothing is undone twice."""
     hang = gw["tmp"] / "hang"
     hang.touch()
-    env = {**gw["env"], "RECORDS_HANG_ON_DELETE": str(hang)}
-    proc = subprocess.Popen([sys.executable, *gw["args"], "--", *SERVER], cwd=ROOT, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    assert proc.stdin is not None
-    assert proc.stdout is not None
-
-    def rpc(i: int, method: str, params: Any) -> None:
-        proc.stdin.write(json.dumps({"jsonrpc": "2.0", "id": i, "method": method,  # type: ignore[union-attr]
-                                     "params": params}) + "\n")
-        proc.stdin.flush()  # type: ignore[union-attr]
-    rpc(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {},
-                          "clientInfo": {"name": "raw", "version": "1"}})
-    proc.stdout.readline()
-    proc.stdin.write(json.dumps({"jsonrpc": "2.0", "method": "notifications/initialized"})
-                     + "\n")
-    rpc(2, "tools/call", {"name": "create_record", "arguments": {"name": "a"}})
-    proc.stdout.readline()
-    rpc(3, "tools/call", {"name": "update_crm", "arguments": {"note": "fail"}})
+    raw = RawGateway(gw, {**gw["env"], "RECORDS_HANG_ON_DELETE": str(hang)})
+    raw.call(2, "create_record", {"name": "a"})
+    raw.receive()
+    raw.call(3, "update_crm", {"note": "fail"})
     store: SagaStore = gw["store"]
     assert_eventually(lambda: any(st.steps[0].compensation == "intent"
                                   for st in _sagas(store)), timeout=30,
                       what="the unwind to reach the hanging compensation")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    raw.kill()
     hang.unlink()
-
-    async def next_gateway() -> None:
-        async with _session(gw) as s:
-            await s.list_tools()
-    _run(next_gateway)
+    _next_gateway(gw)
     [st] = _sagas(store)
     assert st.status is Status.COMPENSATED
     assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "delete"]
@@ -539,31 +551,14 @@ def test_a_forgotten_approval_becomes_a_denial(gw: dict[str, Any]) -> None:
 def test_a_session_left_open_by_a_killed_gateway_is_committed_by_the_next(
         gw: dict[str, Any]) -> None:
     """Every call of the dead gateway's session had an outcome: it stands."""
-    proc = subprocess.Popen([sys.executable, *gw["args"], "--", *SERVER], cwd=ROOT,
-                            env=gw["env"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    assert proc.stdin is not None
-    assert proc.stdout is not None
-    for msg in ({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                    "protocolVersion": "2025-06-18", "capabilities": {},
-                    "clientInfo": {"name": "raw", "version": "1"}}},
-                {"jsonrpc": "2.0", "method": "notifications/initialized"},
-                {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                 "params": {"name": "create_record", "arguments": {"name": "kept"}}}):
-        proc.stdin.write(json.dumps(msg) + "\n")
-        proc.stdin.flush()
-        if "id" in msg:
-            assert json.loads(proc.stdout.readline())["id"] == msg["id"]
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    raw = RawGateway(gw)
+    raw.call(2, "create_record", {"name": "kept"})
+    assert raw.receive()["id"] == 2
+    raw.kill()
     store: SagaStore = gw["store"]
     [st] = _sagas(store)
     assert st.status is Status.RUNNING  # nobody closed it
-
-    async def next_gateway() -> None:
-        async with _session(gw) as s:
-            await s.list_tools()
-    _run(next_gateway)
+    _next_gateway(gw)
     [st] = _sagas(store)
     assert st.status is Status.COMMITTED
     assert [k for _, k, _ in _effects(gw["ledger"])] == ["create"]
