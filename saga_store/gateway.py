@@ -238,7 +238,6 @@ class Gateway:
         self._validators: dict[str, Any] = {}
         self.session = Session(agent_id)
         self.dedupe = DedupeRecords(self.store.redis, dedupe_ttl_s)
-        self.approval_timeout_s = policy.approval_timeout_s
         self._lock: Any = None  # an anyio.Lock, made inside the event loop
 
     # -- tools/list ------------------------------------------------------------
@@ -266,7 +265,9 @@ class Gateway:
         if s.writer is None:
             s.writer = self.store.open(s.agent_id, saga_id=new_id(),
                                        data={"executor": EXECUTOR, "gateway": self.gid})
-            s.state = fold(s.writer.saga_id, self.store.log.bodies(s.writer.saga_id))
+            # the state of a saga just opened is known: no need to read it back
+            s.state = SagaState(s.writer.saga_id, agent_id=s.agent_id, seq=s.writer.head.seq,
+                                executor=EXECUTOR)
             self.store.redis.sadd(keys.gateway_sagas(self.gid), s.writer.saga_id)
         return s.writer
 
@@ -296,10 +297,9 @@ class Gateway:
 
     def commit(self) -> str | None:
         """Commit the session's saga (the session ended, or saga_commit)."""
-        writer = self.session.writer
-        if writer is None:
+        writer, st = self.session.writer, self.session.state
+        if writer is None or st is None:
             return None
-        st = self._refresh()
         if any(s.status not in ("succeeded", "failed") for s in st.steps.values()):
             raise InvalidInput(f"saga {writer.saga_id} has a step without an outcome; "
                                "abort it instead")
@@ -478,20 +478,19 @@ class Gateway:
         """None if the call may run; else why not. Waits for a person when asked to."""
         if verdict.decision is Decision.DENY:
             return f"denied by policy ({verdict.reason})"
+        timeout_s = self.policy.approval_timeout_s
         undo = ({"tool": cls.compensation.tool, "mapping": dict(cls.compensation.args)}
                 if cls.compensation else None)
-        preview = approvals.preview(name, args, cls.reversibility, undo, verdict,
-                                    self.approval_timeout_s)
+        preview = approvals.preview(name, args, cls.reversibility, undo, verdict, timeout_s)
         writer.append(K.APPROVAL_REQUESTED, step=step, tool=name, data=preview,
                       phase="forward")
         self.store.redis.zadd(keys.APPROVALS, {approvals.member(writer.saga_id, step):
-                                               approvals.deadline(self.approval_timeout_s)})
+                                               approvals.deadline(timeout_s)})
         project(self.store, writer.saga_id)
         log.warning("saga %s step %d (%s) waits for approval: saga approve %s %d",
                     writer.saga_id, step, name, writer.saga_id, step)
         import anyio
-        deadline = time.monotonic() + self.approval_timeout_s if self.approval_timeout_s \
-            else None
+        deadline = time.monotonic() + timeout_s if timeout_s else None
         while True:
             s = self._refresh().steps[step]
             if s.approval == "granted":
