@@ -47,9 +47,10 @@ from .canonical import canonical
 from .context import project
 from .errors import ConflictError, InvalidInput, KeyReuseError
 from .events import EventKind as K
-from .idempotency import DedupeRecords, compensation_key, explicit_key, step_key
+from .idempotency import DedupeRecords, args_digest, compensation_key, explicit_key, step_key
 from .ids import new_id
 from .policy import Decision, Policy, Verdict, read_toml
+from .secrets import Secrets, scrub
 from .state import SagaState, Status, fold, unwind_order
 from .store import ChainWriter
 
@@ -337,8 +338,7 @@ class Gateway:
         writer = self._open()
         st = self.session.state
         assert st is not None
-        secrets = {k: args[k] for k in cls.secret if k in args}
-        logged = self._redact(args, secrets)
+        logged, secrets = Secrets.redact(args, cls.secret, self.session.salt)
         explicit = (meta or {}).get(META_IDEMPOTENCY)
         key = explicit_key(str(explicit)) if explicit else step_key(writer.saga_id, name,
                                                                     logged)
@@ -346,9 +346,8 @@ class Gateway:
             return self._repeat(writer, st, st.by_key[key])
         if explicit:
             try:
-                claim = self.dedupe.claim(key, hashlib.sha256(canonical([name, args])
-                                                              ).hexdigest(),
-                                          writer.saga_id, st.next_step)
+                claim = self.dedupe.claim(key, args_digest(name, args), writer.saga_id,
+                                          st.next_step)
             except KeyReuseError as exc:
                 return CallOutcome(False, None, str(exc))
             if claim.status == "exists":
@@ -397,16 +396,6 @@ class Gateway:
         except Exception as exc:  # the downstream broke mid-call: unknown if it ran
             return CallOutcome(False, None, f"{type(exc).__name__}: {exc}",
                                in_doubt=f"the call did not return: {type(exc).__name__}")
-
-    def _redact(self, args: dict[str, Any], secrets: Mapping[str, Any]) -> dict[str, Any]:
-        """The arguments as logged: a secret becomes a salted digest (the salt is the
-        session's own), so the log can tell two values apart but never show one."""
-        if not secrets:
-            return args
-        out = dict(args)
-        for k, v in secrets.items():
-            out[k] = {"$secret": hashlib.sha256(self.session.salt + canonical(v)).hexdigest()}
-        return out
 
     def _project_soon(self, saga_id: str) -> None:
         """Context events for successful calls go out in batches (every
@@ -623,19 +612,13 @@ def _scrubbed(out: CallOutcome, secrets: Mapping[str, Any]) -> CallOutcome:
     """The outcome as it may be logged: secret values blanked out of its text and
     structured content (servers echo arguments in errors). The client still gets
     the server's own answer (``raw``)."""
-    values = [str(v) for v in secrets.values() if len(str(v)) >= 4]
-    if not values:
+    if not secrets:
         return out
-
-    def blank(text: str) -> str:
-        for v in values:
-            text = text.replace(v, "***")
-        return text
     structured = out.structured
     if structured is not None:
-        structured = orjson.loads(blank(orjson.dumps(structured).decode()))
-    return CallOutcome(out.ok, structured, blank(out.text), out.raw,
-                       blank(out.in_doubt) if out.in_doubt else None)
+        structured = orjson.loads(scrub(orjson.dumps(structured).decode(), secrets))
+    return CallOutcome(out.ok, structured, scrub(out.text, secrets), out.raw,
+                       scrub(out.in_doubt, secrets) if out.in_doubt else None)
 
 
 def caller(session: Any) -> CallFn:

@@ -61,3 +61,13 @@ class Secrets:
 
     def drop(self, saga_id: str) -> None:
         self.redis.pexpire(keys.saga_secrets(saga_id), 0)  # expire now (no DEL right needed)
+
+
+def scrub(text: str, secrets: Mapping[str, Any] | None) -> str:
+    """``text`` with any secret argument value blanked out (exceptions and servers
+    quote arguments). Values under 4 characters are left: they would blank noise."""
+    for value in (secrets or {}).values():
+        s = str(value)
+        if len(s) >= 4:
+            text = text.replace(s, "***")
+    return text

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from saga_store.canonical import check_json
 from saga_store.errors import InvalidInput, StepError
+from saga_store.secrets import scrub
 from saga_store.tools import StepContext, ToolSpec
 
 
@@ -64,8 +65,8 @@ class Invoker:
                 if retryable and tries < spec.retry.max_attempts:
                     time.sleep(spec.retry.backoff(tries))
                     continue
-                return Outcome("failed", error=scrub(f"{type(exc).__name__}: {exc}", secrets),
-                               retryable=retryable, tries=tries)
+                error = scrub(f"{type(exc).__name__}: {exc}", secrets)[:2000]
+                return Outcome("failed", error=error, retryable=retryable, tries=tries)
             try:
                 result = as_result(raw)
             except InvalidInput as exc:
@@ -120,15 +121,6 @@ def as_result(raw: Any) -> dict[str, Any]:
                            "return a dict")
     check_json(raw, "result")
     return raw
-
-
-def scrub(text: str, secrets: Mapping[str, Any] | None) -> str:
-    """``text`` with any secret argument value blanked out (exceptions quote args)."""
-    for value in (secrets or {}).values():
-        s = str(value)
-        if len(s) >= 4:
-            text = text.replace(s, "***")
-    return text[:2000]
 
 
 def _holds(cond: Any, *args: Any) -> bool:
