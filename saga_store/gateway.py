@@ -220,7 +220,6 @@ class Session:
     writer: ChainWriter | None = None
     state: SagaState | None = None
     explicit: bool = False
-    rolled_back: list[str] = field(default_factory=list)
     unprojected: int = 0
     projected_at: float = 0.0
     salt: bytes = field(default_factory=lambda: os.urandom(16))
@@ -309,10 +308,12 @@ class Gateway:
         return writer.saga_id
 
     async def abort(self, reason: str) -> str | None:
+        """Roll back the session's saga; its id, or None if none was open."""
         writer = self.session.writer
         if writer is None:
             return None
-        return await self.rollback(writer, reason)
+        await self.rollback(writer, reason)
+        return writer.saga_id
 
     # -- tools/call -------------------------------------------------------------
 
@@ -416,8 +417,7 @@ class Gateway:
         if not cls.mutating and not outcome.in_doubt:
             project(self.store, writer.saga_id)
             return outcome
-        ended = await self.rollback(writer, f"{name} failed: {outcome.text[:300]}")
-        undone = self.session.rolled_back
+        ended, undone = await self.rollback(writer, f"{name} failed: {outcome.text[:300]}")
         note = (f"\n\n[saga {writer.saga_id} rolled back: {ended}; undone, last first: "
                 f"{', '.join(undone) if undone else 'nothing'}. Earlier results of this "
                 "session no longer hold.]")
@@ -515,22 +515,23 @@ class Gateway:
         if current is None:
             return CallOutcome(True, {"saga_id": None}, "no saga was open")
         writer = current
-        ended = await self.rollback(writer, reason)
+        ended, undone = await self.rollback(writer, reason)
         return CallOutcome(True, {"saga_id": writer.saga_id, "state": ended,
-                                  "undone": self.session.rolled_back},
+                                  "undone": undone},
                            f"saga {writer.saga_id} {ended}; undone, last first: "
-                           f"{', '.join(self.session.rolled_back) or 'nothing'}")
+                           f"{', '.join(undone) or 'nothing'}")
 
     # -- the unwind ----------------------------------------------------------------
 
-    async def rollback(self, writer: ChainWriter, reason: str) -> str:
+    async def rollback(self, writer: ChainWriter, reason: str) -> tuple[str, list[str]]:
         """Compensate the saga's succeeded mutating calls, last first, through the
-        downstream server. Works from the log, so a later gateway can finish it."""
+        downstream server. Works from the log, so a later gateway can finish it.
+        Returns how the saga ended and what was undone, last first."""
         st = fold(writer.saga_id, self.store.log.bodies(writer.saga_id))
         writer.head = self.store.log.head(writer.saga_id)
         if st.final:
             self._close(writer)
-            return str(st.status)
+            return str(st.status), []
         if st.status is Status.RUNNING:
             writer.append(K.SAGA_FAILED, data={"reason": reason})
         undone: list[str] = []
@@ -571,16 +572,14 @@ class Gateway:
             writer.append(K.SAGA_STUCK, data={"step": n, "error": out.text[:500],
                                               "hint": "fix the cause, then restart the "
                                                       "gateway to finish the unwind"})
-            self.session.rolled_back = undone
             project(self.store, writer.saga_id)
-            return "stuck"
+            return "stuck", undone
         final = K.SAGA_NEEDS_ATTENTION if attention else K.SAGA_COMPENSATED
         writer.append(final, data={"needs_attention": attention} if attention else None)
         if attention:
             self.store.redis.sadd(keys.NEEDS_ATTENTION, writer.saga_id)
-        self.session.rolled_back = undone
         self._close(writer)
-        return "needs attention" if attention else "compensated"
+        return ("needs attention" if attention else "compensated"), undone
 
     async def recover(self) -> list[tuple[str, str]]:
         """Finish what a previous gateway for this downstream left: unwinds it began,
@@ -603,8 +602,8 @@ class Gateway:
                 self._close(writer)
                 done.append((sid, "committed"))
                 continue
-            done.append((sid, await self.rollback(writer, "the previous gateway stopped "
-                                                          "mid-session")))
+            ended, _ = await self.rollback(writer, "the previous gateway stopped mid-session")
+            done.append((sid, ended))
         return done
 
 
