@@ -58,6 +58,13 @@ def preview(tool: str, logged_args: dict[str, Any], reversibility: str,
     return out
 
 
+def denial(decision: Any) -> str:
+    """The error a denied step fails with: who denied it, and why."""
+    d = decision if isinstance(decision, dict) else {}
+    why = f": {d['reason']}" if d.get("reason") else ""
+    return f"denied by {d.get('by', 'someone')}{why}"
+
+
 def member(saga_id: str, step: int) -> str:
     return f"{saga_id}:{step}"
 

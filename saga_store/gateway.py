@@ -487,9 +487,7 @@ class Gateway:
                 return None
             if s.approval == "denied":
                 writer.head = self.store.log.head(writer.saga_id)
-                d = (s.approval_data or {}).get("decision") or {}
-                why = f": {d['reason']}" if d.get("reason") else ""
-                return f"denied by {d.get('by', 'someone')}{why}"
+                return approvals.denial((s.approval_data or {}).get("decision"))
             if deadline is not None and time.monotonic() > deadline:
                 with contextlib.suppress(InvalidInput, ConflictError):
                     approvals.decide(self.saga_store, writer.saga_id, step, grant=False,

@@ -268,11 +268,8 @@ class StepRunner:
             if kind == K.APPROVAL_GRANTED:
                 return None
             if kind == K.APPROVAL_DENIED:
-                d = data if isinstance(data, dict) else {}
-                why = f": {d['reason']}" if d.get("reason") else ""
                 return self._finish(writer, saga_id, step, view, token, extra, Outcome(
-                    "failed", error=f"denied by {d.get('by', 'someone')}{why}"), spec,
-                    acquire=ttl)
+                    "failed", error=approvals.denial(data)), spec, acquire=ttl)
             self._ack(extra)  # requested and not decided yet: nothing to do until it is
             return "awaiting_approval"
         assert view.intent is not None
