@@ -96,7 +96,7 @@ async def _serve(store: SagaStore, policy: Any, tools_map: Any, gid: str, agent_
     from mcp.server.lowlevel import Server
     from mcp.server.stdio import stdio_server
 
-    from saga_store.gateway import SESSION_TOOLS, Gateway, as_result, caller
+    from saga_store.gateway import Gateway, as_result, caller
 
     async with _downstream(command, url) as session:
         await session.initialize()
@@ -107,25 +107,8 @@ async def _serve(store: SagaStore, policy: Any, tools_map: Any, gid: str, agent_
         for sid, how in await gw.recover():
             log.warning("finished saga %s left by an earlier gateway: %s", sid, how)
 
-        session_tools = [
-            types.Tool(name="saga_begin", description="Start a saga: later calls are undone "
-                       "together if one fails, until saga_commit. [saga: session control]",
-                       input_schema={"type": "object", "properties": {}}),
-            types.Tool(name="saga_commit", description="Commit the open saga: its calls "
-                       "stand. [saga: session control]",
-                       input_schema={"type": "object", "properties": {}}),
-            types.Tool(name="saga_abort", description="Undo the open saga's calls, last "
-                       "first. [saga: session control]",
-                       input_schema={"type": "object",
-                                     "properties": {"reason": {"type": "string"}}}),
-        ]
-        assert [t.name for t in session_tools] == list(SESSION_TOOLS)
-
         async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-            tools = (await session.list_tools()).tools
-            gw.set_tools(tools)
-            listed = [t.model_copy(update={"description": gw.describe(t)}) for t in tools]
-            return types.ListToolsResult(tools=[*listed, *session_tools])
+            return types.ListToolsResult(tools=gw.listed((await session.list_tools()).tools))
 
         async def on_call_tool(ctx: Any, params: types.CallToolRequestParams,
                                ) -> types.CallToolResult:

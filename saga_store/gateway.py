@@ -60,7 +60,15 @@ if TYPE_CHECKING:
 log = logging.getLogger("saga_store.gateway")
 META_COMPENSATE = "dev.chronomcp/compensate"
 META_IDEMPOTENCY = "dev.chronomcp/idempotency_key"
-SESSION_TOOLS = ("saga_begin", "saga_commit", "saga_abort")
+# the tools the gateway adds: name -> (description, input schema)
+SESSION_TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
+    "saga_begin": ("Start a saga: later calls are undone together if one fails, until "
+                   "saga_commit. [saga: session control]", {"type": "object", "properties": {}}),
+    "saga_commit": ("Commit the open saga: its calls stand. [saga: session control]",
+                    {"type": "object", "properties": {}}),
+    "saga_abort": ("Undo the open saga's calls, last first. [saga: session control]",
+                   {"type": "object", "properties": {"reason": {"type": "string"}}}),
+}
 EXECUTOR = "mcp-gateway"
 APPROVAL_POLL_S = 0.1
 PROJECT_EVERY = 32
@@ -251,6 +259,15 @@ class Gateway:
         if tool is None:
             return self.tools_map.get(name, Classification("unknown"))
         return classify(tool, self.tools_map)
+
+    def listed(self, tools: list[Any]) -> list[Any]:
+        """What the client sees of ``tools/list``: the downstream's tools, each with its
+        reversibility in its description, then the session tools."""
+        import mcp_types as types
+        self.set_tools(tools)
+        return [*(t.model_copy(update={"description": self.describe(t)}) for t in tools),
+                *(types.Tool(name=n, description=d, input_schema=schema)
+                  for n, (d, schema) in SESSION_TOOLS.items())]
 
     def describe(self, tool: Any) -> str:
         """The tool's description with what the model must know: can it be undone."""
@@ -665,10 +682,7 @@ class GuardedSession:
 
     async def list_tools(self) -> Any:
         listed = await self.session.list_tools()
-        self.gateway.set_tools(listed.tools)
-        return listed.model_copy(update={"tools": [
-            t.model_copy(update={"description": self.gateway.describe(t)})
-            for t in listed.tools]})
+        return listed.model_copy(update={"tools": self.gateway.listed(listed.tools)})
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None,
                         meta: Mapping[str, Any] | None = None) -> Any:

@@ -256,6 +256,7 @@ def test_a_servers_read_only_claim_does_not_beat_local_policy(gw: dict[str, Any]
             assert "server's claim" in listed["drop_everything"]
             assert "IRREVERSIBLE" in listed["wire_funds"]
             assert "undone by delete_record" in listed["create_record"]
+            assert {"saga_begin", "saga_commit", "saga_abort"} <= set(listed)
             return await s.call_tool("drop_everything", {})
     result = _run(go)
     assert result.is_error
@@ -431,6 +432,7 @@ def test_the_guard_in_the_agents_own_process(gw: dict[str, Any]) -> None:
                                       ) as s:
                 listed = {t.name: t.description for t in (await s.list_tools()).tools}
                 assert "IRREVERSIBLE" in listed["wire_funds"]
+                assert "saga_begin" in listed
                 a = await s.call_tool("create_record", {"name": "a"})
                 bad = await s.call_tool("update_crm", {"note": "fail"})
                 return a, bad
