@@ -27,6 +27,10 @@ class WorkerProcess:
                                      stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
+    def pids(self) -> set[int]:
+        """Live processes of this worker's group (the pool and its workers)."""
+        return group_pids(self.proc.pid) if self.proc is not None else set()
+
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -44,6 +48,21 @@ class WorkerProcess:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout)
+
+
+def group_pids(pgid: int) -> set[int]:
+    """Live (not zombie) processes in a process group, read from /proc."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            out.add(int(entry.name))
+    return out
 
 
 @contextmanager

@@ -154,14 +154,10 @@ class Pools:
         return WorkerProcess(self.env, TOOLS, "-n", str(self.cfg.workers_per_pool),
                              "--queues", queue, "--log-level", "WARNING", log=self.log).start()
 
-    def kill(self, i: int) -> int:
-        """SIGKILL pool ``i`` (its whole group) and start a new one; processes killed."""
-        proc = self.procs[i]
-        assert proc.proc is not None
-        n = len(group_pids(proc.proc.pid))
-        proc.kill()
+    def kill(self, i: int) -> None:
+        """SIGKILL pool ``i`` (its whole group) and start a new one."""
+        self.procs[i].kill()
         self.procs[i] = self._start(self.specs[i])
-        return n
 
     def stop(self) -> None:
         for p in self.procs:
@@ -173,19 +169,6 @@ class Pools:
                     p.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
-
-
-def group_pids(pgid: int) -> set[int]:
-    out = set()
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[2]) == pgid:
-                out.add(int(entry.name))
-    return out
 
 
 def worker_names(r: redis.Redis, pids: set[int]) -> set[str]:
@@ -264,12 +247,13 @@ def run(cfg: Config, out: Any = sys.stdout) -> Report:
                 now = time.monotonic()
                 if errors:
                     raise errors[0]
-                done = len(ids) - client.zcard(keys.ACTIVE) if ids else 0
-                if submitted.is_set() and client.zcard(keys.ACTIVE) == 0:
+                active = client.zcard(keys.ACTIVE)
+                done = len(ids) - active if ids else 0
+                if submitted.is_set() and active == 0:
                     break
                 if now - started > cfg.timeout_s:
                     rep.fail(f"timed out after {cfg.timeout_s:.0f} s with "
-                             f"{client.zcard(keys.ACTIVE)} sagas not final")
+                             f"{active} sagas not final")
                     break
                 if not restarted and done >= cfg.redis_restart_at * cfg.sagas:
                     srv.kill()
@@ -278,12 +262,11 @@ def run(cfg: Config, out: Any = sys.stdout) -> Report:
                     restarted = True
                 if now >= next_kill:
                     i = rng.randrange(len(pools.procs))
-                    proc = pools.procs[i].proc
-                    assert proc is not None
-                    pids = group_pids(proc.pid)
+                    pids = pools.procs[i].pids()
                     victims = held_by(client, worker_names(client, pids))
                     t_kill = time.monotonic()
-                    rep.processes_killed += pools.kill(i)
+                    pools.kill(i)
+                    rep.processes_killed += len(pids)
                     rep.pool_kills += 1
                     for sid, seq in victims.items():
                         pending[sid] = (seq, t_kill)

@@ -47,22 +47,6 @@ def _redis_up(port: int) -> float | None:
     return None
 
 
-def _group_pids(pgid: int) -> set[int]:
-    """Processes in a process group (the pool and its workers), from /proc."""
-    out = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            out.add(int(entry.name))
-    return out
-
-
 def test_redis_unreachable_for_30_seconds(ledger: Path, tmp_path: Path) -> None:
     registry = Registry.from_modules(TOOLS)
     with RedisServer() as srv:
@@ -77,9 +61,9 @@ def test_redis_unreachable_for_30_seconds(ledger: Path, tmp_path: Path) -> None:
             ids = [store.submit(PLAN, agent_id=f"agent-{i}") for i in range(6)]
             assert_eventually(lambda: len(effects("reserve")) >= 2, timeout=60,
                               what="some sagas to be under way")
-            assert_eventually(lambda: len(_group_pids(pool.proc.pid)) >= 3, timeout=30,  # type: ignore[union-attr]
+            assert_eventually(lambda: len(pool.pids()) >= 3, timeout=30,
                               what="the pool and its two workers")
-            pids = _group_pids(pool.proc.pid)
+            pids = pool.pids()
             acknowledged = {sid: store.store.log.head(sid) for sid in ids}
 
             srv.kill()
@@ -106,7 +90,7 @@ def test_redis_unreachable_for_30_seconds(ledger: Path, tmp_path: Path) -> None:
             # the outage itself is the condition under test: it lasts 30 s
             time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - down_at)))
             assert pool.alive
-            assert _group_pids(pool.proc.pid) == pids, "a worker died or was restarted"
+            assert pool.pids() == pids, "a worker died or was restarted"
             assert _redis_up(port) == 0
             srv.start()  # same port and directory: the AOF is replayed
 
@@ -119,7 +103,7 @@ def test_redis_unreachable_for_30_seconds(ledger: Path, tmp_path: Path) -> None:
                 what=f"saga {sid} to finish") for sid in [*ids, "patient-1"]]
             assert_eventually(lambda: _redis_up(port) == 1, timeout=15,
                               what="/metrics to report saga_redis_up 1")
-            assert _group_pids(pool.proc.pid) == pids, "a worker died or was restarted"
+            assert pool.pids() == pids, "a worker died or was restarted"
         assert all(st.status is Status.COMMITTED for st in states)
         assert store.store.log.head("impatient-1").empty  # nothing half-written
         assert len(effects("reserve")) == 7  # the test's ledger: once per saga
