@@ -11,7 +11,8 @@ APPEND
                         'acquire' take KEYS[3] if free or ours, for ARGV[5] ms
                         'release' KEYS[3] must hold the token; expired after
     ARGV[5] lease time to live in ms (for 'acquire'; Redis's clock, relative)
-    ARGV[6] phase the meta must be in ('' = no check; missing phase = forward)
+    ARGV[6] phase the meta must be in ('' = any; missing phase = forward); a saga
+            whose phase is 'closed' (it has its final event) takes no append at all
     ARGV[7] n, the number of events
     ARGV[8 .. 7+2n] body and hash of each event, in order
     ARGV[8+2n ..] field/value pairs written to meta after the append
@@ -50,9 +51,9 @@ if token ~= '' then
     return {-1, 0, holder or ''}
   end
 end
-if ARGV[6] ~= '' then
-  local phase = redis.call('HGET', KEYS[2], 'phase') or 'forward'
-  if phase ~= ARGV[6] then return {-2, 0, phase} end
+local phase = redis.call('HGET', KEYS[2], 'phase') or 'forward'
+if phase == 'closed' or (ARGV[6] ~= '' and phase ~= ARGV[6]) then
+  return {-2, 0, phase}
 end
 local n = tonumber(ARGV[7])
 for i = 0, n - 1 do

@@ -185,3 +185,13 @@ def test_append_reloads_the_script_after_redis_lost_it(store: Store, client: red
     client.script_flush()
     w.append(K.STEP_INTENT, step=0, tool="t")
     assert store.log.head(w.saga_id).seq == 1
+
+
+def test_a_closed_saga_takes_no_more_events(store: Store) -> None:
+    """Nothing may follow a final event: the append script refuses any writer."""
+    w = store.open("agent")
+    w.append(K.SAGA_COMMITTED)
+    head = store.log.head(w.saga_id)
+    with pytest.raises(FencedOff, match="closed"):
+        w.append(K.STEP_DUPLICATE_SUPPRESSED, step=0, data={"outcome": "step_succeeded"})
+    assert store.log.head(w.saga_id) == head

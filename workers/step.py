@@ -49,7 +49,6 @@ class StepView:
     started: int = 0
     outcome: dict[str, Any] | None = None
     unwinding: bool = False
-    closed: bool = False  # the saga has its final event: nothing may follow it
     approval: tuple[str, Any] | None = None  # the step's last approval event (kind, data)
     head: Head = field(default_factory=lambda: Head(-1, b""))
     plan: list[dict[str, Any]] | None = None
@@ -102,8 +101,6 @@ class StepRunner:
                 continue
             if kind in (K.SAGA_FAILED, K.COMPENSATION_INTENT, K.STEP_NOT_COMPENSABLE):
                 view.unwinding = True
-            elif kind in (K.SAGA_COMMITTED, K.SAGA_COMPENSATED, K.SAGA_NEEDS_ATTENTION):
-                view.closed = True
             if ev.get("step") != step:
                 continue
             if kind == K.STEP_STARTED:
@@ -130,10 +127,10 @@ class StepRunner:
         if view.outcome is not None:
             if metrics is not None:
                 metrics.dedupe_hits.labels("duplicate_delivery").inc()
-            if not view.closed:  # a closed saga takes no more events; the metric counts it
-                with contextlib.suppress(ConflictError):  # a note only; the outcome stands
-                    writer.append(K.STEP_DUPLICATE_SUPPRESSED, step=step,
-                                  data={"outcome": view.outcome["kind"]})
+            # a note only, and refused by the append script once the saga is closed
+            with contextlib.suppress(ConflictError):
+                writer.append(K.STEP_DUPLICATE_SUPPRESSED, step=step,
+                              data={"outcome": view.outcome["kind"]})
             self._ack(extra)
             return "duplicate"
         if view.unwinding and view.started == 0:
