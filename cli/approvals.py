@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import getpass
 import time
 from typing import Any
 
@@ -13,18 +12,11 @@ from saga_store.client import SagaStore
 from saga_store.registry import Registry
 from saga_store.state import SagaState
 
-from .common import Context, emit_json, errors_to_exit, pass_ctx
+from .common import Context, emit_json, errors_to_exit, operator, pass_ctx
 
 
 def _store(ctx: Context) -> SagaStore:
     return SagaStore(ctx.store().redis, Registry(), ctx.settings)
-
-
-def _who() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "operator"
 
 
 def describe(p: dict[str, Any]) -> str:
@@ -68,7 +60,7 @@ def approvals_command(ctx: Context, as_json: bool) -> None:
 def approve(ctx: Context, saga_id: str, step: int, by: str | None) -> None:
     """Approve a gated step: it is recorded in the chain and the step runs."""
     with errors_to_exit():
-        approvals.decide(_store(ctx), saga_id, step, grant=True, by=by or _who())
+        approvals.decide(_store(ctx), saga_id, step, grant=True, by=operator(by))
         click.echo(f"saga {saga_id} step {step}: approved")
 
 
@@ -81,7 +73,7 @@ def approve(ctx: Context, saga_id: str, step: int, by: str | None) -> None:
 def deny(ctx: Context, saga_id: str, step: int, reason: str, by: str | None) -> None:
     """Deny a gated step: it never runs, the saga fails and compensates."""
     with errors_to_exit():
-        approvals.decide(_store(ctx), saga_id, step, grant=False, by=by or _who(),
+        approvals.decide(_store(ctx), saga_id, step, grant=False, by=operator(by),
                          reason=reason)
         click.echo(f"saga {saga_id} step {step}: denied; the saga will compensate")
 
@@ -101,10 +93,10 @@ def wait_interactively(store: SagaStore, saga_id: str, timeout: float) -> SagaSt
             data = dict(st.steps[n].approval_data or {})
             click.echo(describe({"saga_id": saga_id, "step": n, **data}), err=True)
             if click.confirm("Approve this step?", default=False, err=True):
-                approvals.decide(store, saga_id, n, grant=True, by=_who())
+                approvals.decide(store, saga_id, n, grant=True, by=operator(None))
             else:
                 reason = click.prompt("Reason", default="denied at the terminal", err=True)
-                approvals.decide(store, saga_id, n, grant=False, by=_who(), reason=reason)
+                approvals.decide(store, saga_id, n, grant=False, by=operator(None), reason=reason)
         if time.monotonic() > deadline:
             return st
         time.sleep(0.1)

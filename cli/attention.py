@@ -12,8 +12,7 @@ from saga_store.errors import InvalidInput
 from saga_store.ids import check_id
 from saga_store.state import Status, fold
 
-from .approvals import _who
-from .common import Context, emit_json, errors_to_exit, pass_ctx
+from .common import Context, emit_json, errors_to_exit, operator, pass_ctx
 
 
 @click.command("attention")
@@ -39,9 +38,7 @@ def attention(ctx: Context, ack: str | None, by: str | None, note: str,
             if not r.sismember(keys.NEEDS_ATTENTION, ack):
                 raise InvalidInput(f"saga {ack} is not waiting for attention; "
                                    "'saga attention' lists those that are")
-            who = (by or _who()).strip()
-            if not who or len(who) > 128:
-                raise InvalidInput("--by must name who acknowledges (1-128 characters)")
+            who = operator(by)
             pipe = r.pipeline(transaction=True)
             pipe.xadd(keys.ATTENTION_ACKS, {"saga_id": ack, "by": who, "note": note[:2000],
                                             "at_ms": str(int(time.time() * 1000))})

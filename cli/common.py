@@ -70,6 +70,21 @@ def errors_to_exit() -> Iterator[None]:
         fail(str(exc), EXIT_INTEGRITY)
 
 
+def operator(by: str | None) -> str:
+    """Who is acting (``--by``, else the login name), fit to record: one line, at
+    most 128 characters."""
+    if by is None:
+        import getpass
+        try:
+            by = getpass.getuser()
+        except (KeyError, OSError):
+            by = "operator"
+    by = by.strip()
+    if not by or len(by) > 128 or "\n" in by or "\r" in by:
+        raise InvalidInput("--by must name who acts (1-128 characters, one line)", field="by")
+    return by
+
+
 def progress_reporter(enabled: bool, total: int | None, label: str,
                       ) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
     """A stderr progress bar when enabled and stderr is a terminal; else nothing."""
