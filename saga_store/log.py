@@ -22,7 +22,7 @@ from . import keys
 from .canonical import canonical, check_json
 from .chain import Chain
 from .errors import ConflictError, FencedOff, InvalidInput, StoreUnavailable
-from .scripts import APPEND
+from .scripts import APPEND, Scripts
 from .settings import Settings
 
 if TYPE_CHECKING:  # importing prometheus_client early would fix its process mode
@@ -155,7 +155,6 @@ class SagaLog:
         self.raw = redis.Redis(connection_pool=client.connection_pool)
         for cmd in ("XRANGE", "XREVRANGE", "XREAD"):
             self.raw.set_response_callback(cmd, _identity)
-        from .scripts import Scripts
         self.scripts = Scripts(client)
         self.metrics: Metrics | None = None  # set by whoever exports metrics
 
