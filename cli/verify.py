@@ -146,11 +146,17 @@ def anchor(ctx: Context, out: str | None) -> None:
               help="Export only this saga (repeatable); the ledger is always included.")
 @pass_ctx
 def export(ctx: Context, file: str, saga_ids: tuple[str, ...]) -> None:
-    """Export sagas and the ledger to a JSONL file that verifies offline."""
+    """Export sagas and the ledger to a JSONL file that verifies offline
+    (FILE '-' writes to standard output)."""
     with errors_to_exit():
         for sid in saga_ids:
             check_id(sid, "saga_id")
         store = ctx.store()
+        if file == "-":
+            n = export_log(store.log, sys.stdout.buffer, list(saga_ids) or None)
+            sys.stdout.buffer.flush()
+            click.echo(f"exported {n} events", err=True)
+            return
         tmp = Path(file + ".partial")
         with open(tmp, "wb") as fh:
             n = export_log(store.log, fh, list(saga_ids) or None)

@@ -210,6 +210,7 @@ def test_secrets_never_leak(ledger: Path, tmp_path: Path, redis_url: str) -> Non
         assert out.returncode == 0, out.stderr
         places[f"saga {' '.join(args)}"] = out.stdout + out.stderr
     assert len(places) > 10
+    assert '"export":"saga-store"' in places["saga export -"]  # the export was scanned
     for secret in (GOOD_CARD, BAD_CARD):
         leaks = [where for where, text in places.items() if secret in text]
         assert not leaks, f"{secret} leaked into {leaks}"
