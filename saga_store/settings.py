@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Self
 
 from . import chain
+from .errors import InvalidInput
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,9 @@ class Settings:
     dedupe_ttl_s: int = 7 * 24 * 3600
     lease_ms: int = 10_000
     policy_file: str | None = None  # approval policy (TOML); none: allow every call
+    # a worker runs a plan's next step itself, claimed in the outcome's append,
+    # instead of queueing it (off: every step goes through the queue)
+    eager_steps: bool = True
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Self:
@@ -28,6 +32,8 @@ class Settings:
             "hmac_key": chain.load_key(e.get("SAGA_HMAC_KEY"), e.get("SAGA_HMAC_KEY_FILE")),
             "policy_file": e.get("SAGA_POLICY_FILE") or None,
         }
+        if e.get("SAGA_EAGER_STEPS"):
+            values["eager_steps"] = _flag(e["SAGA_EAGER_STEPS"], "SAGA_EAGER_STEPS")
         for name, var in (("max_event_bytes", "SAGA_MAX_EVENT_BYTES"),
                           ("blob_threshold", "SAGA_BLOB_THRESHOLD"),
                           ("dedupe_ttl_s", "SAGA_DEDUPE_TTL"),
@@ -36,3 +42,12 @@ class Settings:
                 values[name] = int(e[var])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]
+
+
+def _flag(value: str, var: str) -> bool:
+    v = value.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off"):
+        return False
+    raise InvalidInput(f"{var}={value!r}: use 1 or 0 (true/false, yes/no, on/off)")

@@ -238,6 +238,65 @@ def test_sigterm_lets_the_current_step_finish(saga_store: SagaStore, worker_env:
     assert saga_store.state(sid).status is Status.COMMITTED
 
 
+def _queued(client: redis.Redis, store: SagaStore, sid: str) -> list[int]:
+    """The steps of a saga that went to a worker as an RQ job (acknowledged job
+    hashes are kept a while, so this sees jobs already run)."""
+    return [e["step"] for e in store.store.log.bodies(sid) if e["kind"] == K.STEP_INTENT
+            and client.exists(jobs.job_key(jobs.step_job_id(e["idem_key"], e["seq"], sid)))]
+
+
+def test_a_plan_runs_in_one_worker_each_next_step_claimed_with_the_outcome(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path) -> None:
+    """Eager steps: only step 0 is queued; each later step is started in the same
+    append as the previous outcome, by the worker that ran it, with 2 workers up."""
+    with workers(worker_env, TOOLS, count=2):
+        sid = saga_store.submit(ORDER, agent_id="agent-e")
+        assert saga_store.wait(sid, timeout=30).status is Status.COMMITTED
+    events = saga_store.store.log.bodies(sid)
+    assert _queued(client, saga_store, sid) == [0]
+    for step in (1, 2):
+        at = next(i for i, e in enumerate(events)
+                  if e["kind"] == K.STEP_STARTED and e["step"] == step)
+        assert [(e["kind"], e.get("step")) for e in events[at - 2:at]] == [
+            (K.STEP_SUCCEEDED, step - 1), (K.STEP_INTENT, step)]
+    started = {e["data"]["worker"] for e in events if e["kind"] == K.STEP_STARTED}
+    assert len(started) == 1
+    assert (len(effects("reserve")), len(effects("charge"))) == (1, 1)
+    assert Verifier(saga_store.store.log).verify().ok
+
+
+def test_with_eager_steps_off_every_step_goes_through_the_queue(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path) -> None:
+    with workers({**worker_env, "SAGA_EAGER_STEPS": "0"}, TOOLS):
+        sid = saga_store.submit(ORDER, agent_id="agent-q")
+        assert saga_store.wait(sid, timeout=30).status is Status.COMMITTED
+    assert _queued(client, saga_store, sid) == [0, 1, 2]
+    assert (len(effects("reserve")), len(effects("charge"))) == (1, 1)
+
+
+def test_sigterm_mid_plan_queues_the_next_step_instead_of_running_it(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path) -> None:
+    """A worker asked to stop finishes its step and hands the rest of the plan to
+    the queue, so a warm shutdown never waits for a whole saga."""
+    sid = saga_store.submit([{"tool": "slow_noop", "args": {"seconds": 1.0}}, *ORDER[:2]],
+                            agent_id="agent-t")
+    w = WorkerProcess(worker_env, TOOLS).start()
+    try:
+        assert_eventually(lambda: K.STEP_STARTED in kinds(saga_store, sid), timeout=30,
+                          what="the step to start")
+        assert w.terminate() == 0
+    finally:
+        w.kill()
+    assert kinds(saga_store, sid, 1) == [K.STEP_INTENT]
+    assert _queued(client, saga_store, sid) == [0, 1]
+    with workers(worker_env, TOOLS):
+        assert saga_store.wait(sid, timeout=30).status is Status.COMMITTED
+    assert (len(effects("reserve")), len(effects("charge"))) == (1, 1)
+
+
 def test_plan_file_through_the_cli(redis_url: str, worker_env: dict[str, str], ledger: Path,
                                    tmp_path: Path) -> None:
     """saga run --wait --json prints saga_id and state; a bad plan writes nothing."""

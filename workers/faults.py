@@ -5,7 +5,8 @@ is reached in this process (default 1), and ``SAGA_FAULT_ONCE=<file>`` a file
 that must exist for the fault to fire; it is removed first, so a restarted
 worker runs on. Forward points: ``after_dequeue``, ``after_started``,
 ``after_tool`` (the outcome is encoded and hashed, not yet appended),
-``after_outcome`` (appended; the next job not yet queued); tools may call
+``after_outcome`` (appended; the next job not yet queued, or the plan's next
+step already claimed when this worker runs it too); tools may call
 ``fault("in_tool")`` after their effect. Compensator points: ``comp_after_dequeue``,
 ``comp_after_intent``, ``comp_after_tool``, ``comp_after_outcome``,
 ``comp_before_close``, and ``in_comp_tool`` in compensation tools. Off unless

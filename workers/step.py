@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,11 +59,28 @@ class StepView:
     ctx_seq: int = -1  # how far the context projection has got
 
 
+@dataclass
+class _Continuation:
+    """A plan's next step, claimed by this worker in the previous outcome's append."""
+
+    writer: ChainWriter
+    step: int
+    view: StepView
+    token: str
+    spec: ToolSpec
+
+
 class StepRunner:
-    def __init__(self, store: SagaStore, worker_name: str) -> None:
+    def __init__(self, store: SagaStore, worker_name: str,
+                 keep_going: Callable[[], bool] = lambda: True) -> None:
         self.store, self.name = store, worker_name
         self.invoker = Invoker()
         self.counts: dict[str, int] = {}
+        # run a plan's next step here, claimed in the outcome's own append, instead
+        # of queueing it for any worker; ``keep_going`` is False once asked to stop
+        self.eager = store.settings.eager_steps
+        self.keep_going = keep_going
+        self._next: _Continuation | None = None
 
     def run(self, saga_id: str, step: int, intent_seq: int, extra: Any = None,
             reads: Any = None) -> str:
@@ -76,9 +94,18 @@ class StepRunner:
             reads = None
             what = self._decide(saga_id, step, intent_seq, view, extra)
             if what != "conflict":
-                self.counts[what] = self.counts.get(what, 0) + 1
-                return what
-        raise ConflictError(f"saga {saga_id} step {step}: the log kept moving under the worker")
+                break
+        else:
+            raise ConflictError(f"saga {saga_id} step {step}: the log kept moving under the "
+                                "worker")
+        self.counts[what] = self.counts.get(what, 0) + 1
+        while self._next is not None:  # the plan's next steps, already claimed
+            nxt, self._next = self._next, None
+            fault("after_started")
+            what = self._execute(nxt.writer, saga_id, nxt.step, nxt.view, nxt.token, None,
+                                 nxt.spec)
+            self.counts[what] = self.counts.get(what, 0) + 1
+        return what
 
     def read(self, saga_id: str, step: int, intent_seq: int, reads: Any = None) -> StepView:
         if reads is None:
@@ -184,6 +211,14 @@ class StepRunner:
             project(self.store.store, saga_id)
         view.ctx_seq = writer.head.seq  # step_started has no projection of its own
         fault("after_started")
+        return self._execute(writer, saga_id, step, view, token, extra, spec)
+
+    def _execute(self, writer: ChainWriter, saga_id: str, step: int, view: StepView,
+                 token: str, extra: Any, spec: ToolSpec) -> str:
+        """Call the tool of a started step (this worker holds the lease), then record
+        the outcome."""
+        assert view.intent is not None
+        metrics = self.store.metrics
         args = self.store.secrets.restore(saga_id, step, view.intent["data"]["args"])
         ctx = StepContext(view.intent["idem_key"], saga_id, step, view.started + 1,
                           view.intent.get("tool_call_id"), view.agent_id)
@@ -200,20 +235,30 @@ class StepRunner:
     def _finish(self, writer: ChainWriter, saga_id: str, step: int, view: StepView,
                 token: str, extra: Any, outcome: Outcome, spec: ToolSpec | None,
                 acquire: int = 0) -> str:
-        """Append the outcome (and what follows from it), releasing the lease."""
-        lease = Lease(token, "acquire", acquire) if acquire else Lease(token, "release")
+        """Append the outcome (and what follows from it), releasing the lease, or
+        keeping it for the plan's next step when this worker runs that one too."""
         for _ in range(MAX_REDECIDE):
             items, follow = self._outcome_events(saga_id, step, view, outcome)
+            lease = Lease(token, "acquire", acquire) if acquire else Lease(token, "release")
+            claim = None if acquire else self._claimable(step, view, follow)
+            if claim is not None:
+                follow = "eager"
+                items.append((K.STEP_STARTED, {"step": step + 1, "attempt": 1,
+                                                "data": {"worker": self.name}}))
+                lease = Lease(token, "acquire", claim[1])
             call = writer.prepare(items, lease=lease)
             fault("after_tool")
-            if follow == "next" and not acquire:
-                # plan: outcome, next job, dedupe record and acknowledgement in one
-                # round trip; if the append loses, the next job finds no intent at
-                # its seq and is dropped. Its projection rides on the next step.
+            if follow in ("next", "eager") and not acquire:
+                # plan: outcome, next job (or the claim of the next step), dedupe record
+                # and acknowledgement in one round trip; if the append loses, a queued
+                # next job finds no intent at its seq and is dropped. The projection of
+                # what this appends rides on the next step's round trip.
                 pipe = self.store.redis.pipeline(transaction=False)
                 call.send(pipe)
                 self._after_outcome(pipe, saga_id, step, view, outcome, spec, follow, extra,
                                     items, writer.head.seq + len(items))
+                if follow == "eager":  # events already in the log: safe to project now
+                    self._project_known(pipe, saga_id, view, view.events)
                 reply = pipe.execute(raise_on_error=False)[0]
             else:
                 reply = None
@@ -240,6 +285,12 @@ class StepRunner:
             metrics.steps.labels(spec.name if spec else "unknown", outcome.kind).inc()
             if follow == "committed":
                 metrics.sagas_finished.labels("committed").inc()
+        if claim is not None:
+            appended = self._appended(items, writer.head.seq)
+            self._next = _Continuation(writer, step + 1, StepView(
+                intent=appended[-2], head=writer.head, plan=view.plan,
+                agent_id=view.agent_id, conversation_id=view.conversation_id,
+                events=appended, ctx_seq=view.ctx_seq), token, claim[0])
         if reply is not None:
             return outcome.kind  # all sent with the append
         pipe = self.store.redis.pipeline(transaction=False)
@@ -247,15 +298,40 @@ class StepRunner:
                             writer.head.seq)
         inline = self._project_known(pipe, saga_id, view, self._appended(items,
                                                                          writer.head.seq))
+        # ss:active is the sweeper's cue to project: leave it only once that is done
+        if follow == "committed" and inline:
+            self._closed(pipe, saga_id)
         pipe.execute()
         if not inline:
             project(self.store.store, saga_id)
-        if follow == "committed":  # only now: ss:active is the sweeper's cue to project
-            done = self.store.redis.pipeline(transaction=False)
-            done.zrem(keys.ACTIVE, saga_id)
-            done.pexpire(keys.saga_secrets(saga_id), 0)  # secret values: no longer needed
-            done.execute()
+            if follow == "committed":
+                done = self.store.redis.pipeline(transaction=False)
+                self._closed(done, saga_id)
+                done.execute()
         return outcome.kind
+
+    @staticmethod
+    def _closed(pipe: Any, saga_id: str) -> None:
+        pipe.zrem(keys.ACTIVE, saga_id)
+        pipe.pexpire(keys.saga_secrets(saga_id), 0)  # secret values: no longer needed
+
+    def _claimable(self, step: int, view: StepView, follow: str | None,
+                   ) -> tuple[ToolSpec, int] | None:
+        """The next step's tool and lease time when this worker may run it at once:
+        eager steps on, not asked to stop, the tool registered here, and the policy
+        letting it run without a person (else the step goes through the queue)."""
+        if follow != "next" or not self.eager or view.plan is None or not self.keep_going():
+            return None
+        nxt = view.plan[step + 1]
+        try:
+            spec = self.store.registry.get(nxt["tool"])
+        except UnknownTool:
+            return None
+        verdict = self.store.policy.decide(spec.name, str(spec.reversibility), nxt["args"],
+                                           Decision(spec.approval) if spec.approval else None)
+        if verdict.decision is not Decision.ALLOW:
+            return None
+        return spec, int(spec.timeout * 1000) + self.store.settings.lease_ms
 
     def _gate(self, writer: ChainWriter, saga_id: str, step: int, view: StepView,
               spec: ToolSpec, token: str, extra: Any, ttl: int) -> str | None:

@@ -81,7 +81,8 @@ class StepWorker(SimpleWorker):
         self.metrics = Metrics(CollectorRegistry())  # multiprocess files when enabled
         self.saga_store = SagaStore(self.connection, registry, self.settings,
                                     metrics=self.metrics)
-        self.runner = StepRunner(self.saga_store, self.name)
+        self.runner = StepRunner(self.saga_store, self.name,
+                                 keep_going=lambda: not self._stop_requested)
         self.refused = 0
         self._last_beat = 0.0
         self._last_suspension_check = 0.0
