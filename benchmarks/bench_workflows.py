@@ -29,7 +29,7 @@ from .common import bench_redis, machine, percentile
 ROOT = str(Path(__file__).resolve().parent.parent)
 TOOLS = "benchmarks.bench_tools"
 STEPS, IO_MS = 5, 10.0
-FINAL = {b"saga_committed", b"saga_compensated", b"saga_needs_attention", b"saga_stuck"}
+AGENT = "bench"
 
 
 def workflow(fail: bool) -> list[dict[str, Any]]:
@@ -67,29 +67,41 @@ def memory_run(fails: list[bool]) -> tuple[float, list[float]]:
 # -- Saga Store ---------------------------------------------------------------
 
 def durable_run(store: SagaStore, fails: list[bool]) -> tuple[float, list[float]]:
-    """Submit every workflow at once, then wait for all with one XREAD over their streams."""
+    """Submit every workflow at once, then wait for all as their agent would: by
+    following its context stream, which says when each saga closed."""
+    r, ctx = store.redis, keys.agent_ctx(AGENT)
+    last = r.xrevrange(ctx, count=1)
+    after = last[0][0] if last else b"0-0"
     began = time.perf_counter()
     submitted: dict[str, float] = {}
     for f in fails:
-        sid = store.submit(workflow(f), agent_id="bench")
+        sid = store.submit(workflow(f), agent_id=AGENT)
         submitted[sid] = time.perf_counter()
-    pending = {keys.saga_log(sid): (sid, "0-0") for sid in submitted}
     latency: list[float] = []
-    r = store.redis
-    while pending:
-        reply = r.xread({k: last for k, (_, last) in pending.items()}, block=5000)
+    while len(latency) < len(submitted):
+        reply = r.xread({ctx: after}, block=5000)
         if not reply:
-            raise TimeoutError(f"{len(pending)} workflows made no progress for 5 s")
+            raise TimeoutError(f"{len(submitted) - len(latency)} workflows made no progress "
+                               "for 5 s")
         now = time.perf_counter()
-        for key, entries in reply:
-            sid, _ = pending[key.decode()]
-            last = entries[-1][0]
-            if any(orjson.loads(f[b"b"])["kind"].encode() in FINAL for _, f in entries):
-                latency.append(now - submitted[sid])
-                del pending[key.decode()]
-            else:
-                pending[key.decode()] = (sid, last)
+        for eid, fields in reply[0][1]:
+            after = eid
+            ev = orjson.loads(fields[b"e"])
+            if ev["kind"] == "saga_closed" and ev["saga_id"] in submitted:
+                latency.append(now - submitted[ev["saga_id"]])
     return time.perf_counter() - began, latency
+
+
+def cpu_s(pids: set[int]) -> float:
+    """CPU seconds (user + system) the processes have used so far."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def summarize(elapsed: float, latency: list[float]) -> dict[str, float]:
@@ -120,7 +132,13 @@ def run(workers: int = 16, quick: bool = False) -> dict[str, Any]:
                 rows = {"durable": [], "memory": []}  # type: dict[str, list[dict[str, float]]]
                 for _ in range(reps):  # side by side, interleaved
                     fails = plans(n, fail_ratio, rng)
-                    rows["durable"].append(summarize(*durable_run(store, fails)))
+                    pids = {"workers": set().union(*(p.pids() for p in procs)),
+                            "redis": {srv.proc.pid}, "driver": {os.getpid()}}
+                    cpu0 = {k: cpu_s(v) for k, v in pids.items()}
+                    row = summarize(*durable_run(store, fails))
+                    for k, v in pids.items():  # CPU per workflow, by process kind
+                        row[f"cpu_ms_{k}"] = (cpu_s(v) - cpu0[k]) * 1000 / n
+                    rows["durable"].append(row)
                     rows["memory"].append(summarize(*memory_run(fails)))
                 med = {side: {k: statistics.median(x[k] for x in runs) for k in runs[0]}
                        for side, runs in rows.items()}

@@ -61,6 +61,7 @@ def verify(ctx: Context, saga_id: str | None, anchor_file: str | None,
                 close()
             _finish(result, None, as_json)
         store = ctx.store()
+        store.ledger.flush()  # chain what is pending first, when this user may write
         total = _count_events(store, saga_id) if sys.stderr.isatty() and not as_json else None
         update, close = progress_reporter(not as_json, total, "verifying")
         try:

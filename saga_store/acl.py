@@ -5,7 +5,9 @@ XDEL, XTRIM, FLUSHALL, FLUSHDB, CONFIG, SCRIPT FLUSH, KEYS or SHUTDOWN. Log
 streams (``ss:*:log``) take XADD and reads only; the keys that live briefly
 (leases, secrets, idempotency claims) are retired by expiry, which is why the
 code never sends DEL for them. Lua scripts run with the caller's rights, so the
-append script cannot be used to get around this.
+append script cannot be used to get around this. The one list either user may
+shorten is the ledger's pending list, a queue: writers push their ledger
+entries there and the sealer trims off what it has chained.
 
 RQ's own bookkeeping (``rq:*``) is RQ's: a worker may delete its own RQ keys
 (RQ removes its worker entry and finished jobs), never ``ss:*`` ones.
@@ -34,6 +36,7 @@ CONNECTION = ["+ping", "+hello", "+auth", "+info", "+client|setname", "+client|g
 SIDE_WRITES = ["+hset", "+hsetnx", "+hincrby", "+set", "+pexpire", "+expire", "+zadd", "+zrem",
                "+sadd", "+srem", "+xadd"]
 SCRIPTS = ["+evalsha", "+eval"]
+LEDGER_QUEUE = ("~ss:ledger:{*}:pending", "+rpush", "+ltrim", "+lpop")
 
 
 def _deny() -> list[str]:
@@ -55,6 +58,7 @@ def worker_rules() -> list[str]:
         _selector("~ss:*", *SCRIPTS),
         _selector("~ss:*:log", "+xadd"),
         _selector(*side, *SIDE_WRITES),
+        _selector(*LEDGER_QUEUE),
     ]
 
 
@@ -78,6 +82,7 @@ def agent_rules(agent_id: str, saga_prefix: str) -> list[str]:
         _selector(f"~{mine}:meta", f"~{mine}:lease", f"~{mine}:secrets", f"~{mine}:blob:*",
                   "~ss:ledger:{*}:meta", "~ss:ledger:{*}:lease", "~ss:idem:*", "~ss:active",
                   *SIDE_WRITES),
+        _selector(*LEDGER_QUEUE),
     ]
 
 

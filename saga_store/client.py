@@ -119,9 +119,18 @@ class SagaStore:
         for n, values in secret_values.items():
             self.secrets.put(pipe, sid, n, values)
         pipe.execute()
+        pipe = self.redis.pipeline(transaction=False)
         writer = self.store.open(agent_id, saga_id=sid, conversation_id=conversation_id,
-                                 data={"plan": logged_plan}, then=[(K.STEP_INTENT, intent)])
-        enqueue_step(self.redis, self.queue, sid, 0, writer.head.seq, intent["idem_key"])
+                                 data={"plan": logged_plan}, then=[(K.STEP_INTENT, intent)],
+                                 # its ledger entry goes with the first job, chained
+                                 # by a sweeper of the workers that run the plan
+                                 pipe=pipe, defer_ledger=True)
+        enqueue_step(pipe, self.queue, sid, 0, writer.head.seq, intent["idem_key"])
+        replies = pipe.execute(raise_on_error=False)
+        writer.ledger_written(replies)
+        for got in replies:
+            if isinstance(got, Exception):
+                raise got
         return sid
 
     def wait(self, saga_id: str, timeout: float | None = None) -> SagaState:

@@ -23,6 +23,7 @@ from . import keys
 from .canonical import canonical
 from .chain import Chain
 from .errors import CannotVerify, InvalidInput
+from .ledger import Ledger
 from .log import SagaLog
 from .verify import ChainChecker, ChainReport, LedgerView, Progress, VerifyResult, cross_check
 
@@ -32,6 +33,7 @@ PARALLEL_MIN_BYTES = 32 << 20
 
 def export(log: SagaLog, out: IO[bytes], saga_ids: Iterable[str] | None = None) -> int:
     """Write the given sagas (default: all) and the whole ledger; returns events written."""
+    Ledger(log).flush()  # chain what is pending, so the file holds it
     ids = sorted(set(log.chain_ids())) if saga_ids is None else list(saga_ids)
     out.write(canonical({**HEADER, "mode": log.chain.mode}) + b"\n")
     n = 0

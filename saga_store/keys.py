@@ -13,6 +13,9 @@ touches a single Redis Cluster slot.
     ss:{S}:secrets        hash     secret tool arguments by step, and the salt
                                    of their digests (never in the log)
     ss:ledger:{ledger}:log stream  the ledger chain (one entry per saga open/close)
+    ss:ledger:{ledger}:pending list  ledger entries written, not yet chained (the
+                                   sealer chains them in batches)
+    ss:ledger:{ledger}:lease string  the sealer's lease
     ss:idem:{<key>}       hash     dedupe record of one idempotency key
     ss:ctx:{<agent_id>}   stream   context-sync events for one agent
     ss:active             zset     sagas with work in flight, scored by the time
@@ -33,6 +36,8 @@ from __future__ import annotations
 PREFIX = "ss"
 LEDGER_ID = "ledger"
 LEDGER_LOG = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:log"
+LEDGER_PENDING = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:pending"
+LEDGER_LEASE = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:lease"
 
 
 def saga_log(saga_id: str) -> str:

@@ -3,59 +3,186 @@ closes (its final seq and head hash). It makes deleting a whole saga, or
 cutting a closed saga's tail, detectable. The ledger's own tail is protected
 by anchors exported out of Redis.
 
-Ledger entries are independent facts, so a writer that loses the CAS re-reads
-the head and appends again: that is its decision made anew, not a blind retry.
+Writers do not chain ledger entries themselves: every saga in the system would
+race for the one head, and the losers would re-read and re-send. A writer
+pushes its entry onto the pending list, in a round trip it makes anyway. The
+entries are chained in batches (group commit) by whoever holds the sealer's
+lease: every worker's sweeper, once a sweep (about every second), and any
+writer that finds ``SEAL_AT`` entries waiting. One append per batch trims
+what it chained in the same script call, so no entry is chained twice or
+lost, and a sealer that dies leaves the rest pending for the next. Readers of
+the ledger (verify, saga lists) read the pending entries too; anchors and
+exports seal first.
 """
 
 from __future__ import annotations
 
-import threading
+import contextlib
+import logging
+import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
+import redis
 
 from . import keys
 from .canonical import canonical
-from .errors import AnchorMismatch, ConflictError, InvalidInput, StoreUnavailable
+from .errors import AnchorMismatch, ConflictError, FencedOff, InvalidInput, StoreUnavailable
 from .events import EventKind, body_dict
-from .log import Head, SagaLog, body_and_hash, command
+from .log import EMPTY, Head, Lease, SagaLog, body_and_hash, command, release_lease
 
+log = logging.getLogger("saga_store.ledger")
 MAX_CAS_ROUNDS = 200
+SEAL_BATCH = 500
+SEAL_AT = 64  # a writer that finds this many entries pending seals them
+SEAL_LEASE_MS = 5000
+_KINDS = (EventKind.LEDGER_OPENED, EventKind.LEDGER_CLOSED)
+Then = Callable[[list[Any]], int]  # takes the pipeline's replies; returns entries sealed
 
 
 class Ledger:
-    def __init__(self, log: SagaLog) -> None:
+    """Writes ledger entries. ``deferred``: leave them pending for a sweeper (in
+    worker processes, whose sweepers seal); else seal at once (whoever else may
+    be writing, nobody is bound to come back)."""
+
+    def __init__(self, log: SagaLog, deferred: bool = False) -> None:
         self.log = log
-        self._head: Head | None = None
-        self._lock = threading.Lock()
+        self.deferred = deferred
 
-    def _append(self, kind: str, saga_id: str, data: dict[str, Any]) -> Head:
-        with self._lock:
-            head = self._head or self.log.head(keys.LEDGER_ID)
-            for _ in range(MAX_CAS_ROUNDS):
-                body = body_dict(keys.LEDGER_ID, 0, kind, data={"saga_id": saga_id, **data})
-                try:
-                    head = self.log.append(keys.LEDGER_ID, [body], head)
-                except ConflictError as exc:
-                    head = exc.head
-                    continue
-                self._head = head
-                return head
-        raise StoreUnavailable("ledger append kept losing the race; is something rewriting it?")
+    # -- writing: push an entry, seal unless deferred ---------------------------
 
-    def opened(self, saga_id: str, agent_id: str, first_hash: bytes) -> Head:
-        return self._append(EventKind.LEDGER_OPENED, saga_id,
-                            {"agent_id": agent_id, "first": first_hash.hex()})
+    def opened(self, saga_id: str, agent_id: str, first_hash: bytes) -> int:
+        pipe = self.log.redis.pipeline(transaction=False)
+        then = self.opened_on(pipe, saga_id, agent_id, first_hash)
+        return then(pipe.execute(raise_on_error=False))
 
-    def closed(self, saga_id: str, state: str, head: Head) -> Head:
-        return self._append(EventKind.LEDGER_CLOSED, saga_id,
-                            {"state": state, "seq": head.seq, "hash": head.hash.hex()})
+    def closed(self, saga_id: str, state: str, head: Head) -> int:
+        pipe = self.log.redis.pipeline(transaction=False)
+        then = self.closed_on(pipe, saga_id, state, head)
+        return then(pipe.execute(raise_on_error=False))
+
+    def opened_on(self, pipe: Any, saga_id: str, agent_id: str, first_hash: bytes,
+                  defer: bool | None = None) -> Then:
+        """Queue the opening entry on ``pipe``; call what it returns with the replies."""
+        return self._push(pipe, EventKind.LEDGER_OPENED, saga_id,
+                          {"agent_id": agent_id, "first": first_hash.hex()}, defer)
+
+    def closed_on(self, pipe: Any, saga_id: str, state: str, head: Head) -> Then:
+        """Queue the closing entry on ``pipe``; call what it returns with the replies."""
+        return self._push(pipe, EventKind.LEDGER_CLOSED, saga_id,
+                          {"state": state, "seq": head.seq, "hash": head.hash.hex()}, None)
+
+    def _push(self, pipe: Any, kind: str, saga_id: str, data: dict[str, Any],
+              defer: bool | None) -> Then:
+        defer = self.deferred if defer is None else defer
+        at, token = len(pipe), os.urandom(8).hex()
+        pipe.rpush(keys.LEDGER_PENDING, orjson.dumps(
+            {"kind": kind, "data": {"saga_id": saga_id, **data}}))
+        if not defer:  # try the sealer's lease in the same round trip
+            pipe.set(keys.LEDGER_LEASE, token, nx=True, px=SEAL_LEASE_MS)
+
+        def then(replies: list[Any]) -> int:
+            mine = replies[at:at + (1 if defer else 2)]
+            for got in mine:
+                if isinstance(got, Exception):
+                    raise StoreUnavailable(f"ledger entry for saga {saga_id} not written: {got}")
+            if not defer and mine[1]:
+                return self._seal(token)
+            # deferred, or another sealer at work (it looks again before it stops)
+            return self.seal() if defer and mine[0] >= SEAL_AT else 0
+        return then
+
+    def seal(self) -> int:
+        """Chain the pending entries now, unless a sealer is at work; returns how many."""
+        token = os.urandom(8).hex()
+        if not self.log.redis.set(keys.LEDGER_LEASE, token, nx=True, px=SEAL_LEASE_MS):
+            return 0
+        return self._seal(token)
+
+    def flush(self, timeout_s: float = 2.0) -> int:
+        """Seal until nothing is pending (another sealer may be at work: wait for it,
+        up to ``timeout_s``); returns how many entries are still pending. A user
+        without write rights seals nothing."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(redis.ResponseError):  # e.g. a read-only user
+                self.seal()
+            left: int = self.log.redis.llen(keys.LEDGER_PENDING)
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.01)
+
+    def pending(self) -> list[dict[str, Any]]:
+        """The bodies of entries written and not yet chained, oldest first."""
+        raw = command(self.log.redis, "LRANGE", keys.LEDGER_PENDING, 0, -1)
+        return [b for b in map(_entry, raw) if b is not None]
+
+    def _seal(self, token: str) -> int:
+        """Seal holding the lease until nothing is pending. The lease goes with the
+        last batch's append; an entry pushed while it was held (its writer found
+        the lease taken) is seen by the look that follows, so none is left behind."""
+        sealed = 0
+        while True:
+            n, left = self._drain(token)
+            sealed += n
+            if not left or not self.log.redis.set(keys.LEDGER_LEASE, token, nx=True,
+                                                  px=SEAL_LEASE_MS):
+                return sealed
+
+    def _drain(self, token: str) -> tuple[int, int]:
+        """Chain pending entries in batches; returns (chained, pending after the lease
+        was given up)."""
+        r, sealed = self.log.redis, 0
+        for _ in range(MAX_CAS_ROUNDS):
+            pipe: Any = self.log.raw.pipeline(transaction=False)
+            pipe.execute_command("LRANGE", keys.LEDGER_PENDING, 0, SEAL_BATCH - 1)
+            pipe.execute_command("XREVRANGE", keys.LEDGER_LOG, "+", "-", "COUNT", 1)
+            rows, last = pipe.execute()
+            if not rows:
+                pipe = r.pipeline(transaction=False)
+                release_lease(pipe, keys.LEDGER_LEASE, token)
+                pipe.llen(keys.LEDGER_PENDING)
+                return sealed, pipe.execute()[1]
+            head = (Head(keys.seq_of_entry_id(last[0][0]), body_and_hash(last[0][1])[1])
+                    if last else EMPTY)
+            bodies = []
+            for raw in rows:
+                body = _entry(raw)
+                if body is None:
+                    break
+                bodies.append(body)
+            if not bodies:  # written by something else than Saga Store: set it aside
+                log.error("ledger: pending entry is not a ledger entry, dropped: %r",
+                          rows[0][:200])
+                r.lpop(keys.LEDGER_PENDING)
+                continue
+            final = len(rows) < SEAL_BATCH and len(bodies) == len(rows)
+            call = self.log.prepare(keys.LEDGER_ID, bodies, head,
+                                    lease=Lease(token, "release" if final else "hold"),
+                                    consumed=keys.LEDGER_PENDING)
+            pipe = r.pipeline(transaction=False)
+            call.send(pipe)
+            pipe.llen(keys.LEDGER_PENDING)
+            reply, left = pipe.execute(raise_on_error=False)
+            try:
+                call.result(reply)
+            except FencedOff:
+                return sealed, 0  # the lease lapsed: another sealer carries on
+            except ConflictError:
+                continue
+            sealed += len(bodies)
+            if final:
+                return sealed, left
+        raise StoreUnavailable("ledger seal kept losing the race; is something rewriting it?")
 
     # -- anchors ---------------------------------------------------------
 
     def anchor(self) -> dict[str, Any]:
-        """The ledger head as a small signed document to keep outside Redis."""
+        """The ledger head as a small signed document to keep outside Redis (what is
+        pending is chained first, so the anchor covers it)."""
+        self.flush()
         head = self.log.head(keys.LEDGER_ID)
         doc: dict[str, Any] = {
             "v": 1, "chain": keys.LEDGER_ID, "seq": head.seq, "hash": head.hash.hex(),
@@ -105,3 +232,17 @@ def read_anchor(text: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise InvalidInput("anchor file must hold a JSON object; make one with 'saga anchor'")
     return doc
+
+
+def _entry(raw: bytes) -> dict[str, Any] | None:
+    """A pending entry as a ledger event body, or None if it is not one."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict) or doc.get("kind") not in _KINDS:
+        return None
+    data = doc.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("saga_id"), str):
+        return None
+    return body_dict(keys.LEDGER_ID, 0, doc["kind"], data=data)

@@ -142,6 +142,12 @@ class PreparedAppend:
                         f"not {self.phase!r}")
 
 
+def release_lease(client: Any, key: str, token: str) -> None:
+    """Expire a lease now if ``token`` still holds it (compare-and-expire)."""
+    client.eval("if redis.call('GET', KEYS[1]) == ARGV[1] then "
+                "return redis.call('PEXPIRE', KEYS[1], 0) end return 0", 1, key, token)
+
+
 class SagaLog:
     """Chain-level access to Redis. Thread-safe as redis-py's client is."""
 
@@ -200,8 +206,11 @@ class SagaLog:
 
     def prepare(self, chain_id: str, bodies: Sequence[dict[str, Any]], expect: Head, *,
                 lease: Lease | None = None, phase: str | None = None,
-                meta: Mapping[str, str | int] | None = None) -> PreparedAppend:
-        """Encode an append without sending it, so it can go in a pipeline."""
+                meta: Mapping[str, str | int] | None = None,
+                consumed: str | None = None) -> PreparedAppend:
+        """Encode an append without sending it, so it can go in a pipeline.
+        ``consumed``: a list (same slot) whose first items these bodies came from,
+        trimmed in the same script call."""
         linked = self.encode(chain_id, bodies, expect)
         token, mode, ttl = lease if lease is not None else ("", "hold", 0)
         argv: list[Any] = [expect.seq, expect.hash, token, mode, ttl, phase or "", len(linked)]
@@ -211,7 +220,8 @@ class SagaLog:
             for k, v in meta.items():
                 argv += (k, v)
         k = keys.log_key_for(chain_id)
-        return PreparedAppend(self, chain_id, [k, k[:-4] + ":meta", k[:-4] + ":lease"], argv,
+        chain_keys = [k, k[:-4] + ":meta", k[:-4] + ":lease", *([consumed] if consumed else [])]
+        return PreparedAppend(self, chain_id, chain_keys, argv,
                               linked[0][2], linked[-1][2], phase)
 
     def _store_blob(self, chain_id: str, data: Any) -> dict[str, Any]:

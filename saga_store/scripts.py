@@ -4,6 +4,8 @@ all under one hash tag (one Cluster slot).
 
 APPEND
     KEYS[1] chain log stream     KEYS[2] chain meta hash    KEYS[3] lease key
+    KEYS[4] (optional) a list whose first n items the events came from: trimmed
+            off in the same step (the ledger's pending entries)
     ARGV[1] expected head seq (-1 for an empty chain)
     ARGV[2] expected head hash (32 raw bytes; empty for an empty chain)
     ARGV[3] lease token ('' = no lease check)
@@ -60,6 +62,9 @@ for i = 0, n - 1 do
   local a = 8 + 2 * i
   seq = seq + 1
   redis.call('XADD', KEYS[1], '0-' .. (seq + 1), 'b', ARGV[a], 'h', ARGV[a + 1])
+end
+if KEYS[4] then
+  redis.call('LTRIM', KEYS[4], n, -1)
 end
 local m = 8 + 2 * n
 if #ARGV >= m then

@@ -8,7 +8,7 @@ call) and records the saga's opening and close in the ledger.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 import redis
@@ -56,9 +56,13 @@ class Store:
 
     def open(self, agent_id: str, *, saga_id: str | None = None,
              conversation_id: str | None = None, data: Mapping[str, Any] | None = None,
-             then: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> ChainWriter:
+             then: Sequence[tuple[str, Mapping[str, Any]]] = (),
+             pipe: Any = None, defer_ledger: bool | None = None) -> ChainWriter:
         """Start a saga: ``saga_started`` (and ``then``, in the same append) in its
-        chain, then its opening in the ledger."""
+        chain, then its opening in the ledger. With ``pipe`` the ledger entry is
+        queued on it: the caller executes it and hands the replies to
+        ``writer.ledger_written``. ``defer_ledger``: leave the entry for a worker's
+        sweeper to chain (default: the ledger's own setting)."""
         check_id(agent_id, "agent_id")
         sid = check_id(saga_id, "saga_id") if saga_id is not None else new_id()
         if conversation_id is not None:
@@ -82,7 +86,11 @@ class Store:
         except ConflictError:
             raise InvalidInput(f"saga {sid} already exists; choose another id or omit it",
                                field="saga_id") from None
-        self.ledger.opened(sid, agent_id, call.first_hash)
+        if pipe is None:
+            self.ledger.opened(sid, agent_id, call.first_hash)
+        else:
+            writer.ledger_written = self.ledger.opened_on(pipe, sid, agent_id, call.first_hash,
+                                                          defer_ledger)
         return writer
 
     def writer(self, saga_id: str) -> ChainWriter:
@@ -121,7 +129,7 @@ class Store:
         ``agent_id`` is given)."""
         out: list[str] = []
         seen: set[str] = set()
-        for ev in self.log.bodies(keys.LEDGER_ID):
+        for ev in [*self.log.bodies(keys.LEDGER_ID), *self.ledger.pending()]:
             data = ev.get("data") or {}
             sid = data.get("saga_id")
             if ev["kind"] != K.LEDGER_OPENED or not isinstance(sid, str) or sid in seen:
@@ -138,6 +146,8 @@ class ChainWriter:
 
     def __init__(self, store: Store, saga_id: str, head: Head) -> None:
         self.store, self.saga_id, self.head = store, saga_id, head
+        self._last_kind = ""
+        self.ledger_written: Callable[[list[Any]], int] = lambda replies: 0
 
     def append(self, kind: str, *, lease: Lease | None = None, phase: str | None = None,
                meta: Mapping[str, str | int] | None = None, **fields: Any) -> Head:
@@ -166,15 +176,27 @@ class ChainWriter:
         self._last_kind = last
         return call
 
-    def applied(self, call: PreparedAppend, reply: Any) -> Head:
+    def applied(self, call: PreparedAppend, reply: Any, *, ledger: bool = True) -> Head:
         """Take the reply of a prepared append: move the head, close the saga in the
-        ledger if the append ended it."""
+        ledger if the append ended it (unless ``ledger`` is False: the caller then
+        queues the closing entry itself, with :meth:`close_on`)."""
         try:
             self.head = call.result(reply)
         except ConflictError as exc:
             if exc.head is not None:
                 self.head = exc.head
             raise
-        if self._last_kind in (K.SAGA_COMMITTED, K.SAGA_COMPENSATED, K.SAGA_NEEDS_ATTENTION):
+        if ledger and self.closed:
             self.store.ledger.closed(self.saga_id, str(_META[self._last_kind]), self.head)
         return self.head
+
+    @property
+    def closed(self) -> bool:
+        """Whether the last prepared append ends the saga."""
+        return self._last_kind in (K.SAGA_COMMITTED, K.SAGA_COMPENSATED,
+                                   K.SAGA_NEEDS_ATTENTION)
+
+    def close_on(self, pipe: Any) -> Callable[[list[Any]], int]:
+        """Queue the saga's closing ledger entry on ``pipe``; see :meth:`Ledger.closed_on`."""
+        return self.store.ledger.closed_on(pipe, self.saga_id, str(_META[self._last_kind]),
+                                           self.head)

@@ -37,6 +37,7 @@ from .chain import Chain
 from .events import KNOWN_KINDS, SCHEMA_VERSION
 from .events import EventKind as K
 from .invariants import Invariants
+from .ledger import Ledger
 from .log import SagaLog, body_and_hash
 
 Progress = Callable[[int], None]
@@ -295,7 +296,15 @@ class Verifier:
     def verify(self, saga_id: str | None = None, progress: Progress | None = None,
                ) -> VerifyResult:
         view = LedgerView()
+        # entries written and not yet chained; read first, so an entry chained while
+        # this runs is seen in one place or the other
+        pending = Ledger(self.log).pending()
         ledger = self.check(keys.LEDGER_ID, progress, view)
+        for body in pending:
+            view.note(body)
+        if pending:
+            ledger.warnings.append(f"{len(pending)} ledger entries written, not yet chained "
+                                   "(a worker's sweeper chains them)")
         if saga_id is not None:
             ids: list[str] = [saga_id]
         else:

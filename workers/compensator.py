@@ -28,7 +28,7 @@ from saga_store.context import project
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.idempotency import compensation_key
-from saga_store.log import Lease
+from saga_store.log import Lease, release_lease
 from saga_store.state import SagaState, Status, StepState, fold, unwind_order
 from saga_store.store import ChainWriter
 from saga_store.tools import Reversibility, StepContext
@@ -80,10 +80,7 @@ class Compensator:
                     continue  # someone appended: re-read and decide again
             return "conflict"
         finally:
-            # release only our own lease (compare-and-expire)
-            r.eval("if redis.call('GET', KEYS[1]) == ARGV[1] then "
-                   "return redis.call('PEXPIRE', KEYS[1], 0) end return 0",
-                   1, keys.saga_lease(saga_id), token)
+            release_lease(r, keys.saga_lease(saga_id), token)
 
     def _unwind(self, saga_id: str, token: str) -> str:
         log_ = self.store.store.log

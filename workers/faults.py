@@ -19,10 +19,11 @@ import os
 import signal
 
 _seen: dict[str, int] = {}
+_POINT = os.environ.get("SAGA_FAULT")  # read once: fault() sits on every step's path
 
 
 def fault(point: str) -> None:
-    if os.environ.get("SAGA_FAULT") != point:
+    if point != _POINT:
         return
     _seen[point] = _seen.get(point, 0) + 1
     if _seen[point] != int(os.environ.get("SAGA_FAULT_AT", "1")):

@@ -97,17 +97,27 @@ class Invoker:
                 raise StepTimeout from None
 
 
-def _with_alarm(spec: ToolSpec, kwargs: dict[str, Any]) -> Any:
-    def on_alarm(signum: int, frame: Any) -> None:
+_alarm = {"armed": False, "installed": False}
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    if _alarm["armed"]:
         raise StepTimeout
 
-    previous = signal.signal(signal.SIGALRM, on_alarm)
+
+def _with_alarm(spec: ToolSpec, kwargs: dict[str, Any]) -> Any:
+    # the handler is installed once per process (setting it per call cost more than
+    # a no-op step's own work); a stray alarm while no tool runs is ignored
+    if not _alarm["installed"]:
+        signal.signal(signal.SIGALRM, _on_alarm)
+        _alarm["installed"] = True
+    _alarm["armed"] = True
     signal.setitimer(signal.ITIMER_REAL, spec.timeout)
     try:
         return spec.fn(**kwargs)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
+        _alarm["armed"] = False
 
 
 def as_result(raw: Any) -> dict[str, Any]:

@@ -81,6 +81,8 @@ class StepRunner:
         self.eager = store.settings.eager_steps
         self.keep_going = keep_going
         self._next: _Continuation | None = None
+        self._unwind = False  # this worker unwinds the saga it just failed
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
     def run(self, saga_id: str, step: int, intent_seq: int, extra: Any = None,
             reads: Any = None) -> str:
@@ -105,6 +107,11 @@ class StepRunner:
             what = self._execute(nxt.writer, saga_id, nxt.step, nxt.view, nxt.token, None,
                                  nxt.spec)
             self.counts[what] = self.counts.get(what, 0) + 1
+        if self._unwind:
+            self._unwind = False
+            from .compensator import run_compensation
+            self.counts["unwound"] = self.counts.get("unwound", 0) + 1
+            run_compensation(self.store, self.name, saga_id)
         return what
 
     def read(self, saga_id: str, step: int, intent_seq: int, reads: Any = None) -> StepView:
@@ -229,7 +236,7 @@ class StepRunner:
         except InvalidInput as exc:  # the logged args no longer fit the tool
             outcome = Outcome("failed", error=str(exc))
         if metrics is not None:
-            metrics.step_seconds.labels(spec.name).observe(time.perf_counter() - began)
+            self._child(metrics.step_seconds, spec.name).observe(time.perf_counter() - began)
         return self._finish(writer, saga_id, step, view, token, extra, outcome, spec)
 
     def _finish(self, writer: ChainWriter, saga_id: str, step: int, view: StepView,
@@ -239,6 +246,8 @@ class StepRunner:
         keeping it for the plan's next step when this worker runs that one too."""
         for _ in range(MAX_REDECIDE):
             items, follow = self._outcome_events(saga_id, step, view, outcome)
+            if follow == "compensate" and self.eager and self.keep_going():
+                follow = "unwind"  # by this worker, right after the append (not queued)
             lease = Lease(token, "acquire", acquire) if acquire else Lease(token, "release")
             claim = None if acquire else self._claimable(step, view, follow)
             if claim is not None:
@@ -264,7 +273,7 @@ class StepRunner:
                 reply = None
             try:
                 writer.applied(call, reply if reply is not None
-                               else call.send(self.store.redis))
+                               else call.send(self.store.redis), ledger=False)
             except FencedOff:
                 log.warning("saga %s step %d: lease lost before the outcome was recorded; "
                             "the next holder decides", saga_id, step)
@@ -282,7 +291,7 @@ class StepRunner:
         fault("after_outcome")
         metrics = self.store.metrics
         if metrics is not None:
-            metrics.steps.labels(spec.name if spec else "unknown", outcome.kind).inc()
+            self._child(metrics.steps, spec.name if spec else "unknown", outcome.kind).inc()
             if follow == "committed":
                 metrics.sagas_finished.labels("committed").inc()
         if claim is not None:
@@ -291,9 +300,11 @@ class StepRunner:
                 intent=appended[-2], head=writer.head, plan=view.plan,
                 agent_id=view.agent_id, conversation_id=view.conversation_id,
                 events=appended, ctx_seq=view.ctx_seq), token, claim[0])
+        self._unwind = follow == "unwind"
         if reply is not None:
             return outcome.kind  # all sent with the append
         pipe = self.store.redis.pipeline(transaction=False)
+        settle = writer.close_on(pipe) if writer.closed else None  # the ledger's entry
         self._after_outcome(pipe, saga_id, step, view, outcome, spec, follow, extra, items,
                             writer.head.seq)
         inline = self._project_known(pipe, saga_id, view, self._appended(items,
@@ -301,7 +312,12 @@ class StepRunner:
         # ss:active is the sweeper's cue to project: leave it only once that is done
         if follow == "committed" and inline:
             self._closed(pipe, saga_id)
-        pipe.execute()
+        replies = pipe.execute(raise_on_error=False)
+        if settle is not None:
+            settle(replies)
+        for got in replies:
+            if isinstance(got, Exception):
+                raise got
         if not inline:
             project(self.store.store, saga_id)
             if follow == "committed":
@@ -309,6 +325,14 @@ class StepRunner:
                 self._closed(done, saga_id)
                 done.execute()
         return outcome.kind
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, remembered: labels() validates and locks each time."""
+        key = (id(metric), labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     @staticmethod
     def _closed(pipe: Any, saga_id: str) -> None:

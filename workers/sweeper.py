@@ -51,6 +51,11 @@ class Sweeper:
             except Exception:
                 log.exception("sweeper: saga %s could not be examined", sid)
         self.redelivered += queued
+        try:  # ledger entries a sealer that died left pending
+            if r.llen(keys.LEDGER_PENDING):
+                self.store.store.ledger.seal()
+        except Exception:
+            log.exception("sweeper: pending ledger entries could not be chained")
         try:
             expired = approvals.expire_due(self.store)
         except Exception:

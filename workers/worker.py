@@ -81,6 +81,8 @@ class StepWorker(SimpleWorker):
         self.metrics = Metrics(CollectorRegistry())  # multiprocess files when enabled
         self.saga_store = SagaStore(self.connection, registry, self.settings,
                                     metrics=self.metrics)
+        # closing entries wait for a batch: this worker's sweeper chains them
+        self.saga_store.store.ledger.deferred = True
         self.runner = StepRunner(self.saga_store, self.name,
                                  keep_going=lambda: not self._stop_requested)
         self.refused = 0
