@@ -27,6 +27,7 @@ from .errors import ConflictError, FencedOff, InvalidInput, StepPending
 from .events import EventKind as K
 from .idempotency import DedupeRecords
 from .ids import check_id, new_id
+from .pipeline import lean
 from .policy import Policy
 from .registry import Registry
 from .saga import AsyncSaga, Saga
@@ -114,12 +115,12 @@ class SagaStore:
             logged_plan.append({"tool": spec.name, "args": logged, "tool_call_id": call_id})
         first_spec, _, first_call_id = plan[0]
         intent = intent_fields(sid, 0, first_spec, logged_plan[0]["args"], first_call_id)
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = lean(self.redis)
         pipe.zadd(keys.ACTIVE, {sid: now_ms() + 2 * self.settings.lease_ms})
         for n, values in secret_values.items():
             self.secrets.put(pipe, sid, n, values)
         pipe.execute()
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = lean(self.redis)
         writer = self.store.open(agent_id, saga_id=sid, conversation_id=conversation_id,
                                  data={"plan": logged_plan}, then=[(K.STEP_INTENT, intent)],
                                  # its ledger entry goes with the first job, chained
@@ -180,7 +181,7 @@ class SagaStore:
             return False
         writer = self.store.writer(saga_id)
         writer.append(K.SAGA_RESUMED, data={"after": state.reason})
-        pipe = self.redis.pipeline(transaction=False)
+        pipe = lean(self.redis)
         pipe.zadd(keys.ACTIVE, {saga_id: now_ms() + 2 * self.settings.lease_ms})
         enqueue_compensation(pipe, saga_id)
         pipe.execute()

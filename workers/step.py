@@ -29,6 +29,7 @@ from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.ids import check_id
 from saga_store.log import Head, Lease, body_and_hash
+from saga_store.pipeline import lean
 from saga_store.policy import Decision
 from saga_store.registry import UnknownTool
 from saga_store.store import ChainWriter
@@ -116,7 +117,7 @@ class StepRunner:
 
     def read(self, saga_id: str, step: int, intent_seq: int, reads: Any = None) -> StepView:
         if reads is None:
-            pipe: Any = self.store.store.log.raw.pipeline(transaction=False)
+            pipe: Any = lean(self.store.store.log.raw)
             queue_reads(pipe, saga_id, intent_seq)
             reads = pipe.execute()
         rows, first, ctx_seq = reads
@@ -196,7 +197,7 @@ class StepRunner:
         call = writer.prepare([(K.STEP_STARTED, {"step": step, "attempt": view.started + 1,
                                                   "data": data})],
                               lease=Lease(token, "acquire", ttl), phase="forward")
-        pipe = self.store.redis.pipeline(transaction=False)
+        pipe = lean(self.store.redis)
         call.send(pipe)
         # events already in the log (the previous step's outcome, say) ride along
         caught_up = self._project_known(pipe, saga_id, view, view.events)
@@ -262,7 +263,7 @@ class StepRunner:
                 # and acknowledgement in one round trip; if the append loses, a queued
                 # next job finds no intent at its seq and is dropped. The projection of
                 # what this appends rides on the next step's round trip.
-                pipe = self.store.redis.pipeline(transaction=False)
+                pipe = lean(self.store.redis)
                 call.send(pipe)
                 self._after_outcome(pipe, saga_id, step, view, outcome, spec, follow, extra,
                                     items, writer.head.seq + len(items))
@@ -303,7 +304,7 @@ class StepRunner:
         self._unwind = follow == "unwind"
         if reply is not None:
             return outcome.kind  # all sent with the append
-        pipe = self.store.redis.pipeline(transaction=False)
+        pipe = lean(self.store.redis)
         settle = writer.close_on(pipe) if writer.closed else None  # the ledger's entry
         self._after_outcome(pipe, saga_id, step, view, outcome, spec, follow, extra, items,
                             writer.head.seq)
@@ -321,7 +322,7 @@ class StepRunner:
         if not inline:
             project(self.store.store, saga_id)
             if follow == "committed":
-                done = self.store.redis.pipeline(transaction=False)
+                done = lean(self.store.redis)
                 self._closed(done, saga_id)
                 done.execute()
         return outcome.kind
@@ -385,7 +386,7 @@ class StepRunner:
                                  policy.approval_timeout_s)
         call = writer.prepare([(K.APPROVAL_REQUESTED, {"step": step, "tool": spec.name,
                                                        "data": data})], phase="forward")
-        pipe = self.store.redis.pipeline(transaction=False)
+        pipe = lean(self.store.redis)
         call.send(pipe)
         pipe.zadd(keys.APPROVALS, {approvals.member(saga_id, step):
                                    approvals.deadline(policy.approval_timeout_s)})
@@ -489,7 +490,7 @@ class StepRunner:
 
     def _ack(self, extra: Any) -> None:
         if extra is not None:
-            pipe = self.store.redis.pipeline(transaction=False)
+            pipe = lean(self.store.redis)
             extra(pipe)
             pipe.execute()
 

@@ -26,6 +26,7 @@ from saga_store import jobs
 from saga_store.client import SagaStore
 from saga_store.errors import StoreUnavailable
 from saga_store.ids import valid_id
+from saga_store.pipeline import lean
 from saga_store.registry import Registry
 from saga_store.settings import Settings
 
@@ -50,7 +51,7 @@ class StepJob(Job):
         if ids is None or not valid_id(ids[0]):
             data = self.connection.hget(self.key, "data")
         else:
-            pipe = self.connection.pipeline(transaction=False)
+            pipe = lean(self.connection)
             pipe.hget(self.key, "data")
             queue_reads(pipe, *ids)
             data, *reads = pipe.execute()
@@ -101,7 +102,7 @@ class StepWorker(SimpleWorker):
             self.metrics.refused_jobs.inc()
             log.warning("refused job %s on %s: not a saga job (only %s run here)",
                         job.id, queue.name, ", ".join(sorted(jobs.OUR_FUNCS)))
-            pipe = self.connection.pipeline(transaction=False)
+            pipe = lean(self.connection)
             ack(pipe)
             pipe.execute()
             return
@@ -128,7 +129,7 @@ class StepWorker(SimpleWorker):
         except Exception:
             # the log keeps the step's state; the sweeper redelivers it later
             log.exception("job %s (%s%s) raised; it will be redelivered", job.id, func, args)
-            pipe = self.connection.pipeline(transaction=False)
+            pipe = lean(self.connection)
             ack(pipe)
             pipe.execute()
         finally:
