@@ -115,14 +115,16 @@ class SagaStore:
             logged_plan.append({"tool": spec.name, "args": logged, "tool_call_id": call_id})
         first_spec, _, first_call_id = plan[0]
         intent = intent_fields(sid, 0, first_spec, logged_plan[0]["args"], first_call_id)
-        pipe = lean(self.redis)
-        pipe.zadd(keys.ACTIVE, {sid: now_ms() + 2 * self.settings.lease_ms})
+        # in ss:active (and its secrets stored) before it exists, in the open's round
+        # trip: should this process die after the open, the sweeper finds the saga
+        ahead = lean(self.redis)
+        ahead.zadd(keys.ACTIVE, {sid: now_ms() + 2 * self.settings.lease_ms})
         for n, values in secret_values.items():
-            self.secrets.put(pipe, sid, n, values)
-        pipe.execute()
+            self.secrets.put(ahead, sid, n, values)
         pipe = lean(self.redis)
         writer = self.store.open(agent_id, saga_id=sid, conversation_id=conversation_id,
                                  data={"plan": logged_plan}, then=[(K.STEP_INTENT, intent)],
+                                 ahead=ahead,
                                  # its ledger entry goes with the first job, chained
                                  # by a sweeper of the workers that run the plan
                                  pipe=pipe, defer_ledger=True)

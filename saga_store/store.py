@@ -57,12 +57,14 @@ class Store:
     def open(self, agent_id: str, *, saga_id: str | None = None,
              conversation_id: str | None = None, data: Mapping[str, Any] | None = None,
              then: Sequence[tuple[str, Mapping[str, Any]]] = (),
-             pipe: Any = None, defer_ledger: bool | None = None) -> ChainWriter:
+             pipe: Any = None, defer_ledger: bool | None = None,
+             ahead: Any = None) -> ChainWriter:
         """Start a saga: ``saga_started`` (and ``then``, in the same append) in its
         chain, then its opening in the ledger. With ``pipe`` the ledger entry is
         queued on it: the caller executes it and hands the replies to
         ``writer.ledger_written``. ``defer_ledger``: leave the entry for a worker's
-        sweeper to chain (default: the ledger's own setting)."""
+        sweeper to chain (default: the ledger's own setting). ``ahead``: a pipeline
+        of commands to send in the same round trip, before the append."""
         check_id(agent_id, "agent_id")
         sid = check_id(saga_id, "saga_id") if saga_id is not None else new_id()
         if conversation_id is not None:
@@ -81,8 +83,16 @@ class Store:
             meta={"agent_id": agent_id, "state": Status.RUNNING, "phase": "forward",
                   "ctx_seq": len(then),
                   **({"conversation_id": conversation_id} if conversation_id else {})})
+        if ahead is None:
+            reply = call.send(self.redis)
+        else:
+            call.send(ahead)
+            *before, reply = ahead.execute(raise_on_error=False)
+            for got in before:
+                if isinstance(got, Exception):
+                    raise got
         try:
-            writer.applied(call, call.send(self.redis))
+            writer.applied(call, reply)
         except ConflictError:
             raise InvalidInput(f"saga {sid} already exists; choose another id or omit it",
                                field="saga_id") from None
