@@ -288,6 +288,18 @@ class SagaLog:
         return [orjson.loads(body_and_hash(fields)[0])
                 for rows in self.pages(chain_id, start_seq) for _, fields in rows]
 
+    def bodies_and_head(self, chain_id: str) -> tuple[list[dict[str, Any]], Head]:
+        """Every event body and the head, from one read: the head is the last event
+        read, so a writer that appends at it decides on everything before it."""
+        bodies: list[dict[str, Any]] = []
+        last = None
+        for rows in self.pages(chain_id):
+            bodies.extend(orjson.loads(body_and_hash(fields)[0]) for _, fields in rows)
+            last = rows[-1]
+        if last is None:
+            return bodies, EMPTY
+        return bodies, Head(keys.seq_of_entry_id(last[0]), body_and_hash(last[1])[1])
+
     def events(self, chain_id: str, start_seq: int = 0) -> list[dict[str, Any]]:
         return [e.event() for e in self.entries(chain_id, start_seq)]
 

@@ -29,6 +29,7 @@ from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.idempotency import compensation_key
 from saga_store.log import Lease, release_lease
+from saga_store.pipeline import lean
 from saga_store.state import SagaState, Status, StepState, fold, unwind_order
 from saga_store.store import ChainWriter
 from saga_store.tools import Reversibility, StepContext
@@ -52,12 +53,13 @@ class Compensator:
     def __init__(self, store: SagaStore, worker: str) -> None:
         self.store, self.worker = store, worker
         self.invoker = Invoker()
+        self._released = False
 
     def run(self, saga_id: str, ack: Any = None) -> str:
         fault("comp_after_dequeue")
         what = self._run(saga_id)
         if ack is not None:
-            pipe = self.store.redis.pipeline(transaction=False)
+            pipe = lean(self.store.redis)
             ack(pipe)
             pipe.execute()
         return what
@@ -65,11 +67,15 @@ class Compensator:
     def _run(self, saga_id: str) -> str:
         r, lease_ms = self.store.redis, self.store.settings.lease_ms
         token = f"{self.worker}:comp:{os.urandom(6).hex()}"
-        if not r.set(keys.saga_lease(saga_id), token, nx=True, px=lease_ms):
+        pipe = lean(r)
+        pipe.set(keys.saga_lease(saga_id), token, nx=True, px=lease_ms)
+        pipe.time()
+        got, (secs, micros) = pipe.execute()
+        if not got:
             return "busy"  # a step or another compensator holds the saga; swept later
         # should this process die, the sweeper looks as soon as the lease can lapse
-        secs, micros = r.time()
         r.zadd(keys.ACTIVE, {saga_id: secs * 1000 + micros // 1000 + lease_ms + 100})
+        self._released = False
         try:
             for _ in range(MAX_REDECIDE):
                 try:
@@ -80,15 +86,16 @@ class Compensator:
                     continue  # someone appended: re-read and decide again
             return "conflict"
         finally:
-            release_lease(r, keys.saga_lease(saga_id), token)
+            if not self._released:  # the closing append gives it up itself
+                release_lease(r, keys.saga_lease(saga_id), token)
 
     def _unwind(self, saga_id: str, token: str) -> str:
-        log_ = self.store.store.log
-        state = fold(saga_id, log_.bodies(saga_id))
+        bodies, head = self.store.store.log.bodies_and_head(saga_id)
+        state = fold(saga_id, bodies)
         if state.final or state.status in (Status.RUNNING, Status.STUCK):
             project(self.store.store, saga_id)
             return str(state.status)
-        writer = ChainWriter(self.store.store, saga_id, log_.head(saga_id))
+        writer = ChainWriter(self.store.store, saga_id, head)
         lease = Lease(token, "acquire", self.store.settings.lease_ms)
         attention: list[str] = []
         for st in unwind_order(state, attention):
@@ -107,13 +114,14 @@ class Compensator:
         data = {"needs_attention": attention} if attention else None
         fault("comp_before_close")
         writer.append(final, data=data, lease=Lease(token, "release"))
+        self._released = True
         project(self.store.store, saga_id)  # before leaving ss:active: the sweeper's cue
         metrics = self.store.metrics
         if metrics is not None:
             metrics.sagas_finished.labels("needs_attention" if attention else "compensated").inc()
             if state.failed_ts:
                 metrics.compensation_lag.observe(max(0.0, time.time() - state.failed_ts / 1000))
-        pipe = self.store.redis.pipeline(transaction=False)
+        pipe = lean(self.store.redis)
         if attention:
             pipe.sadd(keys.NEEDS_ATTENTION, saga_id)
         pipe.zrem(keys.ACTIVE, saga_id)
