@@ -1,0 +1,121 @@
+"""Two checkouts of Saga Store side by side on the peer workload, interleaved.
+
+This machine's speed drifts by tens of percent over minutes, so two versions
+measured one after the other cannot be compared. Here each checkout gets its
+own Redis and worker processes, started once and kept up; then the runs
+alternate A, B, B, A, ... so both see the same machine. Reports medians of
+workflows/s, p99 and CPU per workflow (workers, Redis, the submitting driver).
+
+    git worktree add /tmp/before <rev>
+    python -m benchmarks.ab_workflows /tmp/before . --reps 4 [--n 500] [--workers 16]
+
+A checkout may carry its own worker count and Python as ``DIR:WORKERS:PYTHON``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+from typing import Any
+
+FAIL_RATIOS = (0.0, 0.2)
+
+
+def child(n: int, workers: int) -> None:
+    """Serve runs for the checkout in the current directory: one line in (the fail
+    ratio), one JSON line out."""
+    sys.path.insert(0, os.getcwd())
+    import redis
+
+    from benchmarks import bench_workflows as bw
+    from saga_store import Registry, SagaStore, Settings
+    from saga_store.testing import assert_eventually
+    from saga_store.testing_workers import WorkerProcess
+    srv = bw.bench_redis()
+    procs: list[Any] = []
+    try:
+        r = redis.Redis.from_url(srv.url)
+        store = SagaStore(r, Registry.from_modules(bw.TOOLS), Settings())
+        env = {**os.environ, "SAGA_REDIS_URL": srv.url, "PYTHONPATH": os.getcwd()}
+        procs = [WorkerProcess(env, bw.TOOLS, "--log-level", "WARNING").start()
+                 for _ in range(workers)]
+        from rq.worker import Worker
+        assert_eventually(lambda: len(Worker.all(connection=r)) >= workers, timeout=60,
+                          what="workers to start")
+        bw.durable_run(store, [False] * 50)  # warm up
+        rng = random.Random(7)
+        print("ready", flush=True)
+        for line in sys.stdin:
+            fails = bw.plans(n, float(line), rng)
+            assert srv.proc is not None
+            pids = {"workers": set().union(*(p.pids() for p in procs)),
+                    "redis": {srv.proc.pid}, "driver": {os.getpid()}}
+            before = {k: bw.cpu_s(v) for k, v in pids.items()}
+            row = bw.summarize(*bw.durable_run(store, fails))
+            for k, v in pids.items():
+                row[f"cpu_ms_{k}"] = (bw.cpu_s(v) - before[k]) * 1000 / n
+            print(json.dumps(row), flush=True)
+    finally:
+        for p in procs:
+            p.kill()
+        srv.stop()
+
+
+def spawn(spec: str, n: int, workers: int) -> subprocess.Popen[str]:
+    path, w, python = ([*spec.split(":"), "", ""])[:3]
+    cmd = [python or sys.executable, "-m", "benchmarks.ab_workflows", "--child",
+           "--n", str(n), "--workers", w or str(workers)]
+    proc = subprocess.Popen(cmd, cwd=path, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    if proc.stdout.readline().strip() != "ready":
+        raise RuntimeError(f"{spec}: the benchmark child did not start")
+    return proc
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("checkouts", nargs="*")
+    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--n", type=int, default=500)
+    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--child", action="store_true")
+    a = ap.parse_args()
+    if a.child:
+        child(a.n, a.workers)
+        return
+    if len(a.checkouts) != 2:
+        ap.error("give two checkouts (directories), A and B")
+    kids = [spawn(c, a.n, a.workers) for c in a.checkouts]
+    rows: dict[tuple[int, float], list[dict[str, float]]] = {
+        (i, f): [] for i in range(2) for f in FAIL_RATIOS}
+    for rep in range(a.reps):
+        for f in FAIL_RATIOS:
+            for i in ((0, 1) if rep % 2 == 0 else (1, 0)):
+                proc = kids[i]
+                assert proc.stdin is not None
+                assert proc.stdout is not None
+                proc.stdin.write(f"{f}\n")
+                proc.stdin.flush()
+                rows[(i, f)].append(json.loads(proc.stdout.readline()))
+    for proc in kids:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait()
+    for (i, f), runs in rows.items():
+        med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        cpu = med["cpu_ms_workers"] + med["cpu_ms_redis"] + med["cpu_ms_driver"]
+        print(f"{'AB'[i]} {a.checkouts[i]} n={a.n} fail={int(f * 100)}%: "
+              f"{med['workflows_per_s']:.0f} wf/s, p99 {med['p99_ms']:.0f} ms, CPU per "
+              f"workflow {cpu:.2f} ms (workers {med['cpu_ms_workers']:.2f}, Redis "
+              f"{med['cpu_ms_redis']:.2f}, driver {med['cpu_ms_driver']:.2f}); runs "
+              f"{[round(r['workflows_per_s']) for r in runs]}")
+
+
+if __name__ == "__main__":
+    main()
