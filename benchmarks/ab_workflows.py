@@ -7,7 +7,7 @@ alternate A, B, B, A, ... so both see the same machine. Reports medians of
 workflows/s, p99 and CPU per workflow (workers, Redis, the submitting driver).
 
     git worktree add /tmp/before <rev>
-    python -m benchmarks.ab_workflows /tmp/before . --reps 4 [--n 500] [--workers 16]
+    python -m benchmarks.ab_workflows /tmp/before . --reps 4 [--n 500] [--workers 26]
 
 A checkout may carry its own worker count and Python as ``DIR:WORKERS:PYTHON``.
 """
@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("checkouts", nargs="*")
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--n", type=int, default=500)
-    ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--workers", type=int, default=26)
     ap.add_argument("--child", action="store_true")
     a = ap.parse_args()
     if a.child:

@@ -89,7 +89,7 @@ def main() -> None:
     log = bench_log.run(events=200_000 if quick else 1_000_000, runs=1 if quick else 3)
     steps = bench_steps.run(quick)
     comp = bench_compensation.run(quick)
-    flows = bench_workflows.run(16, quick)
+    flows = bench_workflows.run(bench_workflows.WORKERS, quick)
     gw = bench_gateway.run(calls=1000 if quick else 3000, side_by_side=300 if quick else 1000)
     results = {"log": log, "steps": steps, "compensation": comp, "workflows": flows,
                "gateway": gw,

@@ -113,7 +113,8 @@ class Compensator:
         final = K.SAGA_NEEDS_ATTENTION if attention else K.SAGA_COMPENSATED
         data = {"needs_attention": attention} if attention else None
         fault("comp_before_close")
-        writer.append(final, data=data, lease=Lease(token, "release"))
+        call = writer.prepare([(final, {"data": data})], lease=Lease(token, "release"))
+        writer.applied(call, call.send(self.store.redis), ledger=False)
         self._released = True
         project(self.store.store, saga_id)  # before leaving ss:active: the sweeper's cue
         metrics = self.store.metrics
@@ -122,11 +123,16 @@ class Compensator:
             if state.failed_ts:
                 metrics.compensation_lag.observe(max(0.0, time.time() - state.failed_ts / 1000))
         pipe = lean(self.store.redis)
+        settle = writer.close_on(pipe)  # the ledger's closing entry, in the same trip
         if attention:
             pipe.sadd(keys.NEEDS_ATTENTION, saga_id)
         pipe.zrem(keys.ACTIVE, saga_id)
         pipe.pexpire(keys.saga_secrets(saga_id), 0)
-        pipe.execute()
+        replies = pipe.execute(raise_on_error=False)
+        settle(replies)
+        for got in replies:
+            if isinstance(got, Exception):
+                raise got
         return "compensated" if not attention else "needs_attention"
 
     def _settle(self, writer: ChainWriter, state: SagaState, st: StepState,
