@@ -24,6 +24,9 @@ import sys
 from typing import Any
 
 FAIL_RATIOS = (0.0, 0.2)
+# AB_BATCH=1: submit with one submit_many (unset: the checkout's own default,
+# one plan after another; checkouts older than submit_many know no other)
+BATCH = {"batch": os.environ["AB_BATCH"] != "0"} if "AB_BATCH" in os.environ else {}
 
 
 def child(n: int, workers: int) -> None:
@@ -56,7 +59,7 @@ def child(n: int, workers: int) -> None:
             pids = {"workers": set().union(*(p.pids() for p in procs)),
                     "redis": {srv.proc.pid}, "driver": {os.getpid()}}
             before = {k: bw.cpu_s(v) for k, v in pids.items()}
-            row = bw.summarize(*bw.durable_run(store, fails))
+            row = bw.summarize(*bw.durable_run(store, fails, **BATCH))
             for k, v in pids.items():
                 row[f"cpu_ms_{k}"] = (bw.cpu_s(v) - before[k]) * 1000 / n
             print(json.dumps(row), flush=True)

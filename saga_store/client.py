@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Self
 
 import orjson
@@ -34,13 +35,21 @@ from .saga import AsyncSaga, Saga
 from .secrets import Secrets
 from .settings import Settings
 from .state import SagaState, Status, fold
-from .store import Store
+from .store import Opening, Store
 from .tools import InvalidToolCall
 
 if TYPE_CHECKING:
     from .metrics import Metrics
 
 WAIT_SLICE_MS = 1000
+
+
+@dataclass
+class _Planned:
+    saga_id: str
+    opening: Opening
+    idem_key: str
+    secrets: dict[int, dict[str, Any]]
 
 
 class SagaStore:
@@ -90,6 +99,25 @@ class SagaStore:
                conversation_id: str | None = None, saga_id: str | None = None) -> str:
         """Submit a whole plan; workers run it to the end. Every step is validated
         first: one bad step and nothing is written."""
+        plan = self._validate(steps)
+        return self._write([self._prepare(plan, agent_id, conversation_id, saga_id)])[0]
+
+    def submit_many(self, plans: Sequence[Sequence[Mapping[str, Any]]], *, agent_id: str,
+                    conversation_id: str | None = None) -> list[str]:
+        """Submit several plans at once, as independent sagas; returns their ids in
+        order. All are validated first (one bad step and nothing is written), then
+        written in two round trips whatever their number."""
+        valid = []
+        for k, steps in enumerate(plans):
+            try:
+                valid.append(self._validate(steps))
+            except InvalidInput as exc:
+                raise InvalidInput(f"plans[{k}]: {exc}", field=f"plans[{k}]") from None
+        return self._write([self._prepare(plan, agent_id, conversation_id, None)
+                            for plan in valid])
+
+    def _validate(self, steps: Sequence[Mapping[str, Any]]) -> list[tuple[Any, Any, str]]:
+        """Each step's tool, validated arguments and call id; writes nothing."""
         if not steps:
             raise InvalidInput("a plan needs at least one step", field="steps")
         plan = []
@@ -104,6 +132,11 @@ class SagaStore:
             call_id = step.get("tool_call_id") or f"call_{i}"
             check_id(call_id, f"steps[{i}].tool_call_id")
             plan.append((spec, args, call_id))
+        return plan
+
+    def _prepare(self, plan: list[tuple[Any, Any, str]], agent_id: str,
+                 conversation_id: str | None, saga_id: str | None) -> _Planned:
+        """A validated plan's opening, encoded (a plan with secrets gets its salt)."""
         sid = check_id(saga_id, "saga_id") if saga_id else new_id()
         logged_plan: list[dict[str, Any]] = []
         secret_values: dict[int, dict[str, Any]] = {}
@@ -115,26 +148,44 @@ class SagaStore:
             logged_plan.append({"tool": spec.name, "args": logged, "tool_call_id": call_id})
         first_spec, _, first_call_id = plan[0]
         intent = intent_fields(sid, 0, first_spec, logged_plan[0]["args"], first_call_id)
-        # in ss:active (and its secrets stored) before it exists, in the open's round
-        # trip: should this process die after the open, the sweeper finds the saga
+        opening = self.store.prepare_open(agent_id, saga_id=sid,
+                                          conversation_id=conversation_id,
+                                          data={"plan": logged_plan},
+                                          then=[(K.STEP_INTENT, intent)])
+        return _Planned(sid, opening, intent["idem_key"], secret_values)
+
+    def _write(self, planned: list[_Planned]) -> list[str]:
+        # in ss:active (and their secrets stored) before they exist, in the opens'
+        # round trip: should this process die after an open, the sweeper finds it
         ahead = lean(self.redis)
-        ahead.zadd(keys.ACTIVE, {sid: now_ms() + 2 * self.settings.lease_ms})
-        for n, values in secret_values.items():
-            self.secrets.put(ahead, sid, n, values)
+        look_at = now_ms() + 2 * self.settings.lease_ms
+        for p in planned:
+            ahead.zadd(keys.ACTIVE, {p.saga_id: look_at})
+            for n, values in p.secrets.items():
+                self.secrets.put(ahead, p.saga_id, n, values)
+        at = []
+        for p in planned:
+            at.append(len(ahead))
+            p.opening.call.send(ahead)
+        replies = ahead.execute(raise_on_error=False)
+        for i, got in enumerate(replies):
+            if isinstance(got, Exception) and i not in at:
+                raise got
+        # the ledger entries go with the first jobs, chained by a sweeper of the
+        # workers that run the plans
         pipe = lean(self.redis)
-        writer = self.store.open(agent_id, saga_id=sid, conversation_id=conversation_id,
-                                 data={"plan": logged_plan}, then=[(K.STEP_INTENT, intent)],
-                                 ahead=ahead,
-                                 # its ledger entry goes with the first job, chained
-                                 # by a sweeper of the workers that run the plan
-                                 pipe=pipe, defer_ledger=True)
-        enqueue_step(pipe, self.queue, sid, 0, writer.head.seq, intent["idem_key"])
-        replies = pipe.execute(raise_on_error=False)
-        writer.ledger_written(replies)
-        for got in replies:
+        writers = []
+        for p, i in zip(planned, at, strict=True):
+            writer = p.opening.applied(replies[i], pipe, defer_ledger=True)
+            enqueue_step(pipe, self.queue, p.saga_id, 0, writer.head.seq, p.idem_key)
+            writers.append(writer)
+        done = pipe.execute(raise_on_error=False)
+        for writer in writers:
+            writer.ledger_written(done)
+        for got in done:
             if isinstance(got, Exception):
                 raise got
-        return sid
+        return [p.saga_id for p in planned]
 
     def wait(self, saga_id: str, timeout: float | None = None) -> SagaState:
         """Block until the saga is final (committed, compensated, needs attention)

@@ -7,12 +7,12 @@ Writers do not chain ledger entries themselves: every saga in the system would
 race for the one head, and the losers would re-read and re-send. A writer
 pushes its entry onto the pending list, in a round trip it makes anyway. The
 entries are chained in batches (group commit) by whoever holds the sealer's
-lease: every worker's sweeper, once a sweep (about every second), and any
-writer that finds ``SEAL_AT`` entries waiting. One append per batch trims
-what it chained in the same script call, so no entry is chained twice or
-lost, and a sealer that dies leaves the rest pending for the next. Readers of
-the ledger (verify, saga lists) read the pending entries too; anchors and
-exports seal first.
+lease: every worker's sweeper, once a sweep (about every second), and the
+deferred writer whose entry brings the count to a multiple of ``SEAL_AT``.
+One append per batch trims what it chained in the same script call, so no
+entry is chained twice or lost, and a sealer that dies leaves the rest
+pending for the next. Readers of the ledger (verify, saga lists) read the
+pending entries too; anchors and exports seal first.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from .log import EMPTY, Head, Lease, SagaLog, body_and_hash, command, release_le
 log = logging.getLogger("saga_store.ledger")
 MAX_CAS_ROUNDS = 200
 SEAL_BATCH = 500
-SEAL_AT = 64  # a writer that finds this many entries pending seals them
+SEAL_AT = 64  # a deferred writer whose entry makes 64, 128, ... pending seals them
 SEAL_LEASE_MS = 5000
 _KINDS = (EventKind.LEDGER_OPENED, EventKind.LEDGER_CLOSED)
 Then = Callable[[list[Any]], int]  # takes the pipeline's replies; returns entries sealed
@@ -90,8 +90,10 @@ class Ledger:
                     raise StoreUnavailable(f"ledger entry for saga {saga_id} not written: {got}")
             if not defer and mine[1]:
                 return self._seal(token)
-            # deferred, or another sealer at work (it looks again before it stops)
-            return self.seal() if defer and mine[0] >= SEAL_AT else 0
+            # deferred, or another sealer at work (it looks again before it stops);
+            # of a deferred batch, the writer that brings the count to a multiple
+            # of SEAL_AT seals (one try per SEAL_AT entries, not one per writer)
+            return self.seal() if defer and mine[0] % SEAL_AT == 0 else 0
         return then
 
     def seal(self) -> int:

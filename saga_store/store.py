@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Self
 
 import redis
@@ -56,15 +57,18 @@ class Store:
 
     def open(self, agent_id: str, *, saga_id: str | None = None,
              conversation_id: str | None = None, data: Mapping[str, Any] | None = None,
-             then: Sequence[tuple[str, Mapping[str, Any]]] = (),
-             pipe: Any = None, defer_ledger: bool | None = None,
-             ahead: Any = None) -> ChainWriter:
+             then: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> ChainWriter:
         """Start a saga: ``saga_started`` (and ``then``, in the same append) in its
-        chain, then its opening in the ledger. With ``pipe`` the ledger entry is
-        queued on it: the caller executes it and hands the replies to
-        ``writer.ledger_written``. ``defer_ledger``: leave the entry for a worker's
-        sweeper to chain (default: the ledger's own setting). ``ahead``: a pipeline
-        of commands to send in the same round trip, before the append."""
+        chain, then its opening in the ledger."""
+        opening = self.prepare_open(agent_id, saga_id=saga_id,
+                                    conversation_id=conversation_id, data=data, then=then)
+        return opening.applied(opening.call.send(self.redis))
+
+    def prepare_open(self, agent_id: str, *, saga_id: str | None = None,
+                     conversation_id: str | None = None,
+                     data: Mapping[str, Any] | None = None,
+                     then: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> Opening:
+        """The opening append of :meth:`open`, encoded, to send in a pipeline."""
         check_id(agent_id, "agent_id")
         sid = check_id(saga_id, "saga_id") if saga_id is not None else new_id()
         if conversation_id is not None:
@@ -83,25 +87,7 @@ class Store:
             meta={"agent_id": agent_id, "state": Status.RUNNING, "phase": "forward",
                   "ctx_seq": len(then),
                   **({"conversation_id": conversation_id} if conversation_id else {})})
-        if ahead is None:
-            reply = call.send(self.redis)
-        else:
-            call.send(ahead)
-            *before, reply = ahead.execute(raise_on_error=False)
-            for got in before:
-                if isinstance(got, Exception):
-                    raise got
-        try:
-            writer.applied(call, reply)
-        except ConflictError:
-            raise InvalidInput(f"saga {sid} already exists; choose another id or omit it",
-                               field="saga_id") from None
-        if pipe is None:
-            self.ledger.opened(sid, agent_id, call.first_hash)
-        else:
-            writer.ledger_written = self.ledger.opened_on(pipe, sid, agent_id, call.first_hash,
-                                                          defer_ledger)
-        return writer
+        return Opening(writer, call, agent_id)
 
     def writer(self, saga_id: str) -> ChainWriter:
         """A writer for an existing saga, positioned at its current head."""
@@ -149,6 +135,34 @@ class Store:
                 out.append(sid)
         out.reverse()
         return out[:limit] if limit else out
+
+
+@dataclass
+class Opening:
+    """A saga's opening append, prepared by :meth:`Store.prepare_open`."""
+
+    writer: ChainWriter
+    call: PreparedAppend
+    agent_id: str
+
+    def applied(self, reply: Any, pipe: Any = None,
+                defer_ledger: bool | None = None) -> ChainWriter:
+        """Take the append's reply, then write the ledger's opening entry; with
+        ``pipe`` it is queued there (execute it, then hand its replies to
+        ``writer.ledger_written``). ``defer_ledger``: leave the entry for a worker's
+        sweeper to chain (default: the ledger's own setting)."""
+        w, ledger = self.writer, self.writer.store.ledger
+        try:
+            w.applied(self.call, reply)
+        except ConflictError:
+            raise InvalidInput(f"saga {w.saga_id} already exists; choose another id or omit "
+                               "it", field="saga_id") from None
+        if pipe is None:
+            ledger.opened(w.saga_id, self.agent_id, self.call.first_hash)
+        else:
+            w.ledger_written = ledger.opened_on(pipe, w.saga_id, self.agent_id,
+                                                self.call.first_hash, defer_ledger)
+        return w
 
 
 class ChainWriter:

@@ -15,6 +15,7 @@ from rq.serializers import JSONSerializer
 from saga_store import jobs, keys
 from saga_store.client import SagaStore
 from saga_store.enqueue import enqueue_step, intent_fields
+from saga_store.errors import InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.state import Status
 from saga_store.testing import assert_eventually
@@ -295,6 +296,30 @@ def test_sigterm_mid_plan_queues_the_next_step_instead_of_running_it(
     with workers(worker_env, TOOLS):
         assert saga_store.wait(sid, timeout=30).status is Status.COMMITTED
     assert (len(effects("reserve")), len(effects("charge"))) == (1, 1)
+
+
+def test_submit_many_writes_all_plans_or_none(saga_store: SagaStore, client: redis.Redis,
+                                              worker_env: dict[str, str],
+                                              ledger: Path) -> None:
+    """Many plans in two round trips: a bad step in any plan writes nothing at all;
+    good ones each become their own saga and commit."""
+    before = client.dbsize()
+    bad = [ORDER, [{"tool": "reserve_inventory", "args": {"sku": "A", "qty": "many"}}]]
+    with pytest.raises(InvalidInput, match=r"plans\[1\]: steps\[0\]"):
+        saga_store.submit_many(bad, agent_id="agent-m")
+    assert client.dbsize() == before
+    plans = [[{"tool": "reserve_inventory", "args": {"sku": f"S{i}", "qty": 1}},
+              {"tool": "noop", "args": {"n": i}}] for i in range(20)]
+    with workers(worker_env, TOOLS, count=2):
+        ids = saga_store.submit_many(plans, agent_id="agent-m")
+        states = [saga_store.wait(sid, timeout=30) for sid in ids]
+    assert len(set(ids)) == 20
+    assert all(st.status is Status.COMMITTED for st in states)
+    assert sorted(e[2] for e in effects("reserve")) == sorted(f"S{i}x1" for i in range(20))
+    # ids come back in the order of the plans
+    assert [saga_store.store.log.bodies(sid)[0]["data"]["plan"][0]["args"]["sku"]
+            for sid in ids] == [f"S{i}" for i in range(20)]
+    assert Verifier(saga_store.store.log).verify().ok
 
 
 def test_plan_file_through_the_cli(redis_url: str, worker_env: dict[str, str], ledger: Path,
