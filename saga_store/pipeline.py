@@ -71,13 +71,15 @@ def lean(client: redis.Redis) -> LeanPipeline:
 
 
 def _connection(pool: Any) -> Any:
-    """This process and thread's connection from ``pool``, made once and kept on
-    the pool (so it goes with it); a forked child makes its own."""
-    held: dict[tuple[int, int], Any] | None = getattr(pool, "_saga_lean", None)
+    """This thread's connection from ``pool``, made once and kept on the pool (so it
+    goes with the pool, and with the thread: a thread-local's value is dropped,
+    and its connection closed, when the thread ends); a forked child makes its
+    own."""
+    held = getattr(pool, "_saga_lean", None)
     if held is None:
-        held = pool._saga_lean = {}
-    me = (os.getpid(), threading.get_ident())
-    conn = held.get(me)
-    if conn is None:
-        conn = held[me] = pool.make_connection()
+        held = pool._saga_lean = threading.local()
+    pid, conn = getattr(held, "conn", (None, None))
+    if pid != os.getpid():
+        conn = pool.make_connection()
+        held.conn = (os.getpid(), conn)
     return conn

@@ -228,15 +228,24 @@ def test_bad_results_and_retryable_errors(saga_store: SagaStore, worker_env: dic
 
 def test_sigterm_lets_the_current_step_finish(saga_store: SagaStore, worker_env: dict[str, str],
                                               ledger: Path) -> None:
-    sid = saga_store.submit([{"tool": "slow_noop", "args": {"seconds": 1.0}}], agent_id="a")
-    w = WorkerProcess(worker_env, TOOLS).start()
+    sid = _sigterm_in_first_step(saga_store, worker_env, [])
+    assert saga_store.state(sid).status is Status.COMMITTED
+
+
+def _sigterm_in_first_step(store: SagaStore, env: dict[str, str],
+                           then: list[dict[str, object]]) -> str:
+    """Submit a 1 s first step (then ``then``), SIGTERM the only worker while that
+    step runs, and check it exits cleanly; returns the saga id."""
+    sid = store.submit([{"tool": "slow_noop", "args": {"seconds": 1.0}}, *then],
+                       agent_id="agent-t")
+    w = WorkerProcess(env, TOOLS).start()
     try:
-        assert_eventually(lambda: K.STEP_STARTED in kinds(saga_store, sid), timeout=30,
+        assert_eventually(lambda: K.STEP_STARTED in kinds(store, sid), timeout=30,
                           what="the step to start")
         assert w.terminate() == 0
     finally:
         w.kill()
-    assert saga_store.state(sid).status is Status.COMMITTED
+    return sid
 
 
 def _queued(client: redis.Redis, store: SagaStore, sid: str) -> list[int]:
@@ -282,15 +291,7 @@ def test_sigterm_mid_plan_queues_the_next_step_instead_of_running_it(
         ledger: Path) -> None:
     """A worker asked to stop finishes its step and hands the rest of the plan to
     the queue, so a warm shutdown never waits for a whole saga."""
-    sid = saga_store.submit([{"tool": "slow_noop", "args": {"seconds": 1.0}}, *ORDER[:2]],
-                            agent_id="agent-t")
-    w = WorkerProcess(worker_env, TOOLS).start()
-    try:
-        assert_eventually(lambda: K.STEP_STARTED in kinds(saga_store, sid), timeout=30,
-                          what="the step to start")
-        assert w.terminate() == 0
-    finally:
-        w.kill()
+    sid = _sigterm_in_first_step(saga_store, worker_env, ORDER[:2])
     assert kinds(saga_store, sid, 1) == [K.STEP_INTENT]
     assert _queued(client, saga_store, sid) == [0, 1]
     with workers(worker_env, TOOLS):

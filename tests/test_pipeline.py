@@ -1,0 +1,52 @@
+"""The step path's lean pipeline: redis-py's replies, one connection per
+thread, dropped with the thread."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+import redis
+
+from saga_store.pipeline import lean
+from saga_store.testing import assert_eventually
+
+pytestmark = pytest.mark.real_redis
+
+
+def test_replies_match_redis_py_and_errors_come_back_in_place(client: redis.Redis) -> None:
+    p = lean(client)
+    p.set("k", "v")
+    p.incr("k")  # not an integer
+    p.get("k")
+    p.time()
+    ok, err, got, now = p.execute(raise_on_error=False)
+    assert (ok, got) == (True, b"v")
+    assert isinstance(err, redis.ResponseError)
+    assert isinstance(now, tuple) and len(now) == 2  # redis-py's TIME callback applied
+    p.incr("k")
+    with pytest.raises(redis.ResponseError):
+        p.execute()
+    p.get("k")
+    assert p.execute() == [b"v"]  # the connection is still in step after errors
+
+
+def test_one_connection_per_thread_closed_when_the_thread_ends(client: redis.Redis) -> None:
+    def connected() -> int:
+        return len(client.client_list())
+    before = connected()
+
+    def work() -> None:
+        for _ in range(5):
+            p = lean(client)
+            p.ping()
+            assert p.execute() == [True]
+    threads = [threading.Thread(target=work) for _ in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    gc.collect()
+    assert_eventually(lambda: connected() <= before, timeout=10,
+                      what="the threads' connections to close")
