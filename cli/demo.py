@@ -66,6 +66,7 @@ def demo(ctx: Context, n: int) -> None:
                 p.terminate()
             for p in procs:
                 p.wait(10)
+        store.store.ledger.flush()  # as `saga verify` does: chain what is pending first
         verdict = Verifier(store.store.log).verify()
         click.echo(f"saga verify: {'intact' if verdict.ok else 'INTEGRITY FAILURE'} "
                    f"({verdict.events} events in {len(verdict.chains)} chains, "

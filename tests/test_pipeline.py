@@ -24,7 +24,8 @@ def test_replies_match_redis_py_and_errors_come_back_in_place(client: redis.Redi
     ok, err, got, now = p.execute(raise_on_error=False)
     assert (ok, got) == (True, b"v")
     assert isinstance(err, redis.ResponseError)
-    assert isinstance(now, tuple) and len(now) == 2  # redis-py's TIME callback applied
+    assert isinstance(now, tuple)  # redis-py's TIME callback applied: (seconds, micros)
+    assert len(now) == 2
     p.incr("k")
     with pytest.raises(redis.ResponseError):
         p.execute()
