@@ -70,6 +70,10 @@ def lean(client: redis.Redis) -> LeanPipeline:
     return LeanPipeline(client.connection_pool, client.response_callbacks, False, None)
 
 
+_forks = [0]  # bumped in a forked child: connections of the parent are not its own
+os.register_at_fork(after_in_child=lambda: _forks.__setitem__(0, _forks[0] + 1))
+
+
 def _connection(pool: Any) -> Any:
     """This thread's connection from ``pool``, made once and kept on the pool (so it
     goes with the pool, and with the thread: a thread-local's value is dropped,
@@ -78,8 +82,8 @@ def _connection(pool: Any) -> Any:
     held = getattr(pool, "_saga_lean", None)
     if held is None:
         held = pool._saga_lean = threading.local()
-    pid, conn = getattr(held, "conn", (None, None))
-    if pid != os.getpid():
+    forks, conn = getattr(held, "conn", (-1, None))
+    if forks != _forks[0]:
         conn = pool.make_connection()
-        held.conn = (os.getpid(), conn)
+        held.conn = (_forks[0], conn)
     return conn

@@ -4,6 +4,7 @@ thread, dropped with the thread."""
 from __future__ import annotations
 
 import gc
+import os
 import threading
 
 import pytest
@@ -51,3 +52,26 @@ def test_one_connection_per_thread_closed_when_the_thread_ends(client: redis.Red
     gc.collect()
     assert_eventually(lambda: connected() <= before, timeout=10,
                       what="the threads' connections to close")
+
+
+def test_a_forked_child_makes_its_own_connection(client: redis.Redis) -> None:
+    """Sharing the parent's socket would mix the two processes' replies."""
+    p = lean(client)
+    p.client_id()
+    (parent_id,) = p.execute()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its connection's id, then leave at once
+        try:
+            c = lean(client)
+            c.client_id()
+            os.write(write, str(c.execute()[0]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    child_id = int(os.read(read, 64))
+    os.waitpid(pid, 0)
+    again = lean(client)
+    again.client_id()
+    assert again.execute() == [parent_id]  # the parent keeps its own
+    assert child_id != parent_id
