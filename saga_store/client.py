@@ -28,7 +28,7 @@ from .errors import ConflictError, FencedOff, InvalidInput, StepPending
 from .events import EventKind as K
 from .idempotency import DedupeRecords
 from .ids import check_id, new_id
-from .pipeline import lean
+from .pipeline import execute, lean
 from .policy import Policy
 from .registry import Registry
 from .saga import AsyncSaga, Saga
@@ -174,17 +174,10 @@ class SagaStore:
         # the ledger entries go with the first jobs, chained by a sweeper of the
         # workers that run the plans
         pipe = lean(self.redis)
-        writers = []
         for p, i in zip(planned, at, strict=True):
             writer = p.opening.applied(replies[i], pipe, defer_ledger=True)
             enqueue_step(pipe, self.queue, p.saga_id, 0, writer.head.seq, p.idem_key)
-            writers.append(writer)
-        done = pipe.execute(raise_on_error=False)
-        for writer in writers:
-            writer.ledger_written(done)
-        for got in done:
-            if isinstance(got, Exception):
-                raise got
+        execute(pipe, *(p.opening.ledger_written for p in planned))
         return [p.saga_id for p in planned]
 
     def wait(self, saga_id: str, timeout: float | None = None) -> SagaState:

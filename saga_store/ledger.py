@@ -31,7 +31,7 @@ from . import keys
 from .canonical import canonical
 from .errors import AnchorMismatch, ConflictError, FencedOff, InvalidInput, StoreUnavailable
 from .events import EventKind, body_dict
-from .log import EMPTY, Head, Lease, SagaLog, body_and_hash, command, release_lease
+from .log import EMPTY, Head, Lease, SagaLog, body_and_hash, command, head_of, release_lease
 
 log = logging.getLogger("saga_store.ledger")
 MAX_CAS_ROUNDS = 200
@@ -147,8 +147,7 @@ class Ledger:
                 release_lease(pipe, keys.LEDGER_LEASE, token)
                 pipe.llen(keys.LEDGER_PENDING)
                 return sealed, pipe.execute()[1]
-            head = (Head(keys.seq_of_entry_id(last[0][0]), body_and_hash(last[0][1])[1])
-                    if last else EMPTY)
+            head = head_of(last[0]) if last else EMPTY
             bodies = []
             for raw in rows:
                 body = _entry(raw)

@@ -142,6 +142,11 @@ class PreparedAppend:
                         f"not {self.phase!r}")
 
 
+def head_of(row: Any) -> Head:
+    """The head a stored row ``[entry_id, fields]`` makes when it is a chain's last."""
+    return Head(keys.seq_of_entry_id(row[0]), body_and_hash(row[1])[1])
+
+
 def release_lease(client: Any, key: str, token: str) -> None:
     """Expire a lease now if ``token`` still holds it (compare-and-expire)."""
     client.eval("if redis.call('GET', KEYS[1]) == ARGV[1] then "
@@ -252,9 +257,7 @@ class SagaLog:
                 self.raw, "XREVRANGE", keys.log_key_for(chain_id), "+", "-", "COUNT", 1)
         except redis.ConnectionError as exc:
             raise StoreUnavailable(f"Redis unreachable: {exc}") from exc
-        if not last:
-            return EMPTY
-        return Head(keys.seq_of_entry_id(last[0][0]), body_and_hash(last[0][1])[1])
+        return head_of(last[0]) if last else EMPTY
 
     def pages(self, chain_id: str, start_seq: int = 0, page: int = PAGE,
               ) -> Iterator[list[Any]]:
@@ -296,9 +299,7 @@ class SagaLog:
         for rows in self.pages(chain_id):
             bodies.extend(orjson.loads(body_and_hash(fields)[0]) for _, fields in rows)
             last = rows[-1]
-        if last is None:
-            return bodies, EMPTY
-        return bodies, Head(keys.seq_of_entry_id(last[0]), body_and_hash(last[1])[1])
+        return bodies, head_of(last) if last is not None else EMPTY
 
     def events(self, chain_id: str, start_seq: int = 0) -> list[dict[str, Any]]:
         return [e.event() for e in self.entries(chain_id, start_seq)]

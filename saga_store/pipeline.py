@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import redis
@@ -63,6 +64,18 @@ class LeanPipeline(Pipeline):
         if raise_on_error:
             self.raise_first_error(stack, out)  # type: ignore[no-untyped-call]
         return out
+
+
+def execute(pipe: Any, *then: Callable[[list[Any]], Any]) -> list[Any]:
+    """Execute ``pipe``, hand all its replies to each of ``then`` (each reads its own
+    commands' replies, errors included), then raise the first error left."""
+    replies: list[Any] = pipe.execute(raise_on_error=False)
+    for taker in then:
+        taker(replies)
+    for got in replies:
+        if isinstance(got, Exception):
+            raise got
+    return replies
 
 
 def lean(client: redis.Redis) -> LeanPipeline:

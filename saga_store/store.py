@@ -144,13 +144,15 @@ class Opening:
     writer: ChainWriter
     call: PreparedAppend
     agent_id: str
+    # with a pipe given to applied(): takes that pipeline's replies (see Ledger)
+    ledger_written: Callable[[list[Any]], int] = lambda replies: 0
 
     def applied(self, reply: Any, pipe: Any = None,
                 defer_ledger: bool | None = None) -> ChainWriter:
         """Take the append's reply, then write the ledger's opening entry; with
         ``pipe`` it is queued there (execute it, then hand its replies to
-        ``writer.ledger_written``). ``defer_ledger``: leave the entry for a worker's
-        sweeper to chain (default: the ledger's own setting)."""
+        ``ledger_written``). ``defer_ledger``: leave the entry for a worker's sweeper
+        to chain (default: the ledger's own setting)."""
         w, ledger = self.writer, self.writer.store.ledger
         try:
             w.applied(self.call, reply)
@@ -160,8 +162,8 @@ class Opening:
         if pipe is None:
             ledger.opened(w.saga_id, self.agent_id, self.call.first_hash)
         else:
-            w.ledger_written = ledger.opened_on(pipe, w.saga_id, self.agent_id,
-                                                self.call.first_hash, defer_ledger)
+            self.ledger_written = ledger.opened_on(pipe, w.saga_id, self.agent_id,
+                                                   self.call.first_hash, defer_ledger)
         return w
 
 
@@ -171,7 +173,6 @@ class ChainWriter:
     def __init__(self, store: Store, saga_id: str, head: Head) -> None:
         self.store, self.saga_id, self.head = store, saga_id, head
         self._last_kind = ""
-        self.ledger_written: Callable[[list[Any]], int] = lambda replies: 0
 
     def append(self, kind: str, *, lease: Lease | None = None, phase: str | None = None,
                meta: Mapping[str, str | int] | None = None, **fields: Any) -> Head:

@@ -29,7 +29,7 @@ from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.idempotency import compensation_key
 from saga_store.log import Lease, release_lease
-from saga_store.pipeline import lean
+from saga_store.pipeline import execute, lean
 from saga_store.state import SagaState, Status, StepState, fold, unwind_order
 from saga_store.store import ChainWriter
 from saga_store.tools import Reversibility, StepContext
@@ -128,11 +128,7 @@ class Compensator:
             pipe.sadd(keys.NEEDS_ATTENTION, saga_id)
         pipe.zrem(keys.ACTIVE, saga_id)
         pipe.pexpire(keys.saga_secrets(saga_id), 0)
-        replies = pipe.execute(raise_on_error=False)
-        settle(replies)
-        for got in replies:
-            if isinstance(got, Exception):
-                raise got
+        execute(pipe, settle)
         return "compensated" if not attention else "needs_attention"
 
     def _settle(self, writer: ChainWriter, state: SagaState, st: StepState,

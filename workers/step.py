@@ -29,8 +29,8 @@ from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.ids import check_id
 from saga_store.log import Head, Lease, body_and_hash
-from saga_store.pipeline import lean
-from saga_store.policy import Decision
+from saga_store.pipeline import execute, lean
+from saga_store.policy import Decision, Policy, Verdict
 from saga_store.registry import UnknownTool
 from saga_store.store import ChainWriter
 from saga_store.tools import StepContext, ToolSpec
@@ -313,12 +313,7 @@ class StepRunner:
         # ss:active is the sweeper's cue to project: leave it only once that is done
         if follow == "committed" and inline:
             self._closed(pipe, saga_id)
-        replies = pipe.execute(raise_on_error=False)
-        if settle is not None:
-            settle(replies)
-        for got in replies:
-            if isinstance(got, Exception):
-                raise got
+        execute(pipe, *([settle] if settle else []))
         if not inline:
             project(self.store.store, saga_id)
             if follow == "committed":
@@ -352,9 +347,7 @@ class StepRunner:
             spec = self.store.registry.get(nxt["tool"])
         except UnknownTool:
             return None
-        verdict = self.store.policy.decide(spec.name, str(spec.reversibility), nxt["args"],
-                                           Decision(spec.approval) if spec.approval else None)
-        if verdict.decision is not Decision.ALLOW:
+        if _verdict(self.store.policy, spec, nxt["args"]).decision is not Decision.ALLOW:
             return None
         return spec, int(spec.timeout * 1000) + self.store.settings.lease_ms
 
@@ -373,8 +366,7 @@ class StepRunner:
         assert view.intent is not None
         args = view.intent["data"]["args"]
         policy = self.store.policy
-        verdict = policy.decide(spec.name, str(spec.reversibility), args,
-                                Decision(spec.approval) if spec.approval else None)
+        verdict = _verdict(policy, spec, args)
         if verdict.decision is Decision.ALLOW:
             return None
         if verdict.decision is Decision.DENY:
@@ -493,6 +485,12 @@ class StepRunner:
             pipe = lean(self.store.redis)
             extra(pipe)
             pipe.execute()
+
+
+def _verdict(policy: Policy, spec: ToolSpec, args: dict[str, Any]) -> Verdict:
+    """What the policy says of a call of ``spec`` with the logged ``args``."""
+    return policy.decide(spec.name, str(spec.reversibility), args,
+                         Decision(spec.approval) if spec.approval else None)
 
 
 def queue_reads(pipe: Any, saga_id: str, intent_seq: int) -> None:
