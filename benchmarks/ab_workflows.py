@@ -10,6 +10,8 @@ workflows/s, p99 and CPU per workflow (workers, Redis, the submitting driver).
     python -m benchmarks.ab_workflows /tmp/before . --reps 4 [--n 500] [--workers 26]
 
 A checkout may carry its own worker count and Python as ``DIR:WORKERS:PYTHON``.
+To measure a checkout older than this file, copy this file and
+``bench_workflows.py`` into its ``benchmarks/``.
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import random
 import statistics
 import subprocess
 import sys
-from typing import Any
 
 FAIL_RATIOS = (0.0, 0.2)
 # AB_BATCH=1: submit with one submit_many (unset: the checkout's own default,
@@ -33,40 +34,13 @@ def child(n: int, workers: int) -> None:
     """Serve runs for the checkout in the current directory: one line in (the fail
     ratio), one JSON line out."""
     sys.path.insert(0, os.getcwd())
-    import redis
-
     from benchmarks import bench_workflows as bw
-    from saga_store import Registry, SagaStore, Settings
-    from saga_store.testing import assert_eventually
-    from saga_store.testing_workers import WorkerProcess
-    srv = bw.bench_redis()
-    procs: list[Any] = []
-    try:
-        r = redis.Redis.from_url(srv.url)
-        store = SagaStore(r, Registry.from_modules(bw.TOOLS), Settings())
-        env = {**os.environ, "SAGA_REDIS_URL": srv.url, "PYTHONPATH": os.getcwd()}
-        procs = [WorkerProcess(env, bw.TOOLS, "--log-level", "WARNING").start()
-                 for _ in range(workers)]
-        from rq.worker import Worker
-        assert_eventually(lambda: len(Worker.all(connection=r)) >= workers, timeout=60,
-                          what="workers to start")
-        bw.durable_run(store, [False] * 50)  # warm up
-        rng = random.Random(7)
+    rng = random.Random(7)
+    with bw.durable(workers) as d:
         print("ready", flush=True)
         for line in sys.stdin:
-            fails = bw.plans(n, float(line), rng)
-            assert srv.proc is not None
-            pids = {"workers": set().union(*(p.pids() for p in procs)),
-                    "redis": {srv.proc.pid}, "driver": {os.getpid()}}
-            before = {k: bw.cpu_s(v) for k, v in pids.items()}
-            row = bw.summarize(*bw.durable_run(store, fails, **BATCH))
-            for k, v in pids.items():
-                row[f"cpu_ms_{k}"] = (bw.cpu_s(v) - before[k]) * 1000 / n
+            row = d.measure(bw.plans(n, float(line), rng), **BATCH)
             print(json.dumps(row), flush=True)
-    finally:
-        for p in procs:
-            p.kill()
-        srv.stop()
 
 
 def spawn(spec: str, n: int, workers: int) -> subprocess.Popen[str]:

@@ -14,6 +14,9 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +24,7 @@ import orjson
 import redis
 
 from saga_store import Registry, SagaStore, Settings, keys
-from saga_store.testing import assert_eventually
+from saga_store.testing import RedisServer, assert_eventually
 from saga_store.testing_workers import WorkerProcess
 
 from .common import bench_redis, machine, percentile
@@ -84,9 +87,10 @@ def durable_run(store: SagaStore, fails: list[bool], batch: bool = False,
     if batch:
         ids = store.submit_many([workflow(f) for f in fails], agent_id=AGENT)
         submitted = dict.fromkeys(ids, began)
-    for f in fails if not batch else ():
-        called = time.perf_counter()
-        submitted[store.submit(workflow(f), agent_id=AGENT)] = called
+    else:
+        for f in fails:
+            called = time.perf_counter()
+            submitted[store.submit(workflow(f), agent_id=AGENT)] = called
     latency: list[float] = []
     while len(latency) < len(submitted):
         reply = r.xread({ctx: after}, block=5000)
@@ -122,8 +126,29 @@ def summarize(elapsed: float, latency: list[float]) -> dict[str, float]:
             "p95_ms": percentile(ms, 95), "p99_ms": percentile(ms, 99)}
 
 
-def run(workers: int = WORKERS, quick: bool = False, batch: bool = False) -> dict[str, Any]:
-    rng = random.Random(7)
+@dataclass
+class Durable:
+    """Saga Store up for the benchmark: a private Redis and worker processes."""
+
+    store: SagaStore
+    srv: RedisServer
+    procs: list[WorkerProcess]
+
+    def measure(self, fails: list[bool], batch: bool = False) -> dict[str, float]:
+        """One durable run, summarised, with CPU per workflow by process kind."""
+        assert self.srv.proc is not None
+        pids = {"workers": set().union(*(p.pids() for p in self.procs)),
+                "redis": {self.srv.proc.pid}, "driver": {os.getpid()}}
+        before = {k: cpu_s(v) for k, v in pids.items()}
+        row = summarize(*durable_run(self.store, fails, batch))
+        for k, v in pids.items():
+            row[f"cpu_ms_{k}"] = (cpu_s(v) - before[k]) * 1000 / len(fails)
+        return row
+
+
+@contextmanager
+def durable(workers: int) -> Iterator[Durable]:
+    """Start a private Redis and ``workers`` worker processes, warmed up; stop them after."""
     srv = bench_redis()
     procs: list[WorkerProcess] = []
     try:
@@ -136,6 +161,16 @@ def run(workers: int = WORKERS, quick: bool = False, batch: bool = False) -> dic
         assert_eventually(lambda: len(Worker.all(connection=r)) >= workers, timeout=60,
                           what="workers to start")
         durable_run(store, [False] * 20)  # warm up
+        yield Durable(store, srv, procs)
+    finally:
+        for p in procs:
+            p.kill()
+        srv.stop()
+
+
+def run(workers: int = WORKERS, quick: bool = False, batch: bool = False) -> dict[str, Any]:
+    rng = random.Random(7)
+    with durable(workers) as d:
         out: dict[str, Any] = {"machine": machine(), "workers": workers, "io_ms": IO_MS,
                                "steps": STEPS, "submit": "submit_many" if batch else "one by one"}
         reps = 1 if quick else 3
@@ -144,13 +179,7 @@ def run(workers: int = WORKERS, quick: bool = False, batch: bool = False) -> dic
                 rows = {"durable": [], "memory": []}  # type: dict[str, list[dict[str, float]]]
                 for _ in range(reps):  # side by side, interleaved
                     fails = plans(n, fail_ratio, rng)
-                    pids = {"workers": set().union(*(p.pids() for p in procs)),
-                            "redis": {srv.proc.pid}, "driver": {os.getpid()}}
-                    cpu0 = {k: cpu_s(v) for k, v in pids.items()}
-                    row = summarize(*durable_run(store, fails, batch))
-                    for k, v in pids.items():  # CPU per workflow, by process kind
-                        row[f"cpu_ms_{k}"] = (cpu_s(v) - cpu0[k]) * 1000 / n
-                    rows["durable"].append(row)
+                    rows["durable"].append(d.measure(fails, batch))
                     rows["memory"].append(summarize(*memory_run(fails)))
                 med = {side: {k: statistics.median(x[k] for x in runs) for k in runs[0]}
                        for side, runs in rows.items()}
@@ -158,10 +187,6 @@ def run(workers: int = WORKERS, quick: bool = False, batch: bool = False) -> dic
                                 / med["memory"]["workflows_per_s"]}
                 out[f"n={n} fail={int(fail_ratio * 100)}%"] = med
         return out
-    finally:
-        for p in procs:
-            p.kill()
-        srv.stop()
 
 
 if __name__ == "__main__":
