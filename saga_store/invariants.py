@@ -6,7 +6,8 @@ be resolved once, later), compensations refer to steps that ran, run in
 strict reverse order and never twice, no step is announced or started once
 unwinding began (a step already running may still report its outcome: that
 is a fact the unwind needs), nothing follows a final event, and a committed
-or compensated saga left no completed step behind.
+or compensated saga left no completed step behind (a committed saga's steps
+all succeeded, except reads that failed: they changed nothing).
 """
 
 from __future__ import annotations
@@ -125,7 +126,9 @@ class Invariants:
         if kind == K.SAGA_COMMITTED:
             if self.unwinding:
                 return "saga_committed after compensation began"
-            open_steps = [s for s, o in self.outcome.items() if o != K.STEP_SUCCEEDED]
+            # a read that failed changed nothing, so it leaves nothing behind
+            open_steps = [s for s, o in self.outcome.items() if o != K.STEP_SUCCEEDED
+                          and not (o == K.STEP_FAILED and s in self.readonly)]
             if open_steps:
                 return f"saga_committed with step {open_steps[0]} not succeeded"
         if kind == K.SAGA_COMPENSATED:

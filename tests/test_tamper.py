@@ -217,6 +217,27 @@ def test_invariant_violation_with_valid_hashes_is_caught(store: Store) -> None:
     assert "reverse order" in rep.detail
 
 
+@pytest.mark.parametrize("reversibility", ["readonly", "compensable"])
+def test_a_committed_saga_may_keep_a_failed_read_not_a_failed_write(
+        store: Store, reversibility: str) -> None:
+    """The gateway commits a session whose read failed (it changed nothing); a
+    committed saga with a failed mutating step is a broken invariant."""
+    from saga_store.events import EventKind as K
+    w = store.open("a")
+    w.append(K.STEP_INTENT, step=0, tool="t", data={"args": {}})
+    w.append(K.STEP_SUCCEEDED, step=0, data={"result": {}})
+    w.append(K.STEP_INTENT, step=1, tool="get", data={"args": {},
+                                                       "reversibility": reversibility})
+    w.append(K.STEP_FAILED, step=1, data={"error": "no such record"})
+    w.append(K.SAGA_COMMITTED)
+    if reversibility == "readonly":
+        assert Verifier(store.log).verify().ok
+        return
+    rep = report_for(store, w.saga_id)
+    assert (rep.first_bad_seq, rep.reason) == (5, "invariant")
+    assert "step 1 not succeeded" in rep.detail
+
+
 def test_edited_prev_in_an_export_is_a_broken_link(store: Store, tmp_path: Path) -> None:
     """Exports carry prev; one that does not match the event before is caught."""
     w = committed_saga(store)
