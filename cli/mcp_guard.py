@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import stat
 import sys
 from collections.abc import AsyncIterator
@@ -13,7 +14,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import click
-import orjson
 
 from saga_store.client import SagaStore
 from saga_store.errors import InvalidInput
@@ -76,139 +76,48 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
 
 @asynccontextmanager
 async def _downstream(command: list[str], url: str | None) -> AsyncIterator[Any]:
-    from mcp import ClientSession
+    from saga_store.mcp_relay import PipeDownstream, SdkDownstream
     if url:
         from mcp.client.streamable_http import streamable_http_client
-        async with streamable_http_client(url) as streams, \
-                ClientSession(streams[0], streams[1]) as session:
-            yield session
+        async with streamable_http_client(url) as streams:
+            yield SdkDownstream(streams[0], streams[1])
         return
-    from mcp.client.stdio import StdioServerParameters, stdio_client
-    # the downstream runs in the gateway's environment, as if the client had started it
-    params = StdioServerParameters(command=command[0], args=command[1:], env=dict(os.environ))
-    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
-        yield session
+    down = await PipeDownstream.start(command)
+    try:
+        yield down
+    finally:
+        await down.close()
 
 
 async def _serve(store: SagaStore, policy: Any, tools_map: Any, gid: str, agent_id: str,
                  command: list[str], url: str | None) -> None:
-    import mcp_types as types
-    from mcp.server.lowlevel import Server
-    from mcp.server.stdio import stdio_server
+    from saga_store.gateway import CallFn, Gateway
+    from saga_store.mcp_relay import LINE_LIMIT, Relay
 
-    from saga_store.gateway import Gateway, as_result, caller
+    def gateway(call: CallFn) -> Gateway:
+        return Gateway(store, policy, tools_map, call, gid, agent_id=agent_id,
+                       dedupe_ttl_s=store.settings.dedupe_ttl_s)
 
-    async with _downstream(command, url) as session:
-        await session.initialize()
+    # the client's pipes, read and written on the event loop itself
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=LINE_LIMIT)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
+                                                        sys.stdout.buffer)
+    writer = asyncio.StreamWriter(transport, protocol, None, loop)
+    # SIGTERM ends the session as the client's leaving would: its saga is closed
+    loop.add_signal_handler(signal.SIGTERM, reader.feed_eof)
 
-        gw = Gateway(store, policy, tools_map, caller(session), gid, agent_id=agent_id,
-                     dedupe_ttl_s=store.settings.dedupe_ttl_s)
-        gw.set_tools((await session.list_tools()).tools)
-        for sid, how in await gw.recover():
-            log.warning("finished saga %s left by an earlier gateway: %s", sid, how)
+    async def to_client(data: bytes) -> None:
+        writer.write(data)
+        await writer.drain()
 
-        async def on_list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
-            return types.ListToolsResult(tools=gw.listed((await session.list_tools()).tools))
+    async def lines() -> AsyncIterator[bytes]:
+        while line := await reader.readline():
+            yield line
 
-        async def on_call_tool(ctx: Any, params: types.CallToolRequestParams,
-                               ) -> types.CallToolResult:
-            meta = params.meta if isinstance(params.meta, dict) else (
-                params.meta.model_dump(by_alias=True) if params.meta is not None else None)
-            out = await gw.handle(params.name, dict(params.arguments or {}), meta)
-            return as_result(out)  # type: ignore[no-any-return]
-
-        server: Server[Any] = Server("saga-store-gateway", on_list_tools=on_list_tools,
-                                     on_call_tool=on_call_tool)
-        wire = BatchSplitter()
-        async with stdio_server(stdin=wire, stdout=wire) as (read, write):  # type: ignore[arg-type]
-            await server.run(read, write, server.create_initialization_options())
-        try:
-            closed = gw.commit()  # the client's session ended: its calls stand
-        except InvalidInput:
-            closed = await gw.abort("the client's session ended with a call unsettled")
-        if closed:
-            log.info("session ended; saga %s closed", closed)
-
-
-class BatchSplitter:
-    """The client's side of the wire, for the SDK's stdio server. A JSON-RPC batch
-    (which the SDK would drop unanswered) is split into its messages, so each is
-    handled exactly like a single one: every tools/call in it is gated, logged and
-    compensated the same way. Their responses go back together as one batch.
-
-    Pipes are read and written on the event loop itself (not a thread per line, as
-    a wrapped file would be): that is a quarter of a gateway hop's latency."""
-
-    def __init__(self) -> None:
-        self._batches: list[tuple[set[bytes], dict[bytes, Any]]] = []
-        self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
-
-    async def _open(self) -> None:
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=64 * 1024 * 1024)
-        await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader),
-                                     sys.stdin.buffer)
-        transport, protocol = await loop.connect_write_pipe(
-            asyncio.streams.FlowControlMixin, sys.stdout.buffer)
-        self._reader = reader
-        self._writer = asyncio.StreamWriter(transport, protocol, None, loop)
-
-    def __aiter__(self) -> AsyncIterator[str]:
-        return self._lines()
-
-    async def _read(self) -> AsyncIterator[str]:
-        if self._reader is None:
-            await self._open()
-        assert self._reader is not None
-        while raw := await self._reader.readline():
-            yield raw.decode("utf-8", errors="replace")
-
-    async def _lines(self) -> AsyncIterator[str]:
-        async for line in self._read():
-            if not line.lstrip().startswith("["):
-                yield line
-                continue
-            try:
-                items = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                yield line  # the SDK answers a parse error as usual
-                continue
-            if not items:
-                await self._send({"jsonrpc": "2.0", "id": None, "error": {
-                    "code": -32600, "message": "empty batch"}})
-                continue
-            ids = {orjson.dumps(m["id"]) for m in items
-                   if isinstance(m, dict) and "method" in m and "id" in m}
-            if ids:
-                self._batches.append((ids, {}))
-            for m in items:
-                yield orjson.dumps(m).decode() + "\n"
-
-    async def write(self, text: str) -> None:
-        if self._batches:
-            msg = orjson.loads(text)
-            key = orjson.dumps(msg.get("id")) if "method" not in msg else None
-            for i, (ids, got) in enumerate(self._batches):
-                if key is not None and key in ids:
-                    got[key] = msg
-                    if len(got) == len(ids):
-                        del self._batches[i]
-                        self._put(orjson.dumps(list(got.values())) + b"\n")
-                    return
-        self._put(text.encode())
-
-    def _put(self, data: bytes) -> None:
-        assert self._writer is not None, "a reply before the first request"
-        self._writer.write(data)
-
-    async def flush(self) -> None:
-        if self._writer is not None:
-            await self._writer.drain()
-
-    async def _send(self, msg: Any) -> None:
-        self._put(orjson.dumps(msg) + b"\n")
-        await self.flush()
+    async with _downstream(command, url) as down:
+        await Relay(gateway, down, to_client).serve(lines())
 
 
 COMMANDS = [mcp_guard]

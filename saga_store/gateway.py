@@ -49,6 +49,7 @@ from .errors import ConflictError, InvalidInput, KeyReuseError
 from .events import EventKind as K
 from .idempotency import DedupeRecords, args_digest, compensation_key, explicit_key, step_key
 from .ids import new_id
+from .pipeline import lean
 from .policy import Decision, Policy, Verdict, read_toml
 from .secrets import Secrets, scrub
 from .state import SagaState, Status, fold, unwind_order
@@ -195,6 +196,12 @@ def classify(tool: Any, tools_map: Mapping[str, Classification]) -> Classificati
     return Classification("unknown")
 
 
+def session_tools() -> list[dict[str, Any]]:
+    """The tools the gateway adds to a listing, as MCP ``Tool`` objects on the wire."""
+    return [{"name": n, "description": d, "inputSchema": schema}
+            for n, (d, schema) in SESSION_TOOLS.items()]
+
+
 class MappingError(Exception):
     pass
 
@@ -254,6 +261,13 @@ class Gateway:
         self.tools = {t.name: t for t in tools}
         self._validators = {}
 
+    def learn(self, tools: list[Any]) -> None:
+        """Tools from one page of a client's tools/list: they replace what was known of
+        them (their schema may have changed)."""
+        for t in tools:
+            self.tools[t.name] = t
+            self._validators.pop(t.name, None)
+
     def classification(self, name: str) -> Classification:
         tool = self.tools.get(name)
         if tool is None:
@@ -266,8 +280,7 @@ class Gateway:
         import mcp_types as types
         self.set_tools(tools)
         return [*(t.model_copy(update={"description": self.describe(t)}) for t in tools),
-                *(types.Tool(name=n, description=d, input_schema=schema)
-                  for n, (d, schema) in SESSION_TOOLS.items())]
+                *(types.Tool.model_validate(t) for t in session_tools())]
 
     def describe(self, tool: Any) -> str:
         """The tool's description with what the model must know: can it be undone."""
@@ -298,7 +311,10 @@ class Gateway:
              phase: str | None = None) -> None:
         """Append events and fold them into the session's state as they are, so a
         call costs the same at depth 3,000 as at depth 1 (no re-read of the log)."""
-        head = writer.append_many(items, phase=phase)
+        call = writer.prepare(items, phase=phase)
+        pipe = lean(self.store.redis)  # one append costs a fifth less than via redis-py
+        call.send(pipe)
+        head = writer.applied(call, pipe.execute(raise_on_error=False)[0])
         st = self.session.state
         if st is None or self.session.writer is not writer:
             return
@@ -341,7 +357,7 @@ class Gateway:
         client sends them concurrently or in a batch."""
         if self._lock is None:
             import anyio
-            self._lock = anyio.Lock()
+            self._lock = anyio.Lock(fast_acquire=True)  # no yield to the loop when free
         async with self._lock:
             return await self._handle(name, args, meta)
 

@@ -247,6 +247,8 @@ def test_a_read_failure_or_bad_arguments_roll_nothing_back(gw: dict[str, Any]) -
     assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "create"]
     [st] = _sagas(gw["store"])
     assert st.status is Status.COMMITTED
+    assert st.steps[1].status == "failed"  # the read that failed stays in the record
+    assert Verifier(gw["store"].store.log).verify().ok
 
 
 def test_a_servers_read_only_claim_does_not_beat_local_policy(gw: dict[str, Any]) -> None:
@@ -334,7 +336,8 @@ def test_a_batch_gets_the_same_treatment_as_single_calls(gw: dict[str, Any]) -> 
     kinds = [k for _, k, _ in _effects(gw["ledger"])]
     assert "wire" not in kinds
     assert "drop" not in kinds
-    assert Verifier(store.store.log).verify().ok
+    report = Verifier(store.store.log).verify()
+    assert report.ok, [(c.reason, c.detail) for c in report.chains if not c.ok]
 
 
 def test_a_gateway_killed_mid_unwind_is_finished_by_the_next(gw: dict[str, Any]) -> None:

@@ -1,0 +1,409 @@
+"""The wire of ``saga mcp-guard``: a JSON-RPC relay between an MCP client and the
+downstream server that parses every message but rebuilds only what it changes.
+
+What the relay does with each message:
+
+- ``tools/call`` from the client: a saga step (:class:`~saga_store.gateway.Gateway`);
+  the gateway calls downstream with a request id of its own and answers the
+  client with the server's own result, or, when the call failed or was refused,
+  a tool error that says what was rolled back;
+- ``tools/list`` from the client: forwarded; the answer comes back with each
+  tool's reversibility in its description and the session tools added;
+- everything else (initialize, ping, resources, prompts, notifications, the
+  server's own requests to the client and their answers) passes through as the
+  bytes it came as, so the client and the server negotiate directly;
+- a JSON-RPC batch is taken apart: each of its messages is handled exactly as if
+  it came alone, and the answers to its requests go back together as one batch.
+
+After the client's ``notifications/initialized`` (and before any call is
+served) the gateway lists the downstream's tools itself and finishes what a
+previous gateway for the same downstream left unfinished.
+
+Stdio downstreams are spoken to over their pipes directly; a Streamable-HTTP
+one through the MCP SDK's transport (:class:`SdkDownstream`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import orjson
+
+from .errors import InvalidInput
+from .gateway import CallFn, CallOutcome, Gateway, session_tools
+
+log = logging.getLogger("saga_store.gateway")
+OWN = "saga-guard-"  # the ids of the gateway's own requests to the downstream
+LINE_LIMIT = 64 * 1024 * 1024
+STOP_GRACE_S = 5.0
+Reply = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class DownstreamGone(ConnectionError):
+    pass
+
+
+class PipeDownstream:
+    """A downstream MCP server started as a child process, spoken to over its pipes."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, command: list[str]) -> PipeDownstream:
+        # it runs in the gateway's environment, as if the client had started it
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                env=dict(os.environ), limit=LINE_LIMIT)
+        except OSError as exc:
+            raise InvalidInput(f"cannot start the downstream server {command[0]!r}: {exc}. "
+                               "Check the command after --") from None
+        return cls(proc)
+
+    async def send(self, msg: dict[str, Any], raw: bytes | None = None) -> None:
+        stdin = self.proc.stdin
+        assert stdin is not None
+        if stdin.is_closing():
+            raise DownstreamGone("the downstream server's stdin is closed")
+        stdin.write(raw if raw is not None else orjson.dumps(msg) + b"\n")
+        await stdin.drain()
+
+    async def receive(self) -> tuple[Any, bytes | None] | None:
+        """The next message (parsed, and its line), or None when the server is gone."""
+        stdout = self.proc.stdout
+        assert stdout is not None
+        while line := await stdout.readline():
+            try:
+                return orjson.loads(line), line if line.endswith(b"\n") else line + b"\n"
+            except orjson.JSONDecodeError:
+                log.warning("the downstream wrote a line that is not JSON; skipped: %.200r",
+                            line)
+        return None
+
+    async def close(self) -> None:
+        stdin = self.proc.stdin
+        if stdin is not None and not stdin.is_closing():
+            stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), STOP_GRACE_S)
+        except TimeoutError:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), STOP_GRACE_S)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+
+
+class SdkDownstream:
+    """A downstream reached through an MCP SDK transport's message streams (used for
+    Streamable HTTP)."""
+
+    def __init__(self, read: Any, write: Any) -> None:
+        self.read, self.write = read, write
+
+    async def send(self, msg: dict[str, Any], raw: bytes | None = None) -> None:
+        from mcp.shared.message import SessionMessage
+        from mcp_types.jsonrpc import jsonrpc_message_adapter
+        await self.write.send(SessionMessage(jsonrpc_message_adapter.validate_python(msg)))
+
+    async def receive(self) -> tuple[Any, bytes | None] | None:
+        import anyio
+        while True:
+            try:
+                item = await self.read.receive()
+            except (anyio.EndOfStream, anyio.ClosedResourceError):
+                return None
+            if isinstance(item, Exception):
+                log.warning("the downstream transport reported: %s", item)
+                continue
+            return item.message.model_dump(by_alias=True, mode="json",
+                                           exclude_unset=True), None
+
+
+class Batch:
+    """The answers to one client batch's requests, sent back together once all are in."""
+
+    def __init__(self, relay: Relay, expected: int) -> None:
+        self.relay, self.expected, self.answers = relay, expected, list[dict[str, Any]]()
+
+    async def reply(self, msg: dict[str, Any]) -> None:
+        self.answers.append(msg)
+        if len(self.answers) == self.expected:
+            await self.relay.to_client(orjson.dumps(self.answers) + b"\n")
+
+
+class Relay:
+    """One client session: reads the client's lines, writes to ``client_out``."""
+
+    def __init__(self, gateway: Callable[[CallFn], Gateway],
+                 downstream: PipeDownstream | SdkDownstream,
+                 client_out: Callable[[bytes], Awaitable[None]]) -> None:
+        self.gateway = gateway(self.call)  # it reaches the downstream through the relay
+        self.down, self._out = downstream, client_out
+        self._ids = itertools.count(1)
+        self._own: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._routes: dict[bytes, Reply] = {}  # forwarded requests answered into a batch
+        self._listing: dict[bytes, Reply] = {}  # forwarded tools/list requests
+        self._calls: dict[bytes, asyncio.Task[None]] = {}  # tools/call in flight
+        self._ready = False
+        self.gone = False  # the downstream went away
+
+    # -- the two directions ------------------------------------------------------
+
+    async def serve(self, lines: AsyncIterator[bytes]) -> None:
+        """Relay until the client's input ends (or the downstream goes), then close the
+        session's saga: committed if every call has an outcome, else rolled back."""
+        pump = asyncio.create_task(self._pump())
+        reader = asyncio.create_task(self._read(lines))
+        await asyncio.wait({pump, reader}, return_when=asyncio.FIRST_COMPLETED)
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        if self._calls:  # calls in flight finish (or, after a grace, are cut off)
+            _, late = await asyncio.wait(set(self._calls.values()), timeout=STOP_GRACE_S)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
+        await self._close_saga()
+        pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pump
+
+    async def _read(self, lines: AsyncIterator[bytes]) -> None:
+        async for line in lines:
+            if line.strip():
+                await self.from_client(line)
+
+    async def from_client(self, line: bytes) -> None:
+        try:
+            msg = orjson.loads(line)
+        except orjson.JSONDecodeError as exc:
+            await self._answer(_error(None, -32700, f"parse error: {exc}"))
+            return
+        if not isinstance(msg, list):
+            await self._one(msg, line if line.endswith(b"\n") else line + b"\n", None)
+            return
+        if not msg:
+            await self._answer(_error(None, -32600, "empty batch"))
+            return
+        # one answer per request, and per element that is not a message at all
+        batch = Batch(self, sum(1 for m in msg if not isinstance(m, dict) or (
+            "method" in m and "id" in m)))
+        for m in msg:
+            await self._one(m, None, batch)
+
+    async def _one(self, msg: Any, raw: bytes | None, batch: Batch | None) -> None:
+        reply = batch.reply if batch is not None else self._answer
+        if not isinstance(msg, dict):
+            await reply(_error(None, -32600, "a JSON-RPC message is an object"))
+            return
+        method = msg.get("method")
+        if method is None or "id" not in msg:  # an answer or a notification
+            if method == "notifications/cancelled" and self._cancels_call(msg):
+                return  # the call runs to its recorded end; the client ignores the answer
+            await self.down.send(msg, raw)
+            if method == "notifications/initialized":
+                await self._start()
+            return
+        if method == "tools/call":
+            await self._start()
+            key = _key(msg["id"])
+            task = asyncio.create_task(self._tool_call(msg, reply))
+            self._calls[key] = task
+            task.add_done_callback(self._call_done)
+            return
+        if method == "tools/list":
+            await self._start()
+            self._listing[_key(msg["id"])] = reply
+        elif batch is not None:
+            self._routes[_key(msg["id"])] = reply
+        await self.down.send(msg, raw)
+
+    async def _pump(self) -> None:
+        """Everything the downstream writes: answers to the gateway's own requests,
+        to tools/list, to a batch's requests; the rest goes to the client as is."""
+        try:
+            while (got := await self.down.receive()) is not None:
+                msg, raw = got
+                rid = msg.get("id") if isinstance(msg, dict) and "method" not in msg else None
+                if isinstance(rid, str) and rid.startswith(OWN):
+                    fut = self._own.pop(rid, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(msg)
+                    continue
+                if rid is not None and (reply := self._listing.pop(_key(rid), None)):
+                    await reply(self._listed(msg))
+                    continue
+                if rid is not None and (reply := self._routes.pop(_key(rid), None)):
+                    await reply(msg)
+                    continue
+                await self.to_client(raw if raw is not None else orjson.dumps(msg) + b"\n")
+        finally:
+            self.gone = True
+            for fut in self._own.values():
+                if not fut.done():
+                    fut.set_exception(DownstreamGone("the downstream server went away"))
+            self._own.clear()
+
+    async def to_client(self, data: bytes) -> None:
+        await self._out(data)
+
+    async def _answer(self, msg: dict[str, Any]) -> None:
+        await self.to_client(orjson.dumps(msg) + b"\n")
+
+    # -- what the gateway changes -----------------------------------------------
+
+    async def _start(self) -> None:
+        """Once, before serving any call: learn the tools, finish what an earlier
+        gateway for this downstream left."""
+        if self._ready:
+            return
+        self._ready = True
+        self.gateway.set_tools(await self.list_tools())
+        for sid, how in await self.gateway.recover():
+            log.warning("finished saga %s left by an earlier gateway: %s", sid, how)
+
+    async def list_tools(self) -> list[Any]:
+        tools: list[Any] = []
+        cursor = None
+        while True:
+            reply = await self.request("tools/list", {"cursor": cursor} if cursor else {})
+            result = reply.get("result") or {}
+            tools += [_tool(t) for t in result.get("tools") or []]
+            cursor = result.get("nextCursor")
+            if not cursor:
+                return tools
+
+    def _listed(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """The downstream's tools/list answer as the client sees it."""
+        result = msg.get("result")
+        if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
+            return msg  # an error: the client gets it as it is
+        tools = [t for t in result["tools"] if isinstance(t, dict)]
+        models = [_tool(t) for t in tools]
+        self.gateway.learn(models)
+        for t, model in zip(tools, models, strict=True):
+            t["description"] = self.gateway.describe(model)
+        if not result.get("nextCursor"):  # the session tools close the last page
+            tools += session_tools()
+        return {**msg, "result": {**result, "tools": tools}}
+
+    async def _tool_call(self, msg: dict[str, Any], reply: Reply) -> None:
+        rid, params = msg["id"], msg.get("params")
+        if not isinstance(params, dict) or not isinstance(params.get("name"), str):
+            await reply(_error(rid, -32602, "tools/call needs params.name, the tool's name"))
+            return
+        args, meta = params.get("arguments") or {}, params.get("_meta")
+        if not isinstance(args, dict) or not (meta is None or isinstance(meta, dict)):
+            await reply(_error(rid, -32602, "tools/call params.arguments and params._meta "
+                                            "are objects"))
+            return
+        try:
+            out = await self.gateway.handle(params["name"], args, meta)
+        except Exception as exc:  # e.g. Redis went away: the log says how far it got
+            log.exception("tools/call %s failed in the gateway", params["name"])
+            await reply(_error(rid, -32603, f"the gateway could not keep the call's record "
+                                            f"({type(exc).__name__}: {exc}); the next gateway "
+                                            "for this server settles the session"))
+            return
+        await reply({"jsonrpc": "2.0", "id": rid, "result": _result(out)})
+
+    def _call_done(self, task: asyncio.Task[None]) -> None:
+        for key, t in list(self._calls.items()):
+            if t is task:
+                del self._calls[key]
+
+    def _cancels_call(self, msg: dict[str, Any]) -> bool:
+        params = msg.get("params")
+        return isinstance(params, dict) and _key(params.get("requestId")) in self._calls
+
+    # -- the gateway's own requests ---------------------------------------------
+
+    async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        if self.gone:
+            raise DownstreamGone("the downstream server went away")
+        rid = f"{OWN}{next(self._ids)}"
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._own[rid] = fut
+        try:
+            await self.down.send({"jsonrpc": "2.0", "id": rid, "method": method,
+                                  "params": params})
+            return await fut
+        finally:
+            self._own.pop(rid, None)
+
+    async def call(self, name: str, args: dict[str, Any], meta: dict[str, Any]) -> CallOutcome:
+        """The gateway's way to reach the downstream (see :data:`~.gateway.CallFn`)."""
+        reply = await self.request("tools/call", {"name": name, "arguments": args,
+                                                  "_meta": meta})
+        result = reply.get("result")
+        if not isinstance(result, dict):  # a JSON-RPC error: the server refused the call
+            err = reply.get("error")
+            err = err if isinstance(err, dict) else {}
+            return CallOutcome(False, None, f"{err.get('message', 'no result')} "
+                                            f"(JSON-RPC error {err.get('code')})")
+        content = result.get("content")
+        return CallOutcome(not result.get("isError"), result.get("structuredContent"),
+                           _text(content), raw=result)
+
+    async def _close_saga(self) -> None:
+        try:
+            closed = self.gateway.commit()
+        except InvalidInput:
+            if self.gone:  # nothing to compensate through: the next gateway finishes it
+                log.warning("the downstream went away with a call unsettled; the next "
+                            "gateway for it rolls the session back")
+                return
+            closed = await self.gateway.abort("the client's session ended with a call "
+                                              "unsettled")
+        if closed:
+            log.info("session ended; saga %s closed", closed)
+
+
+def _key(rid: Any) -> bytes:
+    return orjson.dumps(rid)
+
+
+def _error(rid: Any, code: int, message: str) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
+
+
+def _text(content: Any) -> str:
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(c.get("text") or "" for c in content
+                     if isinstance(c, dict) and c.get("type") == "text")
+
+
+def _result(out: CallOutcome) -> Any:
+    """The client's result: the server's own when the call succeeded, else a tool
+    error saying what happened (and what was rolled back)."""
+    if out.ok and isinstance(out.raw, dict):
+        return out.raw
+    result: dict[str, Any] = {"content": [{"type": "text", "text": out.text}],
+                              "isError": not out.ok}
+    if out.structured is not None:
+        result["structuredContent"] = out.structured
+    return result
+
+
+def _tool(raw: dict[str, Any]) -> Any:
+    """A listed tool as the SDK's model, for classification; a tool the SDK cannot
+    read is still known by name (and classified as unknown unless the tools map says)."""
+    import mcp_types as types
+    from pydantic import ValidationError
+    try:
+        return types.Tool.model_validate(raw)
+    except ValidationError as exc:
+        log.warning("tool %r does not read as an MCP tool (%s); classified by name only",
+                    raw.get("name"), exc.error_count())
+        return types.Tool(name=str(raw.get("name")), input_schema={"type": "object"})
+
