@@ -340,6 +340,33 @@ def test_a_batch_gets_the_same_treatment_as_single_calls(gw: dict[str, Any]) -> 
     assert report.ok, [(c.reason, c.detail) for c in report.chains if not c.ok]
 
 
+def test_what_is_not_a_tool_call_passes_through_and_sigterm_closes_the_session(
+        gw: dict[str, Any]) -> None:
+    """Pings, prompts and resources are the server's own business: they reach it and
+    its answers come back unchanged. A line that is not JSON gets a parse error.
+    SIGTERM ends the session as the client leaving would: its saga is committed."""
+    raw = RawGateway(gw)
+    raw.send({"jsonrpc": "2.0", "id": "p", "method": "ping"})
+    assert raw.receive() == {"jsonrpc": "2.0", "id": "p", "result": {}}
+    raw.send({"jsonrpc": "2.0", "id": 7, "method": "prompts/list"})
+    assert raw.receive() == {"jsonrpc": "2.0", "id": 7, "result": {"prompts": []}}
+    raw.send({"jsonrpc": "2.0", "id": 8, "method": "no/such/method"})
+    assert raw.receive()["error"]["code"] == -32601  # the server's own answer
+    assert raw.proc.stdin is not None
+    raw.proc.stdin.write("{not json\n")
+    raw.proc.stdin.flush()
+    assert raw.receive()["error"]["code"] == -32700
+    raw.call(9, "create_record", {"name": "kept"})
+    assert not raw.receive()["result"]["isError"]
+    raw.stop()
+    assert raw.proc.returncode == 0
+    store: SagaStore = gw["store"]
+    [st] = _sagas(store)
+    assert st.status is Status.COMMITTED
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create"]
+    assert Verifier(store.store.log).verify().ok
+
+
 def test_a_gateway_killed_mid_unwind_is_finished_by_the_next(gw: dict[str, Any]) -> None:
     """The compensation hangs, the gateway is SIGKILLed; the next gateway for the same
     downstream finishes the unwind before serving, and nothing is undone twice."""
