@@ -35,6 +35,7 @@ import hashlib
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,6 +228,37 @@ def gateway_id(command: list[str] | None, url: str | None) -> str:
     return hashlib.sha256(ident).hexdigest()[:24]
 
 
+class Turns:
+    """The calls of one session, one at a time in arrival order. Taking a free turn
+    does not yield to the event loop (an anyio Lock costs 4% of a gateway call)."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.waiting: deque[Any] = deque()  # anyio Events, first come first served
+
+    async def take(self) -> None:
+        if not self.busy:
+            self.busy = True
+            return
+        import anyio
+        turn = anyio.Event()
+        self.waiting.append(turn)
+        try:
+            await turn.wait()
+        except BaseException:
+            if turn.is_set():  # handed the turn, then cancelled: pass it on
+                self.give()
+            else:
+                self.waiting.remove(turn)
+            raise
+
+    def give(self) -> None:
+        if self.waiting:
+            self.waiting.popleft().set()  # still busy: the turn goes to the next caller
+        else:
+            self.busy = False
+
+
 @dataclass
 class Session:
     """The gateway's side of one client session."""
@@ -253,13 +285,14 @@ class Gateway:
         self._validators: dict[str, Any] = {}
         self.session = Session(agent_id)
         self.dedupe = DedupeRecords(self.store.redis, dedupe_ttl_s)
-        self._lock: Any = None  # an anyio.Lock, made inside the event loop
+        self._turns = Turns()
+        self._classes: dict[str, Classification] = {}
 
     # -- tools/list ------------------------------------------------------------
 
     def set_tools(self, tools: list[Any]) -> None:
         self.tools = {t.name: t for t in tools}
-        self._validators = {}
+        self._validators, self._classes = {}, {}
 
     def learn(self, tools: list[Any]) -> None:
         """Tools from one page of a client's tools/list: they replace what was known of
@@ -267,12 +300,16 @@ class Gateway:
         for t in tools:
             self.tools[t.name] = t
             self._validators.pop(t.name, None)
+            self._classes.pop(t.name, None)
 
     def classification(self, name: str) -> Classification:
-        tool = self.tools.get(name)
-        if tool is None:
-            return self.tools_map.get(name, Classification("unknown"))
-        return classify(tool, self.tools_map)
+        """How ``name`` is classified, worked out once per listing of the tool."""
+        cls = self._classes.get(name)
+        if cls is None:
+            tool = self.tools.get(name)
+            cls = self._classes[name] = classify(tool, self.tools_map) if tool is not None \
+                else self.tools_map.get(name, Classification("unknown"))
+        return cls
 
     def listed(self, tools: list[Any]) -> list[Any]:
         """What the client sees of ``tools/list``: the downstream's tools, each with its
@@ -355,11 +392,11 @@ class Gateway:
         """One tools/call from the client, start to end. Calls of one session run one
         at a time, in arrival order (a saga's steps are sequential), even when the
         client sends them concurrently or in a batch."""
-        if self._lock is None:
-            import anyio
-            self._lock = anyio.Lock(fast_acquire=True)  # no yield to the loop when free
-        async with self._lock:
+        await self._turns.take()
+        try:
             return await self._handle(name, args, meta)
+        finally:
+            self._turns.give()
 
     async def _handle(self, name: str, args: dict[str, Any],
                       meta: Mapping[str, Any] | None) -> CallOutcome:
