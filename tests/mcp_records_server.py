@@ -81,10 +81,13 @@ def refund(charge_id: str) -> dict[str, Any]:
 
 @server.tool()
 def update_crm(note: str) -> dict[str, Any]:
-    """Update the CRM; 'fail' makes it fail (a mutating call that fails)."""
+    """Update the CRM; 'fail' makes it fail (a mutating call that fails); 'die' kills
+    the server after the update, before it answers."""
     if note == "fail":
         raise RuntimeError("CRM timed out")
     effect("crm", note)
+    if note == "die":  # the server dies after the effect, before it answers
+        os._exit(1)
     return {"noted": note}
 
 

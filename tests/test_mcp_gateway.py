@@ -367,6 +367,30 @@ def test_what_is_not_a_tool_call_passes_through_and_sigterm_closes_the_session(
     assert Verifier(store.store.log).verify().ok
 
 
+def test_a_downstream_that_dies_mid_call_leaves_the_unwind_to_the_next_gateway(
+        gw: dict[str, Any]) -> None:
+    """The server dies after a call's effect, before answering: the call is in doubt,
+    the client is told, the gateway ends its session; the next gateway undoes what
+    can be undone and flags the rest for a person."""
+    raw = RawGateway(gw)
+    raw.call(2, "create_record", {"name": "a"})
+    assert not raw.receive()["result"]["isError"]
+    raw.call(3, "update_crm", {"note": "die"})
+    answer = raw.receive()["result"]
+    assert answer["isError"]
+    assert "rolled back" in answer["content"][0]["text"]
+    assert raw.proc.wait(timeout=30) == 0  # no downstream, no session: the gateway ends
+    store: SagaStore = gw["store"]
+    [st] = _sagas(store)
+    assert st.status is Status.STUCK  # the compensation had no server to go to
+    assert st.steps[1].status == "in_doubt"
+    _next_gateway(gw)
+    [st] = _sagas(store)
+    assert st.status is Status.NEEDS_ATTENTION  # update_crm cannot be undone
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "crm", "delete"]
+    assert Verifier(store.store.log).verify().ok
+
+
 def test_a_gateway_killed_mid_unwind_is_finished_by_the_next(gw: dict[str, Any]) -> None:
     """The compensation hangs, the gateway is SIGKILLed; the next gateway for the same
     downstream finishes the unwind before serving, and nothing is undone twice."""
