@@ -504,6 +504,9 @@ class Gateway:
                            f"(repeated call, recorded answer) {result.get('text', s.error or '')}")
 
     def _invalid(self, name: str, args: dict[str, Any]) -> str | None:
+        if self.tools and name not in self.tools:  # a typo is not a failure to undo
+            return (f"this server has no tool named {name!r}; tools/list shows the tools "
+                    "it has")
         validator = self._validator(name)
         if validator is None:
             return None

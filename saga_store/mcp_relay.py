@@ -151,7 +151,9 @@ class Relay:
         self._ids = itertools.count(1)
         self._own: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._routes: dict[bytes, Reply] = {}  # forwarded requests answered into a batch
-        self._listing: dict[bytes, Reply] = {}  # forwarded tools/list requests
+        # forwarded tools/list requests: where the answer goes, and if it is a first page
+        self._listing: dict[bytes, tuple[Reply, bool]] = {}
+        self._relist: asyncio.Task[None] | None = None
         self._calls: dict[bytes, asyncio.Task[None]] = {}  # tools/call in flight
         self._ready = False
         self.gone = False  # the downstream went away
@@ -222,7 +224,9 @@ class Relay:
             return
         if method == "tools/list":
             await self._start()
-            self._listing[_key(msg["id"])] = reply
+            params = msg.get("params")
+            first = not (isinstance(params, dict) and params.get("cursor"))
+            self._listing[_key(msg["id"])] = (reply, first)
         elif batch is not None:
             self._routes[_key(msg["id"])] = reply
         await self.down.send(msg, raw)
@@ -239,13 +243,15 @@ class Relay:
                     if fut is not None and not fut.done():
                         fut.set_result(msg)
                     continue
-                if rid is not None and (reply := self._listing.pop(_key(rid), None)):
-                    await reply(self._listed(msg))
+                if rid is not None and (listing := self._listing.pop(_key(rid), None)):
+                    await listing[0](self._listed(msg, first_page=listing[1]))
                     continue
                 if rid is not None and (reply := self._routes.pop(_key(rid), None)):
                     await reply(msg)
                     continue
                 await self.to_client(raw if raw is not None else orjson.dumps(msg) + b"\n")
+                if msg.get("method") == "notifications/tools/list_changed" and self._ready:
+                    self._relist = asyncio.create_task(self._learn_tools())
         finally:
             self.gone = True
             for fut in self._own.values():
@@ -282,14 +288,23 @@ class Relay:
             if not cursor:
                 return tools
 
-    def _listed(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """The downstream's tools/list answer as the client sees it."""
+    async def _learn_tools(self) -> None:
+        """The server's tools changed: learn them (the client may not list them)."""
+        with contextlib.suppress(DownstreamGone):
+            self.gateway.set_tools(await self.list_tools())
+
+    def _listed(self, msg: dict[str, Any], first_page: bool) -> dict[str, Any]:
+        """The downstream's tools/list answer as the client sees it; a first page
+        replaces what the gateway knew of the tools, later pages add to it."""
         result = msg.get("result")
         if not isinstance(result, dict) or not isinstance(result.get("tools"), list):
             return msg  # an error: the client gets it as it is
         tools = [t for t in result["tools"] if isinstance(t, dict)]
         models = [_tool(t) for t in tools]
-        self.gateway.learn(models)
+        if first_page:
+            self.gateway.set_tools(models)
+        else:
+            self.gateway.learn(models)
         for t, model in zip(tools, models, strict=True):
             t["description"] = self.gateway.describe(model)
         if not result.get("nextCursor"):  # the session tools close the last page

@@ -230,19 +230,23 @@ def test_an_approved_irreversible_call_runs_once(gw: dict[str, Any]) -> None:
     assert st.status is Status.COMMITTED  # the session ended: its calls stand
 
 
-def test_a_read_failure_or_bad_arguments_roll_nothing_back(gw: dict[str, Any]) -> None:
+def test_a_read_failure_bad_arguments_or_a_typo_roll_nothing_back(gw: dict[str, Any]) -> None:
     async def go() -> tuple[Any, Any, Any]:
         async with _session(gw) as s:
             await s.call_tool("create_record", {"name": "a"})
             missing = await s.call_tool("get_record", {"id": "nope"})
             invalid = await s.call_tool("create_record", {"name": 123})
+            typo = await s.call_tool("create_recrod", {"name": "c"})
             later = await s.call_tool("create_record", {"name": "b"})
-            return missing, invalid, later
-    missing, invalid, later = _run(go)
+            return missing, invalid, typo, later
+    missing, invalid, typo, later = _run(go)
     assert missing.is_error
     assert "rolled back" not in _text(missing)
     assert invalid.is_error
     assert "invalid arguments" in _text(invalid)
+    assert typo.is_error
+    assert "no tool named 'create_recrod'" in _text(typo)
+    assert "rolled back" not in _text(typo)
     assert not later.is_error
     assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "create"]
     [st] = _sagas(gw["store"])
