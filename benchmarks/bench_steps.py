@@ -119,14 +119,17 @@ def saga_throughput(r: redis.Redis, store: SagaStore, url: str, workers: int,
             w.register_death()
 
 
-def bare_throughput(r: redis.Redis, url: str, workers: int, jobs: int) -> float:
+def bare_throughput(r: redis.Redis, url: str, workers: int, jobs: int,
+                    func: str = "benchmarks.bench_tools.bare_noop",
+                    kwargs: dict[str, Any] | None = None) -> float:
+    """Jobs/s of plain RQ SimpleWorkers running ``func`` (first start to last end)."""
     q = Queue("bare", connection=r, serializer=JSONSerializer)
     procs = start_rq_workers(url, workers, "bare")
     try:
         wait_registered(r, workers)
         suspend(r)
         base = q.finished_job_registry.count
-        enqueued = [q.enqueue("benchmarks.bench_tools.bare_noop", i) for i in range(jobs)]
+        enqueued = [q.enqueue(func, i, **(kwargs or {})) for i in range(jobs)]
         resume(r)
         assert_eventually(lambda: q.finished_job_registry.count >= base + jobs, timeout=600,
                           what="bare jobs to finish")

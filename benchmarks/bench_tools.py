@@ -31,6 +31,12 @@ def bare_noop(n: int = 0) -> dict[str, Any]:
     return {"n": n}
 
 
+def bare_io(n: int = 0, ms: float = 10.0) -> dict[str, Any]:
+    """A 10 ms I/O wait as a plain RQ job function: the machine's yardstick."""
+    time.sleep(ms / 1000)
+    return {"n": n}
+
+
 @tool
 def undo_noop(ref: str) -> dict[str, Any]:
     return {"undone": ref}

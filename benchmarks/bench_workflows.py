@@ -168,11 +168,26 @@ def durable(workers: int) -> Iterator[Durable]:
         srv.stop()
 
 
+def yardstick(jobs: int) -> float:
+    """The issue's measure of this machine: plain RQ, 8 SimpleWorkers, jobs of a
+    10 ms wait (it quotes 280-360 jobs/s), on a Redis of its own. Shown beside the
+    workflows so a figure can be read against the machine's speed at the time."""
+    from .bench_steps import bare_throughput
+    srv = bench_redis()
+    try:
+        return bare_throughput(redis.Redis.from_url(srv.url), srv.url, 8, jobs,
+                               "benchmarks.bench_tools.bare_io", {"ms": IO_MS})
+    finally:
+        srv.stop()
+
+
 def run(workers: int = WORKERS, quick: bool = False, batch: bool = False) -> dict[str, Any]:
     rng = random.Random(7)
+    bare = yardstick(400 if quick else 1000)
     with durable(workers) as d:
         out: dict[str, Any] = {"machine": machine(), "workers": workers, "io_ms": IO_MS,
-                               "steps": STEPS, "submit": "submit_many" if batch else "one by one"}
+                               "steps": STEPS, "submit": "submit_many" if batch else "one by one",
+               "bare_rq_8_workers_10ms_jobs_per_s": bare}
         reps = 1 if quick else 3
         for n in (50, 500):
             for fail_ratio in (0.0, 0.2):

@@ -56,6 +56,9 @@ def table(log: dict[str, Any], steps: dict[str, Any], comp: dict[str, Any],
         ("rebuild history of a 1,000-step saga p50 / max",
          f"{reb['p50']:.0f} / {reb['max']:.0f} ms", "<= 50 ms"),
     ]
+    rows.append(("yardstick: bare RQ, 8 SimpleWorkers, 10 ms jobs (same run)",
+                 f"{flows['bare_rq_8_workers_10ms_jobs_per_s']:.0f} jobs/s",
+                 "the issue quotes 280-360 for this machine"))
     for name, row in flows.items():
         if not name.startswith("n="):
             continue
