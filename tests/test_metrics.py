@@ -75,7 +75,9 @@ def test_a_worker_pool_exports_one_endpoint_without_ids(
             return t if done else None
         text = assert_eventually(ready, timeout=30, what="the workload's metrics",
                                  swallow=(OSError,))
-    assert 'saga_steps_total{outcome="succeeded",tool="reserve_inventory"} 2.0' in text
+    counts = [line for line in text.splitlines() if line.startswith(
+        ("saga_steps_total", "saga_dedupe", "saga_sagas_finished", "saga_redeliveries"))]
+    assert 'saga_steps_total{outcome="succeeded",tool="reserve_inventory"} 2.0' in text, counts
     assert 'saga_steps_total{outcome="failed",tool="fail_always"} 1.0' in text
     assert 'saga_compensations_total{outcome="succeeded",tool="release_inventory"} 1.0' in text
     assert 'saga_sagas_finished_total{state="compensated"} 1.0' in text
