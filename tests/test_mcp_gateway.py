@@ -395,6 +395,34 @@ def test_a_downstream_that_dies_mid_call_leaves_the_unwind_to_the_next_gateway(
     assert Verifier(store.store.log).verify().ok
 
 
+def test_a_batch_mixing_calls_and_other_requests_is_answered_as_one_batch(
+        gw: dict[str, Any]) -> None:
+    """The batch's ping and tools/list go to the server, its call through the saga;
+    the three answers come back together, the listing with the session tools."""
+    raw = RawGateway(gw, protocol="2025-03-26")
+    try:
+        raw.send([{"jsonrpc": "2.0", "id": "a", "method": "ping"},
+                  {"jsonrpc": "2.0", "method": "notifications/progress",
+                   "params": {"progressToken": "t", "progress": 1}},
+                  {"jsonrpc": "2.0", "id": "b", "method": "tools/call",
+                   "params": {"name": "create_record", "arguments": {"name": "x"}}},
+                  {"jsonrpc": "2.0", "id": "c", "method": "tools/list"},
+                  "not a message"])
+        answers = raw.receive()
+    finally:
+        raw.stop()
+    assert isinstance(answers, list)
+    assert len(answers) == 4  # three requests and the element that is not a message
+    by_id = {a["id"]: a for a in answers}
+    assert by_id["a"]["result"] == {}
+    assert not by_id["b"]["result"]["isError"]
+    names = [t["name"] for t in by_id["c"]["result"]["tools"]]
+    assert "create_record" in names
+    assert names[-3:] == ["saga_begin", "saga_commit", "saga_abort"]
+    assert by_id[None]["error"]["code"] == -32600
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create"]
+
+
 def test_a_gateway_killed_mid_unwind_is_finished_by_the_next(gw: dict[str, Any]) -> None:
     """The compensation hangs, the gateway is SIGKILLed; the next gateway for the same
     downstream finishes the unwind before serving, and nothing is undone twice."""
