@@ -39,7 +39,7 @@ from .errors import InvalidInput
 from .gateway import CallFn, CallOutcome, Gateway, session_tools
 
 log = logging.getLogger("saga_store.gateway")
-OWN = "saga-guard-"  # the ids of the gateway's own requests to the downstream
+OWN = "saga-guard-"  # the ids of the gateway's own requests downstream start so
 LINE_LIMIT = 64 * 1024 * 1024
 STOP_GRACE_S = 5.0
 Reply = Callable[[dict[str, Any]], Awaitable[None]]
@@ -148,7 +148,8 @@ class Relay:
                  client_out: Callable[[bytes], Awaitable[None]]) -> None:
         self.gateway = gateway(self.call)  # it reaches the downstream through the relay
         self.down, self._out = downstream, client_out
-        self._ids = itertools.count(1)
+        # unguessable, so no id a client picks is taken for one of the gateway's own
+        self._prefix, self._ids = f"{OWN}{os.urandom(6).hex()}-", itertools.count(1)
         self._own: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._routes: dict[bytes, Reply] = {}  # forwarded requests answered into a batch
         # forwarded tools/list requests: where the answer goes, and if it is a first page
@@ -238,8 +239,8 @@ class Relay:
             while (got := await self.down.receive()) is not None:
                 msg, raw = got
                 rid = msg.get("id") if isinstance(msg, dict) and "method" not in msg else None
-                if isinstance(rid, str) and rid.startswith(OWN):
-                    fut = self._own.pop(rid, None)
+                if isinstance(rid, str) and rid.startswith(self._prefix):
+                    fut = self._own.pop(rid, None)  # None: its caller gave up waiting
                     if fut is not None and not fut.done():
                         fut.set_result(msg)
                     continue
@@ -345,7 +346,7 @@ class Relay:
     async def request(self, method: str, params: dict[str, Any]) -> dict[str, Any]:
         if self.gone:
             raise DownstreamGone("the downstream server went away")
-        rid = f"{OWN}{next(self._ids)}"
+        rid = f"{self._prefix}{next(self._ids)}"
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._own[rid] = fut
         try:

@@ -352,6 +352,9 @@ def test_what_is_not_a_tool_call_passes_through_and_sigterm_closes_the_session(
     raw = RawGateway(gw)
     raw.send({"jsonrpc": "2.0", "id": "p", "method": "ping"})
     assert raw.receive() == {"jsonrpc": "2.0", "id": "p", "result": {}}
+    # an id shaped like the gateway's own is still the client's
+    raw.send({"jsonrpc": "2.0", "id": "saga-guard-1", "method": "ping"})
+    assert raw.receive() == {"jsonrpc": "2.0", "id": "saga-guard-1", "result": {}}
     raw.send({"jsonrpc": "2.0", "id": 7, "method": "prompts/list"})
     assert raw.receive() == {"jsonrpc": "2.0", "id": 7, "result": {"prompts": []}}
     raw.send({"jsonrpc": "2.0", "id": 8, "method": "no/such/method"})
