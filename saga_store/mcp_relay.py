@@ -54,6 +54,7 @@ class PipeDownstream:
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
+        self.ended = False  # its output ended
 
     @classmethod
     async def start(cls, command: list[str]) -> PipeDownstream:
@@ -72,8 +73,11 @@ class PipeDownstream:
         assert stdin is not None
         if stdin.is_closing():
             raise DownstreamGone("the downstream server's stdin is closed")
-        stdin.write(raw if raw is not None else orjson.dumps(msg) + b"\n")
-        await stdin.drain()
+        try:
+            stdin.write(raw if raw is not None else orjson.dumps(msg) + b"\n")
+            await stdin.drain()
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            raise DownstreamGone(f"the downstream server went away ({exc})") from None
 
     async def receive(self) -> tuple[Any, bytes | None] | None:
         """The next message (parsed, and its line), or None when the server is gone."""
@@ -85,9 +89,11 @@ class PipeDownstream:
             except orjson.JSONDecodeError:
                 log.warning("the downstream wrote a line that is not JSON; skipped: %.200r",
                             line)
+        self.ended = True
         return None
 
     async def close(self) -> None:
+        ended_first = self.ended  # its output ended before the session did
         stdin = self.proc.stdin
         if stdin is not None and not stdin.is_closing():
             stdin.close()
@@ -100,6 +106,9 @@ class PipeDownstream:
             except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
+        if ended_first and self.proc.returncode:
+            log.warning("the downstream server exited with code %s; see its stderr above",
+                        self.proc.returncode)
 
 
 class SdkDownstream:
@@ -168,8 +177,12 @@ class Relay:
         reader = asyncio.create_task(self._read(lines))
         await asyncio.wait({pump, reader}, return_when=asyncio.FIRST_COMPLETED)
         reader.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
+        try:
             await reader
+        except asyncio.CancelledError:
+            pass
+        except DownstreamGone:  # e.g. it died while the gateway listed its tools
+            log.warning("the downstream server went away; ending the session")
         if self._calls:  # calls in flight finish (or, after a grace, are cut off)
             _, late = await asyncio.wait(set(self._calls.values()), timeout=STOP_GRACE_S)
             for task in late:

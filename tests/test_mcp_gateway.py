@@ -426,6 +426,33 @@ def test_a_batch_mixing_calls_and_other_requests_is_answered_as_one_batch(
     assert [k for _, k, _ in _effects(gw["ledger"])] == ["create"]
 
 
+def test_a_downstream_that_cannot_start_or_dies_at_once_is_reported(gw: dict[str, Any],
+                                                                     tmp_path: Path) -> None:
+    missing = subprocess.run([sys.executable, *gw["args"], "--", str(tmp_path / "nope")],
+                             cwd=ROOT, env=gw["env"], stdin=subprocess.PIPE,
+                             capture_output=True, text=True, timeout=60, check=False)
+    assert missing.returncode == 2
+    assert "cannot start the downstream server" in missing.stderr
+    assert "Check the command after --" in missing.stderr
+    init = json.dumps({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"}}})
+    dies = subprocess.Popen([sys.executable, *gw["args"], "--", sys.executable, "-c",
+                             "import sys; sys.exit(3)"], cwd=ROOT, env=gw["env"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert dies.stdin is not None
+    dies.stdin.write(init + "\n")
+    dies.stdin.flush()  # and the client stays: the gateway ends because the server did
+    dies.wait(timeout=60)
+    assert dies.stdout is not None
+    assert dies.stderr is not None
+    out, err = dies.stdout.read(), dies.stderr.read()
+    dies.stdin.close()
+    assert out == ""  # nobody answered the initialize, and nothing pretended to
+    assert "the downstream server exited with code 3" in err
+
+
 def test_a_gateway_killed_mid_unwind_is_finished_by_the_next(gw: dict[str, Any]) -> None:
     """The compensation hangs, the gateway is SIGKILLed; the next gateway for the same
     downstream finishes the unwind before serving, and nothing is undone twice."""
