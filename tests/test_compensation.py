@@ -141,6 +141,24 @@ def test_a_failing_compensation_gets_stuck_then_resumes(
     assert Verifier(saga_store.store.log).verify().ok
 
 
+def test_the_agent_hears_of_a_retraction_before_the_unwind_gets_stuck(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path) -> None:
+    """The refund succeeds, the release keeps failing: by the time the saga is stuck
+    the agent's stream already says the payment was retracted (it must not wait for
+    a close that may be days away)."""
+    Path(str(ledger) + ".release-fails").touch()
+    sub = Subscriber(client, "agent-stuck", last_id="0", block_ms=100)
+    sid = saga_store.submit(SEED, agent_id="agent-stuck")
+    with workers(worker_env, TOOLS):
+        state = saga_store.wait(sid, timeout=60)
+    assert state.status is Status.STUCK
+    events = sub.poll()  # once: no waiting for anything later
+    assert [e["kind"] for e in events] == ["observed", "observed", "retracted"]
+    assert (events[2]["tool"], events[2]["undone_by"]) == ("charge_payment", "refund_payment")
+    assert Verifier(saga_store.store.log).verify().ok
+
+
 def test_an_irreversible_step_leaves_the_saga_needing_attention(
         saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
         ledger: Path, redis_url: str) -> None:

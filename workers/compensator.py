@@ -22,9 +22,11 @@ import random
 import time
 from typing import Any
 
+import orjson
+
 from saga_store import keys
 from saga_store.client import SagaStore
-from saga_store.context import project
+from saga_store.context import project, projection
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.idempotency import compensation_key
@@ -73,29 +75,37 @@ class Compensator:
         got, (secs, micros) = pipe.execute()
         if not got:
             return "busy"  # a step or another compensator holds the saga; swept later
-        # should this process die, the sweeper looks as soon as the lease can lapse
-        r.zadd(keys.ACTIVE, {saga_id: secs * 1000 + micros // 1000 + lease_ms + 100})
+        # should this process die, the sweeper looks as soon as the lease can lapse;
+        # the agent's context cursor comes back in the same round trip
+        pipe = lean(r)
+        pipe.zadd(keys.ACTIVE, {saga_id: secs * 1000 + micros // 1000 + lease_ms + 100})
+        _context_of(pipe, saga_id)
+        ctx: list[Any] | None = pipe.execute()[1]
         self._released = False
         try:
             for _ in range(MAX_REDECIDE):
                 try:
-                    return self._unwind(saga_id, token)
+                    return self._unwind(saga_id, token, ctx)
                 except ConflictError as exc:
                     if isinstance(exc, FencedOff):
                         return "fenced"
-                    continue  # someone appended: re-read and decide again
+                    ctx = None  # someone appended: re-read and decide again
             return "conflict"
         finally:
             if not self._released:  # the closing append gives it up itself
                 release_lease(r, keys.saga_lease(saga_id), token)
 
-    def _unwind(self, saga_id: str, token: str) -> str:
+    def _unwind(self, saga_id: str, token: str, ctx: list[Any] | None) -> str:
         bodies, head = self.store.store.log.bodies_and_head(saga_id)
         state = fold(saga_id, bodies)
         if state.final or state.status in (Status.RUNNING, Status.STUCK):
             project(self.store.store, saga_id)
             return str(state.status)
-        writer = ChainWriter(self.store.store, saga_id, head)
+        if ctx is None:
+            pipe = lean(self.store.redis)
+            _context_of(pipe, saga_id)
+            ctx = pipe.execute()[0]
+        writer = Writer(ChainWriter(self.store.store, saga_id, head), bodies, ctx)
         lease = Lease(token, "acquire", self.store.settings.lease_ms)
         attention: list[str] = []
         for st in unwind_order(state, attention):
@@ -113,17 +123,16 @@ class Compensator:
         final = K.SAGA_NEEDS_ATTENTION if attention else K.SAGA_COMPENSATED
         data = {"needs_attention": attention} if attention else None
         fault("comp_before_close")
-        call = writer.prepare([(final, {"data": data})], lease=Lease(token, "release"))
-        writer.applied(call, call.send(self.store.redis), ledger=False)
+        writer.append_many([(final, {"data": data})], lease=Lease(token, "release"))
         self._released = True
-        project(self.store.store, saga_id)  # before leaving ss:active: the sweeper's cue
         metrics = self.store.metrics
         if metrics is not None:
             metrics.sagas_finished.labels("needs_attention" if attention else "compensated").inc()
             if state.failed_ts:
                 metrics.compensation_lag.observe(max(0.0, time.time() - state.failed_ts / 1000))
         pipe = lean(self.store.redis)
-        settle = writer.close_on(pipe)  # the ledger's closing entry, in the same trip
+        writer.tell(pipe)  # the saga's close, before it leaves ss:active: the sweeper's cue
+        settle = writer.chain.close_on(pipe)  # the ledger's closing entry, in the same trip
         if attention:
             pipe.sadd(keys.NEEDS_ATTENTION, saga_id)
         pipe.zrem(keys.ACTIVE, saga_id)
@@ -131,7 +140,7 @@ class Compensator:
         execute(pipe, settle)
         return "compensated" if not attention else "needs_attention"
 
-    def _settle(self, writer: ChainWriter, state: SagaState, st: StepState,
+    def _settle(self, writer: Writer, state: SagaState, st: StepState,
                 lease: Lease) -> str | None:
         """Bring a step to a known outcome; None if there is nothing to undo."""
         n = st.step
@@ -168,7 +177,7 @@ class Compensator:
             return "irreversible"
         return "compensable"
 
-    def _compensate(self, writer: ChainWriter, state: SagaState, st: StepState,
+    def _compensate(self, writer: Writer, state: SagaState, st: StepState,
                     lease: Lease) -> bool:
         """Run the step's compensation until it succeeds or its retries run out."""
         spec = self.store.registry.get(st.tool or "")
@@ -205,8 +214,7 @@ class Compensator:
                 writer.append(K.COMPENSATION_SUCCEEDED, step=st.step, lease=lease,
                               tool=comp.name, tool_call_id=st.tool_call_id,
                               data={"result": outcome.result, "undid": st.tool})
-                fault("comp_after_outcome")
-                project(self.store.store, state.saga_id)
+                fault("comp_after_outcome")  # its retraction rides on the next append
                 st.compensation, st.compensation_result = "succeeded", outcome.result
                 return True
             writer.append(K.COMPENSATION_FAILED, step=st.step, lease=lease,
@@ -233,6 +241,54 @@ class Compensator:
         if outcome.result.get("happened") is False:
             return False
         return outcome.result
+
+
+class Writer:
+    """The compensator's appends, each over one lean pipeline. The context events of
+    what is already in the log past the agent's cursor (a retraction, a close) ride
+    on the next append's round trip instead of costing three of their own."""
+
+    def __init__(self, chain: ChainWriter, known: list[dict[str, Any]],
+                 ctx: list[Any]) -> None:
+        self.chain, self.known = chain, known  # known: every event, in seq order
+        cur, agent, conv = ctx
+        self.cursor = int(cur) if cur is not None else -1
+        self.agent = agent.decode() if agent else None
+        self.ids = {"saga_id": chain.saga_id, "conversation_id": conv.decode() if conv else None}
+
+    def append(self, kind: str, *, lease: Lease | None = None, **fields: Any) -> Any:
+        return self.append_many([(kind, fields)], lease=lease)
+
+    def append_many(self, items: list[tuple[str, dict[str, Any]]], *,
+                    lease: Lease | None = None) -> Any:
+        call = self.chain.prepare(items, lease=lease)
+        pipe = lean(self.chain.store.redis)
+        self.tell(pipe)  # events already in the log: safe whatever the append's fate
+        call.send(pipe)
+        replies = pipe.execute(raise_on_error=False)
+        head = self.chain.applied(call, replies[-1], ledger=False)  # the closer settles it
+        first = head.seq - len(items) + 1
+        self.known += [{"kind": k, "seq": first + i, **f} for i, (k, f) in enumerate(items)]
+        for got in replies[:-1]:
+            if isinstance(got, Exception):
+                raise got
+        return head
+
+    def tell(self, pipe: Any) -> None:
+        """Queue the context events past the cursor on ``pipe``, and move the cursor."""
+        later = [e for e in self.known if e["seq"] > self.cursor]
+        if self.agent is None or not later:
+            return
+        for ev in later:
+            out = projection(ev, self.ids)
+            if out is not None:
+                pipe.xadd(keys.agent_ctx(self.agent), {"e": orjson.dumps(out)})
+        pipe.hset(keys.saga_meta(self.chain.saga_id), "ctx_seq", later[-1]["seq"])
+        self.cursor = later[-1]["seq"]
+
+
+def _context_of(pipe: Any, saga_id: str) -> None:
+    pipe.hmget(keys.saga_meta(saga_id), "ctx_seq", "agent_id", "conversation_id")
 
 
 def resolve_mapping(mapping: dict[str, str] | Any, args: dict[str, Any], result: Any, *,
