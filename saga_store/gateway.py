@@ -44,8 +44,9 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from . import approvals, keys
+from .argcheck import Check, compile_check
 from .canonical import canonical
-from .context import project
+from .context import project, projection
 from .errors import ConflictError, InvalidInput, KeyReuseError
 from .events import EventKind as K
 from .idempotency import DedupeRecords, args_digest, compensation_key, explicit_key, step_key
@@ -72,9 +73,9 @@ SESSION_TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
                    {"type": "object", "properties": {"reason": {"type": "string"}}}),
 }
 EXECUTOR = "mcp-gateway"
+TELL_AFTER_EVENTS = 96  # about 32 calls' worth (intent, started, outcome)
+TELL_AFTER_S = 1.0
 APPROVAL_POLL_S = 0.1
-PROJECT_EVERY = 32
-PROJECT_AFTER_S = 1.0
 
 CallFn = Callable[[str, dict[str, Any], dict[str, Any]], Awaitable["CallOutcome"]]
 
@@ -267,8 +268,11 @@ class Session:
     writer: ChainWriter | None = None
     state: SagaState | None = None
     explicit: bool = False
-    unprojected: int = 0
-    projected_at: float = 0.0
+    # context events: the seq up to which they went out (None: unknown, the log
+    # decides) and what this gateway appended since, to go out with its next append
+    told: int | None = None
+    untold: list[dict[str, Any]] = field(default_factory=list)
+    told_at: float = 0.0
     salt: bytes = field(default_factory=lambda: os.urandom(16))
 
 
@@ -282,7 +286,7 @@ class Gateway:
         self.policy, self.tools_map, self.call = policy, tools_map, call
         self.gid = gid
         self.tools: dict[str, Any] = {}
-        self._validators: dict[str, Any] = {}
+        self._validators: dict[str, tuple[Check | None, Any] | None] = {}
         self.session = Session(agent_id)
         self.dedupe = DedupeRecords(self.store.redis, dedupe_ttl_s)
         self._turns = Turns()
@@ -335,6 +339,8 @@ class Gateway:
             # the state of a saga just opened is known: no need to read it back
             s.state = SagaState(s.writer.saga_id, agent_id=s.agent_id, seq=s.writer.head.seq,
                                 executor=EXECUTOR)
+            # an opening tells the agent nothing
+            s.told, s.untold, s.told_at = s.writer.head.seq, [], time.monotonic()
             self.store.redis.sadd(keys.gateway_sagas(self.gid), s.writer.saga_id)
         return s.writer
 
@@ -348,20 +354,58 @@ class Gateway:
              phase: str | None = None) -> None:
         """Append events and fold them into the session's state as they are, so a
         call costs the same at depth 3,000 as at depth 1 (no re-read of the log)."""
+        s, st = self.session, self.session.state
+        mine = st is not None and s.writer is writer
         call = writer.prepare(items, phase=phase)
         pipe = lean(self.store.redis)  # one append costs a fifth less than via redis-py
+        if mine and (len(s.untold) >= TELL_AFTER_EVENTS
+                     or time.monotonic() - s.told_at >= TELL_AFTER_S):
+            self._tell(pipe)  # events already in the log: safe whatever this append's fate
         call.send(pipe)
-        head = writer.applied(call, pipe.execute(raise_on_error=False)[0])
-        st = self.session.state
-        if st is None or self.session.writer is not writer:
+        replies = pipe.execute(raise_on_error=False)
+        head = writer.applied(call, replies[-1])
+        for got in replies[:-1]:
+            if isinstance(got, Exception):
+                raise got
+        if st is None or not mine:
             return
         first = head.seq - len(items) + 1
-        for i, (kind, fields) in enumerate(items):
-            st.apply({"kind": kind, "seq": first + i, **fields})
+        events = [{"kind": kind, "seq": first + i, **fields}
+                  for i, (kind, fields) in enumerate(items)]
+        for ev in events:
+            st.apply(ev)
+        if s.told is not None and first == s.told + len(s.untold) + 1:
+            s.untold += events
+        else:  # someone else appended too: the log says what is untold
+            self._project(writer)
+
+    def _tell(self, pipe: Any) -> None:
+        """Queue on ``pipe`` the context events of what this gateway appended and the
+        agent has not been told yet. They ride on an append every TELL_AFTER_EVENTS
+        events or TELL_AFTER_S seconds (most calls carry none: nothing on the
+        common path), and go out at once on a failure, rollback, approval request
+        or close."""
+        s = self.session
+        s.told_at = time.monotonic()
+        if s.told is None or not s.untold or s.writer is None:
+            return
+        ids = {"saga_id": s.writer.saga_id, "conversation_id": None}
+        for ev in s.untold:
+            out = projection(ev, ids)
+            if out is not None:
+                pipe.xadd(keys.agent_ctx(s.agent_id), {"e": orjson.dumps(out)})
+        pipe.hset(keys.saga_meta(s.writer.saga_id), "ctx_seq", s.untold[-1]["seq"])
+        s.told, s.untold = s.untold[-1]["seq"], []
+
+    def _project(self, writer: ChainWriter) -> None:
+        """Tell the agent everything past its cursor, from the log."""
+        project(self.store, writer.saga_id)
+        if self.session.writer is writer:
+            self.session.told, self.session.untold = writer.head.seq, []
 
     def _close(self, writer: ChainWriter) -> None:
         self.store.redis.srem(keys.gateway_sagas(self.gid), writer.saga_id)
-        project(self.store, writer.saga_id)
+        self._project(writer)
         if self.session.writer is writer:
             self.session.writer, self.session.state = None, None
 
@@ -455,8 +499,7 @@ class Gateway:
         if explicit:
             self.dedupe.finish(key, "succeeded" if outcome.ok else "failed", outcome.logged())
         if outcome.ok and not outcome.in_doubt:
-            self._project_soon(writer.saga_id)
-            return outcome
+            return outcome  # the agent is told with the next append
         return await self._failed(writer, name, cls, outcome)
 
     async def _call(self, name: str, args: dict[str, Any], key: str) -> CallOutcome:
@@ -468,24 +511,12 @@ class Gateway:
             return CallOutcome(False, None, f"{type(exc).__name__}: {exc}",
                                in_doubt=f"the call did not return: {type(exc).__name__}")
 
-    def _project_soon(self, saga_id: str) -> None:
-        """Context events for successful calls go out in batches (every
-        PROJECT_EVERY calls or PROJECT_AFTER_S seconds); failures, rollbacks,
-        approval requests and closes project at once. The client already has each
-        result; the log has everything, so nothing waits on this."""
-        s = self.session
-        s.unprojected += 1
-        now = time.monotonic()
-        if s.unprojected >= PROJECT_EVERY or now - s.projected_at >= PROJECT_AFTER_S:
-            project(self.store, saga_id)
-            s.unprojected, s.projected_at = 0, now
-
     async def _failed(self, writer: ChainWriter, name: str, cls: Classification,
                       outcome: CallOutcome) -> CallOutcome:
         """A call failed: a read-only one rolls nothing back; a mutating one rolls
         back the session's saga, and the answer says what was undone."""
         if not cls.mutating and not outcome.in_doubt:
-            project(self.store, writer.saga_id)
+            self._project(writer)
             return outcome
         ended, undone = await self.rollback(writer, f"{name} failed: {outcome.text[:300]}")
         note = (f"\n\n[saga {writer.saga_id} rolled back: {ended}; undone, last first: "
@@ -507,9 +538,12 @@ class Gateway:
         if self.tools and name not in self.tools:  # a typo is not a failure to undo
             return (f"this server has no tool named {name!r}; tools/list shows the tools "
                     "it has")
-        validator = self._validator(name)
-        if validator is None:
+        checks = self._validator(name)
+        if checks is None:
             return None
+        fast, validator = checks
+        if fast is not None and fast(args):
+            return None  # what the fast check accepts, jsonschema accepts
         import jsonschema  # type: ignore[import-untyped]
         error = jsonschema.exceptions.best_match(validator.iter_errors(args))
         if error is None:
@@ -517,23 +551,24 @@ class Gateway:
         where = "/".join(str(p) for p in error.absolute_path) or "arguments"
         return f"invalid arguments for {name} at {where}: {error.message}"
 
-    def _validator(self, name: str) -> Any:
-        """The tool's input-schema validator, built once per tools/list."""
+    def _validator(self, name: str) -> tuple[Check | None, Any] | None:
+        """The tool's input-schema checks, built once per tools/list: the fast one
+        (None if the schema uses more than it knows) and jsonschema's validator."""
         if name in self._validators:
             return self._validators[name]
         tool = self.tools.get(name)
         schema = getattr(tool, "input_schema", None) if tool is not None else None
-        validator = None
+        checks = None
         if schema:
             import jsonschema
             kind = jsonschema.validators.validator_for(schema)
             try:
                 kind.check_schema(schema)
-                validator = kind(schema)
+                checks = (compile_check(schema), kind(schema))
             except jsonschema.SchemaError:
-                validator = None  # the server's schema is broken; let the server judge
-        self._validators[name] = validator
-        return validator
+                checks = None  # the server's schema is broken; let the server judge
+        self._validators[name] = checks
+        return checks
 
     async def _gate(self, writer: ChainWriter, step: int, name: str, args: dict[str, Any],
                     cls: Classification, verdict: Verdict) -> str | None:
@@ -548,7 +583,7 @@ class Gateway:
                       phase="forward")
         self.store.redis.zadd(keys.APPROVALS, {approvals.member(writer.saga_id, step):
                                                approvals.deadline(timeout_s)})
-        project(self.store, writer.saga_id)
+        self._project(writer)
         log.warning("saga %s step %d (%s) waits for approval: saga approve %s %d",
                     writer.saga_id, step, name, writer.saga_id, step)
         import anyio
@@ -643,7 +678,7 @@ class Gateway:
             writer.append(K.SAGA_STUCK, data={"step": n, "error": out.text[:500],
                                               "hint": "fix the cause, then restart the "
                                                       "gateway to finish the unwind"})
-            project(self.store, writer.saga_id)
+            self._project(writer)
             return "stuck", undone
         final = K.SAGA_NEEDS_ATTENTION if attention else K.SAGA_COMPENSATED
         writer.append(final, data={"needs_attention": attention} if attention else None)

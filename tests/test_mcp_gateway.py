@@ -562,6 +562,43 @@ def test_the_guard_in_the_agents_own_process(gw: dict[str, Any]) -> None:
     assert Verifier(store.store.log).verify().ok
 
 
+def test_the_agent_hears_of_calls_on_later_appends_and_of_everything_at_a_failure(
+        gw: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls' results go to the agent's context stream riding on a later append (no
+    round trip of their own): here every 4 events; a failed read, and the session's
+    close, tell all at once."""
+    from saga_store import gateway
+    from saga_store.context import Subscriber
+    from saga_store.gateway import GuardedSession
+    from saga_store.policy import Policy
+    monkeypatch.setattr(gateway, "TELL_AFTER_EVENTS", 4)
+    monkeypatch.setattr(gateway, "TELL_AFTER_S", 3600.0)
+    store: SagaStore = gw["store"]
+    sub = Subscriber(store.redis, "ctx-agent", last_id="0", block_ms=10)
+    heard: list[list[str]] = []
+
+    def kinds() -> list[str]:
+        return [e["kind"] for e in sub.poll()]
+
+    async def go() -> None:
+        params = StdioServerParameters(command=SERVER[0], args=SERVER[1:], env=gw["env"])
+        async with stdio_client(params) as (r, w), ClientSession(r, w) as raw:
+            await raw.initialize()
+            async with GuardedSession(raw, store, agent_id="ctx-agent",
+                                      policy=Policy.load(gw["tmp"] / "policy.toml")) as s:
+                for name in "abc":
+                    await s.call_tool("create_record", {"name": name})
+                    heard.append(kinds())
+                await s.call_tool("get_record", {"id": "nope"})  # a read that fails
+                heard.append(kinds())
+        heard.append(kinds())
+    _run(go)
+    # a's result (3 events) went out with b's outcome (the 5th untold event); b's and
+    # c's at the failure; the close at the end
+    assert heard == [[], ["observed"], [], ["observed", "observed"], ["saga_closed"]]
+    assert Verifier(store.store.log).verify().ok
+
+
 def test_a_streamable_http_downstream(gw: dict[str, Any]) -> None:
     """--url: the same saga logic in front of a server reached over Streamable HTTP."""
     import socket
