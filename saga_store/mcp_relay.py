@@ -36,7 +36,7 @@ from typing import Any
 import orjson
 
 from .errors import InvalidInput
-from .gateway import CallFn, CallOutcome, Gateway, session_tools
+from .gateway import SESSION_TOOLS, CallFn, CallOutcome, Gateway, session_tools
 
 log = logging.getLogger("saga_store.gateway")
 OWN = "saga-guard-"  # the ids of the gateway's own requests downstream start so
@@ -163,7 +163,6 @@ class Relay:
         self._routes: dict[bytes, Reply] = {}  # forwarded requests answered into a batch
         # forwarded tools/list requests: where the answer goes, and if it is a first page
         self._listing: dict[bytes, tuple[Reply, bool]] = {}
-        self._relist: asyncio.Task[None] | None = None
         self._calls: dict[bytes, asyncio.Task[None]] = {}  # tools/call in flight
         self._ready = False
         self.gone = False  # the downstream went away
@@ -264,8 +263,6 @@ class Relay:
                     await reply(msg)
                     continue
                 await self.to_client(raw if raw is not None else orjson.dumps(msg) + b"\n")
-                if msg.get("method") == "notifications/tools/list_changed" and self._ready:
-                    self._relist = asyncio.create_task(self._learn_tools())
         finally:
             self.gone = True
             for fut in self._own.values():
@@ -303,7 +300,8 @@ class Relay:
                 return tools
 
     async def _learn_tools(self) -> None:
-        """The server's tools changed: learn them (the client may not list them)."""
+        """List the server's tools again: a call named one the gateway does not know
+        (added since, with or without a tools/list_changed the client acted on)."""
         with contextlib.suppress(DownstreamGone):
             self.gateway.set_tools(await self.list_tools())
 
@@ -331,6 +329,9 @@ class Relay:
             await reply(_error(rid, -32602, "tools/call needs params.name, the tool's name"))
             return
         args, meta = params.get("arguments") or {}, params.get("_meta")
+        name = params["name"]
+        if self.gateway.tools and name not in self.gateway.tools and name not in SESSION_TOOLS:
+            await self._learn_tools()  # once, before a name is refused as unknown
         if not isinstance(args, dict) or not (meta is None or isinstance(meta, dict)):
             await reply(_error(rid, -32602, "tools/call params.arguments and params._meta "
                                             "are objects"))

@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Any
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import ToolAnnotations
 
 server = MCPServer("records")
@@ -119,6 +119,20 @@ def clear_password(user: str) -> dict[str, Any]:
     """Undo set_password."""
     effect("clear", user)
     return {"user": user}
+
+
+def archive_record(id: str) -> dict[str, Any]:
+    """Archive a record (a tool that exists only after enable_archive)."""
+    effect("archive", id)
+    return {"archived": id}
+
+
+@server.tool()
+async def enable_archive(ctx: Context) -> dict[str, Any]:
+    """Add the archive_record tool, and tell the client the tool list changed."""
+    server.add_tool(archive_record)
+    await ctx.session.send_tool_list_changed()
+    return {"enabled": "archive_record"}
 
 
 if __name__ == "__main__":

@@ -237,6 +237,9 @@ def test_a_read_failure_bad_arguments_or_a_typo_roll_nothing_back(gw: dict[str, 
             missing = await s.call_tool("get_record", {"id": "nope"})
             invalid = await s.call_tool("create_record", {"name": 123})
             typo = await s.call_tool("create_recrod", {"name": "c"})
+            await s.call_tool("enable_archive", {})  # a tool added since the listing
+            archived = await s.call_tool("archive_record", {"id": "x"})
+            assert not archived.is_error, _text(archived)
             later = await s.call_tool("create_record", {"name": "b"})
             return missing, invalid, typo, later
     missing, invalid, typo, later = _run(go)
@@ -248,7 +251,7 @@ def test_a_read_failure_bad_arguments_or_a_typo_roll_nothing_back(gw: dict[str, 
     assert "no tool named 'create_recrod'" in _text(typo)
     assert "rolled back" not in _text(typo)
     assert not later.is_error
-    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "create"]
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "archive", "create"]
     [st] = _sagas(gw["store"])
     assert st.status is Status.COMMITTED
     assert st.steps[1].status == "failed"  # the read that failed stays in the record
