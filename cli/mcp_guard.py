@@ -65,7 +65,8 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
         except ImportError:
             raise InvalidInput("the MCP gateway needs the mcp package: "
                                "pip install 'saga-store[mcp]'") from None
-        from saga_store.gateway import gateway_id, load_tools_map
+        from saga_store.gateway import gateway_id
+        from saga_store.mcp_tools import load_tools_map
         from saga_store.policy import Policy
         policy = Policy.load(policy_file) if policy_file else Policy.safe()
         tools_map = load_tools_map(tools_map_file) if tools_map_file else {}

@@ -538,7 +538,8 @@ reversibility = "readonly"
 def test_the_guard_in_the_agents_own_process(gw: dict[str, Any]) -> None:
     """GuardedSession wraps the agent's own ClientSession: same logging, gating and
     rollback, no extra process."""
-    from saga_store.gateway import GuardedSession, load_tools_map
+    from saga_store.gateway import GuardedSession
+    from saga_store.mcp_tools import load_tools_map
     from saga_store.policy import Policy
     store: SagaStore = gw["store"]
 
@@ -657,7 +658,7 @@ def test_secret_arguments_never_reach_the_log(gw: dict[str, Any]) -> None:
 
 def test_a_tools_map_may_not_copy_a_secret_into_a_compensation(tmp_path: Path) -> None:
     from saga_store.errors import InvalidInput
-    from saga_store.gateway import load_tools_map
+    from saga_store.mcp_tools import load_tools_map
     bad = tmp_path / "bad.toml"
     bad.write_text('[tools.t]\nsecret = ["pw"]\n'
                    'compensation = { tool = "u", args = { pw = "$.input.pw" } }\n')
