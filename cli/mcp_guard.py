@@ -77,7 +77,7 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
 
 @asynccontextmanager
 async def _downstream(command: list[str], url: str | None) -> AsyncIterator[Any]:
-    from saga_store.mcp_relay import PipeDownstream, SdkDownstream
+    from saga_store.mcp_downstream import PipeDownstream, SdkDownstream
     if url:
         from mcp.client.streamable_http import streamable_http_client
         async with streamable_http_client(url) as streams:
@@ -93,7 +93,8 @@ async def _downstream(command: list[str], url: str | None) -> AsyncIterator[Any]
 async def _serve(store: SagaStore, policy: Any, tools_map: Any, gid: str, agent_id: str,
                  command: list[str], url: str | None) -> None:
     from saga_store.gateway import CallFn, Gateway
-    from saga_store.mcp_relay import LINE_LIMIT, Relay
+    from saga_store.mcp_downstream import LINE_LIMIT
+    from saga_store.mcp_relay import Relay
 
     def gateway(call: CallFn) -> Gateway:
         return Gateway(store, policy, tools_map, call, gid, agent_id=agent_id,
