@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -18,6 +19,13 @@ from .errors import InvalidInput
 log = logging.getLogger("saga_store.gateway")
 LINE_LIMIT = 64 * 1024 * 1024
 STOP_GRACE_S = 5.0
+
+
+def downstream_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The server runs in the gateway's environment, as if the client had started
+    it, minus Saga Store's own settings: the Redis URL carries a password and the
+    HMAC key would let the server forge the chain it is being watched by."""
+    return {k: v for k, v in env.items() if not k.startswith("SAGA_")}
 
 
 class DownstreamGone(ConnectionError):
@@ -33,11 +41,10 @@ class PipeDownstream:
 
     @classmethod
     async def start(cls, command: list[str]) -> PipeDownstream:
-        # it runs in the gateway's environment, as if the client had started it
         try:
             proc = await asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                env=dict(os.environ), limit=LINE_LIMIT)
+                env=downstream_env(os.environ), limit=LINE_LIMIT)
         except OSError as exc:
             raise InvalidInput(f"cannot start the downstream server {command[0]!r}: {exc}. "
                                "Check the command after --") from None

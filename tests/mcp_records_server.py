@@ -1,6 +1,6 @@
 """A small MCP server for the gateway tests: records, charges, a failing call and
 an irreversible one. Every effect goes to the test's own SQLite ledger
-($SAGA_TEST_LEDGER), never inferred from Saga Store's log."""
+($RECORDS_LEDGER), never inferred from Saga Store's log."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ server = MCPServer("records")
 
 
 def _db() -> sqlite3.Connection:
-    db = sqlite3.connect(os.environ["SAGA_TEST_LEDGER"], timeout=30, isolation_level=None)
+    db = sqlite3.connect(os.environ["RECORDS_LEDGER"], timeout=30, isolation_level=None)
     db.execute("CREATE TABLE IF NOT EXISTS effects (n INTEGER PRIMARY KEY AUTOINCREMENT, "
                "kind TEXT, key TEXT, detail TEXT)")
     db.execute("CREATE TABLE IF NOT EXISTS records (id TEXT PRIMARY KEY, name TEXT)")
@@ -119,6 +119,12 @@ def clear_password(user: str) -> dict[str, Any]:
     """Undo set_password."""
     effect("clear", user)
     return {"user": user}
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def saga_settings_seen() -> dict[str, Any]:
+    """Which of Saga Store's settings (SAGA_*) reached this server's environment."""
+    return {"names": sorted(k for k in os.environ if k.startswith("SAGA_"))}
 
 
 def archive_record(id: str) -> dict[str, Any]:

@@ -73,7 +73,7 @@ def gw(redis_url: str, client: redis.Redis, tmp_path: Path) -> dict[str, Any]:
     (tmp_path / "tools.toml").write_text(TOOLS_MAP)
     (tmp_path / "policy.toml").write_text(POLICY)
     ledger = tmp_path / "ledger.db"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "SAGA_TEST_LEDGER": str(ledger),
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RECORDS_LEDGER": str(ledger),
            "SAGA_REDIS_URL": redis_url}
     args = ["-m", "cli.main", "mcp-guard", "--policy", str(tmp_path / "policy.toml"),
             "--tools-map", str(tmp_path / "tools.toml")]
@@ -368,6 +368,10 @@ def test_what_is_not_a_tool_call_passes_through_and_sigterm_closes_the_session(
     assert raw.receive()["error"]["code"] == -32700
     raw.call(9, "create_record", {"name": "kept"})
     assert not raw.receive()["result"]["isError"]
+    # the gateway's own settings (the Redis URL and its password) stay with it
+    assert "SAGA_REDIS_URL" in gw["env"]
+    raw.call(10, "saga_settings_seen", {})
+    assert raw.receive()["result"]["structuredContent"] == {"names": []}
     raw.stop()
     assert raw.proc.returncode == 0
     store: SagaStore = gw["store"]
