@@ -42,16 +42,29 @@ def project(store: Any, saga_id: str) -> int:
     events = store.log.bodies(saga_id, start)
     if not events:
         return 0
-    ids = {"saga_id": saga_id, "conversation_id": conv.decode() if conv else None}
     pipe = r.pipeline(transaction=False)
+    n = tell(pipe, saga_id, agent.decode(), conv.decode() if conv else None, events)
+    pipe.execute()
+    return n
+
+
+def tell(pipe: Any, saga_id: str, agent_id: str, conversation_id: str | None,
+         events: list[dict[str, Any]]) -> int:
+    """Queue on ``pipe`` the context events of ``events`` (every event past the
+    cursor, in seq order, all already in the log) and move the cursor past them;
+    returns how many context events that makes. Whoever knows what it appended
+    (a worker, the compensator, the gateway) tells from memory in a round trip
+    it makes anyway; :func:`project` tells from the log."""
+    if not events:
+        return 0
+    ids = {"saga_id": saga_id, "conversation_id": conversation_id}
     n = 0
     for ev in events:
         out = projection(ev, ids)
         if out is not None:
-            pipe.xadd(keys.agent_ctx(agent.decode()), {"e": orjson.dumps(out)})
+            pipe.xadd(keys.agent_ctx(agent_id), {"e": orjson.dumps(out)})
             n += 1
-    pipe.hset(meta_key, "ctx_seq", events[-1]["seq"])
-    pipe.execute()
+    pipe.hset(keys.saga_meta(saga_id), "ctx_seq", events[-1]["seq"])
     return n
 
 

@@ -33,13 +33,12 @@ import orjson
 from . import approvals, keys
 from .argcheck import Check, compile_check
 from .canonical import canonical
-from .context import project, projection
+from .context import project, tell
 from .errors import ConflictError, InvalidInput, KeyReuseError
 from .events import EventKind as K
 from .idempotency import DedupeRecords, args_digest, compensation_key, explicit_key, step_key
 from .ids import new_id
 from .mcp_tools import Classification, MappingError, classify, resolve
-from .pipeline import lean
 from .policy import Decision, Policy, Verdict
 from .secrets import Secrets, scrub
 from .state import SagaState, Status, fold, unwind_order
@@ -224,25 +223,15 @@ class Gateway:
         call costs the same at depth 3,000 as at depth 1 (no re-read of the log)."""
         s, st = self.session, self.session.state
         mine = st is not None and s.writer is writer
-        call = writer.prepare(items, phase=phase)
-        pipe = lean(self.store.redis)  # one append costs a fifth less than via redis-py
-        if mine and (len(s.untold) >= TELL_AFTER_EVENTS
-                     or time.monotonic() - s.told_at >= TELL_AFTER_S):
-            self._tell(pipe)  # events already in the log: safe whatever this append's fate
-        call.send(pipe)
-        replies = pipe.execute(raise_on_error=False)
-        head = writer.applied(call, replies[-1])
-        for got in replies[:-1]:
-            if isinstance(got, Exception):
-                raise got
+        due = mine and (len(s.untold) >= TELL_AFTER_EVENTS
+                        or time.monotonic() - s.told_at >= TELL_AFTER_S)
+        # a lean pipeline: an append costs a fifth less than through redis-py
+        events = writer.append_riding(items, self._tell if due else None, phase=phase)
         if st is None or not mine:
             return
-        first = head.seq - len(items) + 1
-        events = [{"kind": kind, "seq": first + i, **fields}
-                  for i, (kind, fields) in enumerate(items)]
         for ev in events:
             st.apply(ev)
-        if s.told is not None and first == s.told + len(s.untold) + 1:
+        if s.told is not None and events[0]["seq"] == s.told + len(s.untold) + 1:
             s.untold += events
         else:  # someone else appended too: the log says what is untold
             self._project(writer)
@@ -257,12 +246,7 @@ class Gateway:
         s.told_at = time.monotonic()
         if s.told is None or not s.untold or s.writer is None:
             return
-        ids = {"saga_id": s.writer.saga_id, "conversation_id": None}
-        for ev in s.untold:
-            out = projection(ev, ids)
-            if out is not None:
-                pipe.xadd(keys.agent_ctx(s.agent_id), {"e": orjson.dumps(out)})
-        pipe.hset(keys.saga_meta(s.writer.saga_id), "ctx_seq", s.untold[-1]["seq"])
+        tell(pipe, s.writer.saga_id, s.agent_id, None, s.untold)
         s.told, s.untold = s.untold[-1]["seq"], []
 
     def _project(self, writer: ChainWriter) -> None:

@@ -22,6 +22,7 @@ from .events import body_dict
 from .ids import check_id, new_id
 from .ledger import Ledger
 from .log import EMPTY, Head, Lease, PreparedAppend, SagaLog, command
+from .pipeline import lean
 from .settings import Settings
 from .state import SagaState, Status, fold, paused_gc, phase_of
 
@@ -214,6 +215,33 @@ class ChainWriter:
         if ledger and self.closed:
             self.store.ledger.closed(self.saga_id, str(_META[self._last_kind]), self.head)
         return self.head
+
+    def appended(self, items: Sequence[tuple[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+        """``items`` as the events the last append made of them, seqs included (call
+        after :meth:`applied`)."""
+        first = self.head.seq - len(items) + 1
+        return [{"kind": kind, "seq": first + i, **fields}
+                for i, (kind, fields) in enumerate(items)]
+
+    def append_riding(self, items: Sequence[tuple[str, Mapping[str, Any]]],
+                      riders: Callable[[Any], None] | None = None, *,
+                      lease: Lease | None = None, phase: str | None = None,
+                      ledger: bool = True) -> list[dict[str, Any]]:
+        """Append in one round trip on a lean pipeline, after ``riders`` queue their
+        commands on it (commands about what is already in the log, such as context
+        events: they stand whatever the append's fate). Returns the events as
+        appended; raises as :meth:`applied` does, then a rider's error."""
+        call = self.prepare(items, lease=lease, phase=phase)
+        pipe = lean(self.store.redis)
+        if riders is not None:
+            riders(pipe)
+        call.send(pipe)
+        replies = pipe.execute(raise_on_error=False)
+        self.applied(call, replies[-1], ledger=ledger)
+        for got in replies[:-1]:
+            if isinstance(got, Exception):
+                raise got
+        return self.appended(items)
 
     @property
     def closed(self) -> bool:

@@ -22,11 +22,9 @@ import random
 import time
 from typing import Any
 
-import orjson
-
 from saga_store import keys
 from saga_store.client import SagaStore
-from saga_store.context import project, projection
+from saga_store.context import project, tell
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.idempotency import compensation_key
@@ -254,36 +252,22 @@ class Writer:
         cur, agent, conv = ctx
         self.cursor = int(cur) if cur is not None else -1
         self.agent = agent.decode() if agent else None
-        self.ids = {"saga_id": chain.saga_id, "conversation_id": conv.decode() if conv else None}
+        self.conversation = conv.decode() if conv else None
 
-    def append(self, kind: str, *, lease: Lease | None = None, **fields: Any) -> Any:
-        return self.append_many([(kind, fields)], lease=lease)
+    def append(self, kind: str, *, lease: Lease | None = None, **fields: Any) -> None:
+        self.append_many([(kind, fields)], lease=lease)
 
     def append_many(self, items: list[tuple[str, dict[str, Any]]], *,
-                    lease: Lease | None = None) -> Any:
-        call = self.chain.prepare(items, lease=lease)
-        pipe = lean(self.chain.store.redis)
-        self.tell(pipe)  # events already in the log: safe whatever the append's fate
-        call.send(pipe)
-        replies = pipe.execute(raise_on_error=False)
-        head = self.chain.applied(call, replies[-1], ledger=False)  # the closer settles it
-        first = head.seq - len(items) + 1
-        self.known += [{"kind": k, "seq": first + i, **f} for i, (k, f) in enumerate(items)]
-        for got in replies[:-1]:
-            if isinstance(got, Exception):
-                raise got
-        return head
+                    lease: Lease | None = None) -> None:
+        # the closer settles the ledger entry itself, in its last round trip
+        self.known += self.chain.append_riding(items, self.tell, lease=lease, ledger=False)
 
     def tell(self, pipe: Any) -> None:
         """Queue the context events past the cursor on ``pipe``, and move the cursor."""
         later = [e for e in self.known if e["seq"] > self.cursor]
         if self.agent is None or not later:
             return
-        for ev in later:
-            out = projection(ev, self.ids)
-            if out is not None:
-                pipe.xadd(keys.agent_ctx(self.agent), {"e": orjson.dumps(out)})
-        pipe.hset(keys.saga_meta(self.chain.saga_id), "ctx_seq", later[-1]["seq"])
+        tell(pipe, self.chain.saga_id, self.agent, self.conversation, later)
         self.cursor = later[-1]["seq"]
 
 

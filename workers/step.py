@@ -23,7 +23,7 @@ import orjson
 
 from saga_store import approvals, keys
 from saga_store.client import SagaStore
-from saga_store.context import project, projection
+from saga_store.context import project, tell
 from saga_store.enqueue import enqueue_compensation, enqueue_step, intent_fields
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import EventKind as K
@@ -296,7 +296,7 @@ class StepRunner:
             if follow == "committed":
                 metrics.sagas_finished.labels("committed").inc()
         if claim is not None:
-            appended = self._appended(items, writer.head.seq)
+            appended = writer.appended(items)
             self._next = _Continuation(writer, step + 1, StepView(
                 intent=appended[-2], head=writer.head, plan=view.plan,
                 agent_id=view.agent_id, conversation_id=view.conversation_id,
@@ -308,8 +308,7 @@ class StepRunner:
         settle = writer.close_on(pipe) if writer.closed else None  # the ledger's entry
         self._after_outcome(pipe, saga_id, step, view, outcome, spec, follow, extra, items,
                             writer.head.seq)
-        inline = self._project_known(pipe, saga_id, view, self._appended(items,
-                                                                         writer.head.seq))
+        inline = self._project_known(pipe, saga_id, view, writer.appended(items))
         # ss:active is the sweeper's cue to project: leave it only once that is done
         if follow == "committed" and inline:
             self._closed(pipe, saga_id)
@@ -413,13 +412,6 @@ class StepRunner:
         if extra is not None:
             extra(pipe)
 
-    @staticmethod
-    def _appended(items: list[tuple[str, dict[str, Any]]], head_seq: int,
-                  ) -> list[dict[str, Any]]:
-        first = head_seq - len(items) + 1
-        return [{"kind": kind, "seq": first + i, **fields}
-                for i, (kind, fields) in enumerate(items)]
-
     def _outcome_events(self, saga_id: str, step: int, view: StepView, outcome: Outcome,
                         ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
         if outcome.kind == "succeeded":
@@ -470,13 +462,9 @@ class StepRunner:
         known = {e["seq"] for e in view.events} | {e["seq"] for e in events}
         if any(s not in known for s in range(view.ctx_seq + 1, later[-1]["seq"] + 1)):
             return False
-        ids = {"saga_id": saga_id, "conversation_id": view.conversation_id}
-        for ev in sorted({e["seq"]: e for e in [*view.events, *events]
-                          if e["seq"] > view.ctx_seq}.values(), key=lambda e: e["seq"]):
-            out = projection(ev, ids)
-            if out is not None:
-                pipe.xadd(keys.agent_ctx(view.agent_id), {"e": orjson.dumps(out)})
-        pipe.hset(keys.saga_meta(saga_id), "ctx_seq", later[-1]["seq"])
+        tell(pipe, saga_id, view.agent_id, view.conversation_id,
+             sorted({e["seq"]: e for e in [*view.events, *events]
+                     if e["seq"] > view.ctx_seq}.values(), key=lambda e: e["seq"]))
         view.ctx_seq = later[-1]["seq"]
         return True
 
