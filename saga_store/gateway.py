@@ -587,9 +587,24 @@ def caller(session: Any) -> CallFn:
     return call
 
 
-def result_text(content: list[Any]) -> str:
-    return "\n".join(getattr(c, "text", "") or "" for c in content if getattr(c, "type", "")
-                     == "text")
+def result_text(content: Any) -> str:
+    """The text parts of a tool result's content, as SDK models or as wire dicts."""
+    if not isinstance(content, list):
+        return ""
+    parts = (c if isinstance(c, dict) else {"type": getattr(c, "type", None),
+                                            "text": getattr(c, "text", None)}
+             for c in content)
+    return "\n".join(c.get("text") or "" for c in parts if c.get("type") == "text")
+
+
+def built_result(out: CallOutcome) -> dict[str, Any]:
+    """A tool result, on the wire, made from the outcome: for a failure or refusal
+    (saying what happened and what was rolled back) and for the session tools."""
+    result: dict[str, Any] = {"content": [{"type": "text", "text": out.text}],
+                              "isError": not out.ok}
+    if out.structured is not None:
+        result["structuredContent"] = out.structured
+    return result
 
 
 class GuardedSession:
@@ -638,5 +653,4 @@ def as_result(out: CallOutcome) -> Any:
     if out.raw is not None and out.ok:
         return out.raw
     import mcp_types as types
-    return types.CallToolResult(content=[types.TextContent(text=out.text)],
-                                structured_content=out.structured, is_error=not out.ok)
+    return types.CallToolResult.model_validate(built_result(out))

@@ -36,7 +36,15 @@ from typing import Any
 import orjson
 
 from .errors import InvalidInput
-from .gateway import SESSION_TOOLS, CallFn, CallOutcome, Gateway, session_tools
+from .gateway import (
+    SESSION_TOOLS,
+    CallFn,
+    CallOutcome,
+    Gateway,
+    built_result,
+    result_text,
+    session_tools,
+)
 from .mcp_downstream import STOP_GRACE_S, DownstreamGone, PipeDownstream, SdkDownstream
 
 log = logging.getLogger("saga_store.gateway")
@@ -289,7 +297,7 @@ class Relay:
                                             f"(JSON-RPC error {err.get('code')})")
         content = result.get("content")
         return CallOutcome(not result.get("isError"), result.get("structuredContent"),
-                           _text(content), raw=result)
+                           result_text(content), raw=result)
 
     async def _close_saga(self) -> None:
         try:
@@ -313,23 +321,9 @@ def _error(rid: Any, code: int, message: str) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
 
 
-def _text(content: Any) -> str:
-    if not isinstance(content, list):
-        return ""
-    return "\n".join(c.get("text") or "" for c in content
-                     if isinstance(c, dict) and c.get("type") == "text")
-
-
 def _result(out: CallOutcome) -> Any:
-    """The client's result: the server's own when the call succeeded, else a tool
-    error saying what happened (and what was rolled back)."""
-    if out.ok and isinstance(out.raw, dict):
-        return out.raw
-    result: dict[str, Any] = {"content": [{"type": "text", "text": out.text}],
-                              "isError": not out.ok}
-    if out.structured is not None:
-        result["structuredContent"] = out.structured
-    return result
+    """The client's result: the server's own when the call succeeded."""
+    return out.raw if out.ok and isinstance(out.raw, dict) else built_result(out)
 
 
 def _tool(raw: dict[str, Any]) -> Any:
