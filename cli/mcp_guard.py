@@ -21,8 +21,6 @@ from saga_store.registry import Registry
 
 from .common import Context, errors_to_exit, pass_ctx
 
-log = logging.getLogger("saga_store.gateway")
-
 
 @click.command("mcp-guard", context_settings={"allow_interspersed_args": False})
 @click.option("--policy", "policy_file", default=None, envvar="SAGA_POLICY_FILE",
