@@ -34,10 +34,12 @@ from . import approvals, keys
 from .argcheck import Check, compile_check
 from .canonical import canonical
 from .context import project, tell
-from .errors import ConflictError, InvalidInput, KeyReuseError
+from .errors import ConflictError, FencedOff, InvalidInput, KeyReuseError
 from .events import EventKind as K
+from .holders import holder_gone, holder_token
 from .idempotency import DedupeRecords, args_digest, compensation_key, explicit_key, step_key
 from .ids import new_id
+from .log import Lease, command, release_lease
 from .mcp_tools import Classification, MappingError, classify, resolve
 from .policy import Decision, Policy, Verdict
 from .secrets import Secrets, scrub
@@ -62,6 +64,13 @@ EXECUTOR = "mcp-gateway"
 TELL_AFTER_EVENTS = 96  # about 32 calls' worth (intent, started, outcome)
 TELL_AFTER_S = 1.0
 APPROVAL_POLL_S = 0.1
+# keep the lease if it is ours, or take it back if it lapsed and nobody took it
+RENEW = ("local h = redis.call('GET', KEYS[1]) if h == ARGV[1] then "
+         "return redis.call('PEXPIRE', KEYS[1], ARGV[2]) elseif not h then "
+         "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end return 0")
+# take a lease from a holder known to be gone, if it still holds it
+TAKE_OVER = ("if redis.call('GET', KEYS[1]) == ARGV[1] then "
+             "redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0")
 
 CallFn = Callable[[str, dict[str, Any], dict[str, Any]], Awaitable["CallOutcome"]]
 
@@ -158,6 +167,12 @@ class Gateway:
         self.dedupe = DedupeRecords(self.store.redis, dedupe_ttl_s)
         self._turns = Turns()
         self._classes: dict[str, Classification] = {}
+        # every saga this gateway works on is leased to it: a second gateway for the
+        # same downstream leaves them alone, and one that lost its lease writes nothing
+        self.token = holder_token(EXECUTOR)
+        self.lease_ms = saga_store.settings.lease_ms
+        self.lease = Lease(self.token, "acquire", self.lease_ms)
+        self.held: set[str] = set()
 
     # -- tools/list ------------------------------------------------------------
 
@@ -202,7 +217,9 @@ class Gateway:
         s = self.session
         if s.writer is None:
             s.writer = self.store.open(s.agent_id, saga_id=new_id(),
-                                       data={"executor": EXECUTOR, "gateway": self.gid})
+                                       data={"executor": EXECUTOR, "gateway": self.gid},
+                                       lease=self.lease)
+            self.held.add(s.writer.saga_id)
             # the state of a saga just opened is known: no need to read it back
             s.state = SagaState(s.writer.saga_id, agent_id=s.agent_id, seq=s.writer.head.seq,
                                 executor=EXECUTOR)
@@ -256,10 +273,92 @@ class Gateway:
             self.session.told, self.session.untold = writer.head.seq, []
 
     def _close(self, writer: ChainWriter) -> None:
-        self.store.redis.srem(keys.gateway_sagas(self.gid), writer.saga_id)
+        pipe = self.store.redis.pipeline(transaction=False)
+        pipe.srem(keys.gateway_sagas(self.gid), writer.saga_id)
+        release_lease(pipe, keys.saga_lease(writer.saga_id), self.token)
+        pipe.execute()
+        self.held.discard(writer.saga_id)
         self._project(writer)
         if self.session.writer is writer:
             self.session.writer, self.session.state = None, None
+
+    # -- leases ------------------------------------------------------------------
+
+    def _claim(self, saga_id: str) -> bool:
+        """Lease a saga another gateway left: True if it is now this gateway's, False
+        if a gateway that is still running holds it."""
+        r, key = self.store.redis, keys.saga_lease(saga_id)
+        if r.set(key, self.token, nx=True, px=self.lease_ms):
+            self.held.add(saga_id)
+            return True
+        holder = command(r, "GET", key)
+        taken = holder is None and bool(r.set(key, self.token, nx=True, px=self.lease_ms))
+        if holder is not None and holder_gone(holder.decode()):
+            taken = bool(r.eval(TAKE_OVER, 1, key, holder, self.token, self.lease_ms))
+        if taken:
+            self.held.add(saga_id)
+        return taken
+
+    def renew(self) -> bool:
+        """Keep the leases of the sagas this gateway works on; False if another
+        gateway holds one of them now (its next append here is fenced off)."""
+        if not self.held:
+            return True
+        pipe = self.store.redis.pipeline(transaction=False)
+        held = sorted(self.held)
+        for sid in held:
+            pipe.eval(RENEW, 1, keys.saga_lease(sid), self.token, self.lease_ms)
+        kept = pipe.execute()
+        for sid, ok in zip(held, kept, strict=True):
+            if not ok:
+                log.warning("saga %s: another gateway holds its lease now; this gateway "
+                            "writes nothing more to it", sid)
+        return all(kept)
+
+    async def keep_alive(self) -> None:
+        """Renew the leases a third of their time to live apart, for as long as the
+        gateway runs: an idle session, a long call or an approval wait keep them."""
+        import anyio
+        import redis
+        while True:
+            await anyio.sleep(self.lease_ms / 3000)
+            try:
+                self.renew()
+            except redis.RedisError as exc:
+                log.warning("could not renew the gateway's leases: %s", exc)
+
+    def release(self) -> None:
+        """Give up the leases of the sagas this gateway leaves unfinished (the next
+        gateway for the downstream takes them at once)."""
+        import redis
+        for sid in sorted(self.held):
+            try:
+                release_lease(self.store.redis, keys.saga_lease(sid), self.token)
+            except redis.RedisError as exc:  # then the lease lapses on its own
+                log.warning("could not release the lease of saga %s: %s", sid, exc)
+        self.held.clear()
+
+    def _taken_over(self) -> bool:
+        """Whether the session's saga moved on because another gateway took it over:
+        it holds the lease, or it closed the saga."""
+        w = self.session.writer
+        if w is None:
+            return False
+        holder = command(self.store.redis, "GET", keys.saga_lease(w.saga_id))
+        if holder is not None and holder.decode() != self.token:
+            return True
+        return self.store.meta(w.saga_id).get("phase") == "closed"
+
+    def _lost(self, exc: ConflictError) -> CallOutcome:
+        """An append was fenced off: another gateway took the session's saga over
+        (this one stalled past its lease) and settles it. Later calls open a new saga."""
+        s = self.session
+        sid = s.writer.saga_id if s.writer is not None else "?"
+        self.held.discard(sid)
+        s.writer, s.state = None, None
+        return CallOutcome(False, None, f"the gateway lost saga {sid} to another gateway, "
+                                        f"which settles it ({exc}); what became of this call "
+                                        f"is in that saga's log: saga show {sid}")
 
     def commit(self) -> str | None:
         """Commit the session's saga (the session ended, or saga_commit)."""
@@ -291,6 +390,10 @@ class Gateway:
         await self._turns.take()
         try:
             return await self._handle(name, args, meta)
+        except ConflictError as exc:  # incl. FencedOff
+            if isinstance(exc, FencedOff) or self._taken_over():
+                return self._lost(exc)
+            raise
         finally:
             self._turns.give()
 
@@ -548,10 +651,14 @@ class Gateway:
             keys.gateway_sagas(self.gid))
         for raw in sorted(members):
             sid = raw.decode()
+            if not self._claim(sid):
+                log.warning("saga %s belongs to a gateway for this server that is still "
+                            "running; left to it", sid)
+                continue
             st = fold(sid, self.store.log.bodies(sid))
-            writer = ChainWriter(self.store, sid, self.store.log.head(sid))
+            writer = ChainWriter(self.store, sid, self.store.log.head(sid), self.lease)
             if st.final:
-                self.store.redis.srem(keys.gateway_sagas(self.gid), sid)
+                self._close(writer)
                 continue
             unsettled = any(s.status in ("intent", "started", "in_doubt")
                             for s in st.steps.values())
@@ -628,15 +735,20 @@ class GuardedSession:
                                dedupe_ttl_s=saga_store.settings.dedupe_ttl_s)
 
     async def __aenter__(self) -> GuardedSession:
+        import asyncio
         await self.list_tools()
+        self._keeper = asyncio.get_running_loop().create_task(self.gateway.keep_alive())
         await self.gateway.recover()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        self._keeper.cancel()
         try:
             self.gateway.commit()
         except InvalidInput:
             await self.gateway.abort("the session ended with a call unsettled")
+        finally:
+            self.gateway.release()
 
     async def list_tools(self) -> Any:
         listed = await self.session.list_tools()

@@ -89,6 +89,7 @@ class Relay:
         session's saga: committed if every call has an outcome, else rolled back."""
         pump = asyncio.create_task(self._pump())
         reader = asyncio.create_task(self._read(lines))
+        keeper = asyncio.create_task(self.gateway.keep_alive())
         await asyncio.wait({pump, reader}, return_when=asyncio.FIRST_COMPLETED)
         reader.cancel()
         try:
@@ -102,7 +103,11 @@ class Relay:
             for task in late:
                 task.cancel()
             await asyncio.gather(*late, return_exceptions=True)
-        await self._close_saga()
+        try:
+            await self._close_saga()
+        finally:
+            keeper.cancel()
+            self.gateway.release()  # what is left unfinished, the next gateway takes at once
         pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pump

@@ -58,17 +58,21 @@ class Store:
 
     def open(self, agent_id: str, *, saga_id: str | None = None,
              conversation_id: str | None = None, data: Mapping[str, Any] | None = None,
-             then: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> ChainWriter:
+             then: Sequence[tuple[str, Mapping[str, Any]]] = (),
+             lease: Lease | None = None) -> ChainWriter:
         """Start a saga: ``saga_started`` (and ``then``, in the same append) in its
-        chain, then its opening in the ledger."""
+        chain, then its opening in the ledger. With ``lease``, the writer holds the
+        saga's lease from its first event on, and carries it on every append."""
         opening = self.prepare_open(agent_id, saga_id=saga_id,
-                                    conversation_id=conversation_id, data=data, then=then)
+                                    conversation_id=conversation_id, data=data, then=then,
+                                    lease=lease)
         return opening.applied(opening.call.send(self.redis))
 
     def prepare_open(self, agent_id: str, *, saga_id: str | None = None,
                      conversation_id: str | None = None,
                      data: Mapping[str, Any] | None = None,
-                     then: Sequence[tuple[str, Mapping[str, Any]]] = ()) -> Opening:
+                     then: Sequence[tuple[str, Mapping[str, Any]]] = (),
+                     lease: Lease | None = None) -> Opening:
         """The opening append of :meth:`open`, encoded, to send in a pipeline."""
         check_id(agent_id, "agent_id")
         sid = check_id(saga_id, "saga_id") if saga_id is not None else new_id()
@@ -81,7 +85,7 @@ class Store:
         # two opens of one id never look alike, so a resent open (its reply lost with
         # the connection) is told apart from someone else's open of the same id
         payload["open_id"] = os.urandom(8).hex()
-        writer = ChainWriter(self, sid, EMPTY)
+        writer = ChainWriter(self, sid, EMPTY, lease)
         # the opening events have no context projection: the cursor starts past them
         call = writer.prepare(
             [(K.SAGA_STARTED, {"agent_id": agent_id, "data": payload or None}), *then],
@@ -171,8 +175,10 @@ class Opening:
 class ChainWriter:
     """Appends to one saga's chain, keeping its head cached; not shared between threads."""
 
-    def __init__(self, store: Store, saga_id: str, head: Head) -> None:
+    def __init__(self, store: Store, saga_id: str, head: Head,
+                 lease: Lease | None = None) -> None:
         self.store, self.saga_id, self.head = store, saga_id, head
+        self.lease = lease  # carried by every append that names no lease of its own
         self._last_kind = ""
 
     def append(self, kind: str, *, lease: Lease | None = None, phase: str | None = None,
@@ -197,7 +203,8 @@ class ChainWriter:
         if last in _META and "state" not in meta:
             status = _META[last]
             meta.update(state=status, phase=phase_of(status))
-        call = self.store.log.prepare(self.saga_id, bodies, self.head, lease=lease,
+        call = self.store.log.prepare(self.saga_id, bodies, self.head,
+                                      lease=lease if lease is not None else self.lease,
                                       phase=phase, meta=meta)
         self._last_kind = last
         return call

@@ -726,3 +726,56 @@ def test_a_session_left_open_by_a_killed_gateway_is_committed_by_the_next(
     assert st.status is Status.COMMITTED
     assert [k for _, k, _ in _effects(gw["ledger"])] == ["create"]
     assert Verifier(store.store.log).verify().ok
+
+
+def test_a_second_gateway_for_the_same_server_leaves_a_running_ones_session_alone(
+        gw: dict[str, Any]) -> None:
+    """Two clients, each with its own gateway in front of the same server command:
+    the second one's start-up recovery must not settle the first's open session."""
+    first = RawGateway(gw)
+    first.call(2, "create_record", {"name": "first"})
+    assert not first.receive()["result"]["isError"]
+    _next_gateway(gw)  # starts, recovers what is not leased, serves, ends
+    store: SagaStore = gw["store"]
+    mine = [st for st in _sagas(store) if st.steps and st.steps[0].tool == "create_record"]
+    assert [st.status for st in mine] == [Status.RUNNING]  # still the first one's
+    first.call(3, "create_record", {"name": "second"})
+    assert not first.receive()["result"]["isError"]
+    first.stop()
+    [st] = [st for st in _sagas(store) if st.saga_id == mine[0].saga_id]
+    assert st.status is Status.COMMITTED
+    assert len(st.steps) == 2
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "create"]
+    assert Verifier(store.store.log).verify().ok
+
+
+def test_a_gateway_stalled_past_its_lease_is_fenced_off(gw: dict[str, Any]) -> None:
+    """A gateway stopped (SIGSTOP) longer than its lease: the next gateway takes the
+    session over and settles it; when the first wakes up, it writes nothing more to
+    that saga, tells its client so, and carries on in a new saga."""
+    env = {**gw["env"], "SAGA_LEASE_MS": "600"}
+    stalled = RawGateway(gw, env)
+    stalled.call(2, "create_record", {"name": "a"})
+    assert not stalled.receive()["result"]["isError"]
+    store: SagaStore = gw["store"]
+    [first] = _sagas(store)
+    os.killpg(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        assert_eventually(lambda: not store.store.redis.exists(keys.saga_lease(first.saga_id)),
+                          timeout=30, what="the stalled gateway's lease to lapse")
+        _next_gateway({**gw, "env": env})
+        assert store.state(first.saga_id).status is Status.COMMITTED  # its one call stands
+    finally:
+        os.killpg(stalled.proc.pid, signal.SIGCONT)
+    stalled.call(3, "create_record", {"name": "b"})
+    answer = stalled.receive()["result"]
+    assert answer["isError"]
+    assert f"lost saga {first.saga_id} to another gateway" in answer["content"][0]["text"]
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create"]  # b never ran
+    stalled.call(4, "create_record", {"name": "c"})
+    assert not stalled.receive()["result"]["isError"]
+    stalled.stop()
+    assert store.state(first.saga_id).status is Status.COMMITTED
+    assert [len(st.steps) for st in _sagas(store)] == [1, 1]
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "create"]
+    assert Verifier(store.store.log).verify().ok
