@@ -33,8 +33,11 @@ SERVER = [sys.executable, str(ROOT / "benchmarks" / "mcp_kv_server.py")]
 
 
 def _params(command: list[str], url: str | None = None,
-            proxy: bool = False) -> StdioServerParameters:
+            proxy: bool = False, relay: bool = False) -> StdioServerParameters:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if relay:
+        return StdioServerParameters(command=sys.executable, env=env, args=[
+            str(ROOT / "benchmarks" / "mcp_line_relay.py"), *command])
     if proxy:
         return StdioServerParameters(command=sys.executable, env=env, args=[
             str(ROOT / "benchmarks" / "mcp_passthrough.py"), *command])
@@ -49,13 +52,15 @@ async def _measure(url: str, side_by_side: int, depth: int) -> dict[str, Any]:
     async with stdio_client(_params(SERVER)) as (r1, w1), ClientSession(r1, w1) as direct, \
             stdio_client(_params(SERVER, url)) as (r2, w2), ClientSession(r2, w2) as guarded, \
             stdio_client(_params(SERVER, proxy=True)) as (r3, w3), \
-            ClientSession(r3, w3) as proxied:
-        for s in (direct, guarded, proxied):
+            ClientSession(r3, w3) as proxied, \
+            stdio_client(_params(SERVER, relay=True)) as (r4, w4), \
+            ClientSession(r4, w4) as relayed:
+        for s in (direct, guarded, proxied, relayed):
             await s.initialize()
         store = SagaStore(connect(url), Registry())
         inproc = GuardedSession(direct, store, policy=Policy.safe(), downstream="bench")
         await inproc.__aenter__()
-        for s in (direct, guarded, proxied, inproc):
+        for s in (direct, guarded, proxied, relayed, inproc):
             for i in range(50):  # warm every path
                 await s.call_tool("put", {"key": f"warm{i}", "value": "v"})
         await guarded.call_tool("saga_commit", {})
@@ -63,9 +68,11 @@ async def _measure(url: str, side_by_side: int, depth: int) -> dict[str, Any]:
         g_ms: list[float] = []
         p_ms: list[float] = []
         i_ms: list[float] = []
-        paths = [(direct, d_ms), (guarded, g_ms), (proxied, p_ms), (inproc, i_ms)]
+        r_ms: list[float] = []
+        paths = [(direct, d_ms), (guarded, g_ms), (proxied, p_ms), (relayed, r_ms),
+                 (inproc, i_ms)]
         for i in range(side_by_side):
-            for s, out in paths[i % 4:] + paths[:i % 4]:  # rotate who goes first
+            for s, out in paths[i % 5:] + paths[:i % 5]:  # rotate who goes first
                 t0 = time.perf_counter()
                 res = await s.call_tool("put", {"key": f"k{i}", "value": "v" * 100})
                 out.append((time.perf_counter() - t0) * 1000)
@@ -93,6 +100,8 @@ async def _measure(url: str, side_by_side: int, depth: int) -> dict[str, Any]:
         "in_process_overhead_p50_ms": statistics.median(i_ms) - statistics.median(d_ms),
         "overhead_p50_ms": statistics.median(g_ms) - statistics.median(d_ms),
         "sdk_proxy_overhead_p50_ms": statistics.median(p_ms) - statistics.median(d_ms),
+        "byte_relay_ms": {"p50": statistics.median(r_ms), "p99": percentile(r_ms, 99)},
+        "byte_relay_overhead_p50_ms": statistics.median(r_ms) - statistics.median(d_ms),
         "depth": depth, "first_100_ms": first, "last_100_ms": last,
         "depth_ratio": last / first, "calls_side_by_side": side_by_side,
         "in_process_first_100_ms": statistics.median(deep_in[:100]),
