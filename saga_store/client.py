@@ -207,6 +207,9 @@ class SagaStore:
     def abort(self, saga_id: str, reason: str = "aborted") -> bool:
         """Start unwinding a saga that is still going forward; False if it was not."""
         check_id(saga_id, "saga_id")
+        self._run_by_workers(saga_id, "end it from its client with the saga_abort tool, or "
+                                      "stop its gateway: the next gateway for that server "
+                                      "rolls back a session left with a call unsettled")
         writer = self.store.writer(saga_id)
         for _ in range(20):
             try:
@@ -219,12 +222,23 @@ class SagaStore:
             return True
         raise ConflictError(f"saga {saga_id} kept changing; try the abort again")
 
+    def _run_by_workers(self, saga_id: str, instead: str,
+                        state: SagaState | None = None) -> None:
+        """Refuse to hand a saga the MCP gateway runs to the workers' compensator: only
+        a gateway can undo its calls, through the downstream server."""
+        executor = (state or self.state(saga_id)).executor
+        if executor is not None:
+            raise InvalidInput(f"saga {saga_id} is run by the MCP gateway ({executor}), not "
+                               f"by workers; {instead}", field="saga_id")
+
     def resume(self, saga_id: str) -> bool:
         """Try a stuck saga's unwind again (after its cause was fixed); False if not stuck."""
         check_id(saga_id, "saga_id")
         state = self.state(saga_id)
         if state.status is not Status.STUCK:
             return False
+        self._run_by_workers(saga_id, "start 'saga mcp-guard' for its server again: a gateway "
+                                      "finishes the unwinds it finds before serving", state)
         writer = self.store.writer(saga_id)
         writer.append(K.SAGA_RESUMED, data={"after": state.reason})
         pipe = lean(self.redis)

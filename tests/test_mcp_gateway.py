@@ -23,6 +23,7 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from saga_store import Registry, SagaStore, approvals, keys
+from saga_store.errors import InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.state import Status
 from saga_store.testing import assert_eventually
@@ -398,6 +399,8 @@ def test_a_downstream_that_dies_mid_call_leaves_the_unwind_to_the_next_gateway(
     [st] = _sagas(store)
     assert st.status is Status.STUCK  # the compensation had no server to go to
     assert st.steps[1].status == "in_doubt"
+    with pytest.raises(InvalidInput, match="start 'saga mcp-guard' for its server again"):
+        store.resume(st.saga_id)  # workers cannot undo a gateway's calls
     _next_gateway(gw)
     [st] = _sagas(store)
     assert st.status is Status.NEEDS_ATTENTION  # update_crm cannot be undone
@@ -739,6 +742,8 @@ def test_a_second_gateway_for_the_same_server_leaves_a_running_ones_session_alon
     store: SagaStore = gw["store"]
     mine = [st for st in _sagas(store) if st.steps and st.steps[0].tool == "create_record"]
     assert [st.status for st in mine] == [Status.RUNNING]  # still the first one's
+    with pytest.raises(InvalidInput, match="saga_abort"):
+        store.abort(mine[0].saga_id)
     first.call(3, "create_record", {"name": "second"})
     assert not first.receive()["result"]["isError"]
     first.stop()
