@@ -738,11 +738,18 @@ class GuardedSession:
         import asyncio
         await self.list_tools()
         self._keeper = asyncio.get_running_loop().create_task(self.gateway.keep_alive())
-        await self.gateway.recover()
+        try:
+            await self.gateway.recover()
+        except BaseException:
+            self._keeper.cancel()
+            raise
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        import asyncio
         self._keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._keeper
         try:
             self.gateway.commit()
         except InvalidInput:

@@ -107,6 +107,8 @@ class Relay:
             await self._close_saga()
         finally:
             keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
             self.gateway.release()  # what is left unfinished, the next gateway takes at once
         pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
