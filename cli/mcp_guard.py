@@ -25,11 +25,11 @@ from .common import Context, errors_to_exit, pass_ctx
 @click.command("mcp-guard", context_settings={"allow_interspersed_args": False})
 @click.option("--policy", "policy_file", default=None, envvar="SAGA_POLICY_FILE",
               type=click.Path(dir_okay=False, exists=True),
-              help="Approval policy (TOML). Default: the safe built-in policy (irreversible "
-                   "and unclassified tools need approval).")
+              help="Approval policy (TOML, or YAML if named .yaml/.yml). Default: the safe "
+                   "built-in policy (irreversible and unclassified tools need approval).")
 @click.option("--tools-map", "tools_map_file", default=None, envvar="SAGA_TOOLS_MAP",
               type=click.Path(dir_okay=False, exists=True),
-              help="Local classification of the downstream's tools (TOML); it wins.")
+              help="Local classification of the downstream's tools (TOML or YAML); it wins.")
 @click.option("--url", default=None, help="Downstream Streamable-HTTP MCP endpoint, instead "
                                           "of a command.")
 @click.option("--agent", "agent_id", default="mcp-client", show_default=True,

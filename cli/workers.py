@@ -58,8 +58,8 @@ class Plan(BaseModel):
               help="Refuse to start when Redis does not persist every write (AOF).")
 @click.option("--policy", "policy_file", default=None, envvar="SAGA_POLICY_FILE",
               type=click.Path(dir_okay=False, exists=True),
-              help="Approval policy (TOML). Without one, every call is allowed unless "
-                   "its tool asks for approval itself.")
+              help="Approval policy (TOML, or YAML if named .yaml/.yml). Without one, every "
+                   "call is allowed unless its tool asks for approval itself.")
 @pass_ctx
 def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
            queues: tuple[str, ...], log_level: str, metrics_port: int | None,

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InvalidInput
-from .policy import read_toml
+from .policy import read_config
 
 log = logging.getLogger("saga_store.gateway")
 META_COMPENSATE = "dev.chronomcp/compensate"
@@ -64,9 +64,9 @@ class Classification:
 
 
 def load_tools_map(path: str | Path) -> dict[str, Classification]:
-    """The local tools-map (TOML); it wins over anything a server says."""
+    """The local tools-map (TOML, or YAML); it wins over anything a server says."""
     p = Path(path)
-    doc = read_toml(p, "tools map")
+    doc = read_config(p, "tools map")
     out = {}
     for name, entry in (doc.get("tools") or {}).items():
         where = f"tools map {p}: tools.{name}"

@@ -1,6 +1,6 @@
 """Approval policy: per call, ``allow``, ``require_approval`` or ``deny``.
 
-A policy file is TOML::
+A policy file is TOML (or the same as YAML, in a .yaml or .yml file)::
 
     [defaults]                      # by reversibility; these are the safe defaults
     readonly = "allow"
@@ -121,7 +121,7 @@ class Policy:
 
     @classmethod
     def load(cls, path: str | Path) -> Policy:
-        return cls.from_dict(read_toml(path, "policy file"), source=str(path))
+        return cls.from_dict(read_config(path, "policy file"), source=str(path))
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any], source: str = "dict") -> Policy:
@@ -179,15 +179,37 @@ class Policy:
         return Verdict(decision, reason, production)
 
 
-def read_toml(path: str | Path, what: str) -> dict[str, Any]:
-    """A TOML file as a dict, or :class:`InvalidInput` saying what is wrong with it."""
+def read_config(path: str | Path, what: str) -> dict[str, Any]:
+    """A TOML file, or a YAML one (``.yaml``/``.yml``) read the same way, as a dict;
+    or :class:`InvalidInput` saying what is wrong with it."""
     p = Path(path)
     try:
-        return tomllib.loads(p.read_text(encoding="utf-8"))
+        text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise InvalidInput(f"cannot read {what} {p}: {exc.strerror}") from None
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidInput(f"{what} {p} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{what} {p} is not UTF-8 text: {exc}") from None
+    if p.suffix.lower() not in (".yaml", ".yml"):
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise InvalidInput(f"{what} {p} is not valid TOML: {exc} (a YAML file needs "
+                               "a .yaml or .yml name)") from None
+    try:
+        import yaml
+    except ImportError:
+        raise InvalidInput(f"{what} {p} is YAML, which needs PyYAML: pip install "
+                           "'saga-store[yaml]', or write it as TOML") from None
+    try:
+        doc = yaml.safe_load(text)  # plain data only: no tags that build objects
+    except yaml.YAMLError as exc:
+        raise InvalidInput(f"{what} {p} is not valid YAML: {exc}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict) or not all(isinstance(k, str) for k in doc):
+        raise InvalidInput(f"{what} {p}: the top level must be a mapping of section "
+                           f"names, not {type(doc).__name__}")
+    return doc
 
 
 def _decision(value: Any, where: str) -> Decision:

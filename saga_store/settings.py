@@ -19,7 +19,7 @@ class Settings:
     max_depth: int = 32
     dedupe_ttl_s: int = 7 * 24 * 3600
     lease_ms: int = 10_000
-    policy_file: str | None = None  # approval policy (TOML); none: allow every call
+    policy_file: str | None = None  # approval policy (TOML or YAML); none: allow every call
     # a worker runs a plan's next step itself, claimed in the outcome's append,
     # instead of queueing it (off: every step goes through the queue)
     eager_steps: bool = True

@@ -88,6 +88,57 @@ def test_bad_policy_files_are_refused_with_what_to_fix(tmp_path: Path, text: str
         Policy.load(f)
 
 
+POLICY_TOML = """
+[defaults]
+irreversible = "deny"
+approval_timeout_s = 30
+
+[[rules]]
+tool = "charge_*"
+args = { amount_cents = "^[0-9]{5,}$" }
+decision = "require_approval"
+name = "big-charges"
+"""
+POLICY_YAML = """
+defaults:
+  irreversible: deny
+  approval_timeout_s: 30
+rules:
+  - tool: "charge_*"
+    args: {amount_cents: "^[0-9]{5,}$"}
+    decision: require_approval
+    name: big-charges
+"""
+
+
+def test_a_yaml_policy_reads_as_the_same_toml_one(tmp_path: Path) -> None:
+    (tmp_path / "p.toml").write_text(POLICY_TOML)
+    (tmp_path / "p.yaml").write_text(POLICY_YAML)
+    toml, yaml = Policy.load(tmp_path / "p.toml"), Policy.load(tmp_path / "p.yaml")
+    for call in [("charge_card", "compensable", {"amount_cents": 12000}),
+                 ("charge_card", "compensable", {"amount_cents": 12}),
+                 ("wire", "irreversible", {}), ("reserve", "compensable", {"env": "prod"})]:
+        assert yaml.decide(*call) == toml.decide(*call)
+    assert yaml.decide("charge_card", "compensable", {"amount_cents": 12000}).decision \
+        is Decision.REQUIRE_APPROVAL
+    assert yaml.approval_timeout_s == toml.approval_timeout_s == 30
+
+
+@pytest.mark.parametrize(("name", "text", "message"), [
+    ("p.yaml", "defaults: [allow\n", "not valid YAML"),
+    ("p.yml", "- allow\n- deny\n", "top level must be a mapping"),
+    ("p.yaml", "defaults:\n  irreversible: maybe\n", "not one of allow"),
+    ("p.yaml", "!!python/object/apply:os.system ['true']\n", "not valid YAML"),
+    ("p.toml", "defaults:\n  irreversible: deny\n", "a YAML file needs a .yaml"),
+])
+def test_bad_yaml_policies_are_refused_with_what_to_fix(tmp_path: Path, name: str, text: str,
+                                                        message: str) -> None:
+    f = tmp_path / name
+    f.write_text(text)
+    with pytest.raises(InvalidInput, match=message):
+        Policy.load(f)
+
+
 # -- gated steps, end to end -----------------------------------------------------
 
 def _policy(tmp_path: Path, body: str = "") -> Path:

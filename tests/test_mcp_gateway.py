@@ -673,6 +673,26 @@ def test_a_tools_map_may_not_copy_a_secret_into_a_compensation(tmp_path: Path) -
         load_tools_map(bad)
 
 
+def test_a_yaml_tools_map_reads_as_the_same_toml_one(tmp_path: Path) -> None:
+    from saga_store.mcp_tools import load_tools_map
+    (tmp_path / "tools.toml").write_text(TOOLS_MAP)
+    (tmp_path / "tools.yml").write_text("""
+tools:
+  charge:
+    reversibility: compensable
+    compensation: {tool: refund, args: {charge_id: "$.output.structuredContent.charge_id"}}
+  delete_record: {reversibility: irreversible}
+  set_password:
+    compensation: {tool: clear_password, args: {user: "$.input.user"}}
+    secret: [password]
+  refund: {reversibility: irreversible}
+""")
+    yaml = load_tools_map(tmp_path / "tools.yml")
+    assert yaml == load_tools_map(tmp_path / "tools.toml")
+    assert yaml["charge"].compensation is not None
+    assert yaml["set_password"].secret == frozenset({"password"})
+
+
 def test_the_gateway_runs_as_the_worker_acl_user(gw: dict[str, Any], tmp_path: Path) -> None:
     """The gateway needs no right the worker ACL user lacks (no DEL, no CONFIG)."""
     from saga_store import acl
