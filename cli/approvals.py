@@ -9,6 +9,7 @@ import click
 
 from saga_store import approvals
 from saga_store.client import SagaStore
+from saga_store.errors import InvalidInput
 from saga_store.registry import Registry
 from saga_store.state import SagaState
 
@@ -38,10 +39,20 @@ def describe(p: dict[str, Any]) -> str:
 @click.command("approvals")
 @click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
               help="Machine-readable output.")
+@click.option("--interactive", is_flag=True,
+              help="Keep watching, and ask at the terminal about each approval as it "
+                   "comes, from workers and MCP gateways alike (Ctrl-C to stop).")
+@click.option("--by", default=None, help="Who decides, with --interactive (default: the "
+                                         "login name).")
 @pass_ctx
-def approvals_command(ctx: Context, as_json: bool) -> None:
+def approvals_command(ctx: Context, as_json: bool, interactive: bool, by: str | None) -> None:
     """List steps waiting for a person to approve or deny them."""
     with errors_to_exit():
+        if interactive:
+            if as_json:
+                raise InvalidInput("--interactive asks at the terminal; leave out --json")
+            watch(_store(ctx), operator(by))
+            return
         items = [p.to_dict() for p in approvals.pending(_store(ctx))]
         if as_json:
             emit_json(items)
@@ -78,6 +89,39 @@ def deny(ctx: Context, saga_id: str, step: int, reason: str, by: str | None) -> 
         click.echo(f"saga {saga_id} step {step}: denied; the saga will compensate")
 
 
+def ask(store: SagaStore, pending: dict[str, Any], by: str) -> None:
+    """Show one pending approval and record the terminal user's answer. One decided
+    meanwhile (by someone else, or its deadline) is reported, not decided again."""
+    click.echo(describe(pending), err=True)
+    saga_id, step = pending["saga_id"], pending["step"]
+    try:
+        if click.confirm("Approve this step?", default=False, err=True):
+            approvals.decide(store, saga_id, step, grant=True, by=by)
+            click.echo(f"saga {saga_id} step {step}: approved", err=True)
+        else:
+            reason = click.prompt("Reason", default="denied at the terminal", err=True)
+            approvals.decide(store, saga_id, step, grant=False, by=by, reason=reason)
+            click.echo(f"saga {saga_id} step {step}: denied", err=True)
+    except InvalidInput as exc:
+        click.echo(f"saga {saga_id} step {step}: not recorded ({exc})", err=True)
+
+
+def watch(store: SagaStore, by: str, poll_s: float = 0.25) -> None:
+    """Ask about each pending approval once, as it comes, until Ctrl-C (or the end of
+    the input when it asks)."""
+    asked: set[tuple[str, int]] = set()
+    click.echo("watching for approvals (Ctrl-C to stop)", err=True)
+    try:
+        while True:
+            for p in approvals.pending(store):
+                if (p.saga_id, p.step) not in asked:
+                    asked.add((p.saga_id, p.step))
+                    ask(store, p.to_dict(), by)
+            time.sleep(poll_s)
+    except (KeyboardInterrupt, click.Abort):  # Ctrl-C, or the input ended
+        click.echo("stopped watching", err=True)
+
+
 def wait_interactively(store: SagaStore, saga_id: str, timeout: float) -> SagaState:
     """Wait for the saga, asking the terminal user about each gated step."""
     deadline = time.monotonic() + timeout
@@ -91,12 +135,7 @@ def wait_interactively(store: SagaStore, saga_id: str, timeout: float) -> SagaSt
                 continue
             asked.add(n)
             data = dict(st.steps[n].approval_data or {})
-            click.echo(describe({"saga_id": saga_id, "step": n, **data}), err=True)
-            if click.confirm("Approve this step?", default=False, err=True):
-                approvals.decide(store, saga_id, n, grant=True, by=operator(None))
-            else:
-                reason = click.prompt("Reason", default="denied at the terminal", err=True)
-                approvals.decide(store, saga_id, n, grant=False, by=operator(None), reason=reason)
+            ask(store, {"saga_id": saga_id, "step": n, **data}, operator(None))
         if time.monotonic() > deadline:
             return st
         time.sleep(0.1)

@@ -186,6 +186,9 @@ def test_approved_step_runs_once_and_waiting_holds_no_worker(
     again = _saga("approve", sid, "1", "--by", "alice", url=redis_url)
     assert again.returncode == 2
     assert "no pending approval" in again.stderr
+    both = _saga("approvals", "--interactive", "--json", url=redis_url)
+    assert both.returncode == 2
+    assert "leave out --json" in both.stderr
     assert Verifier(saga_store.store.log).verify().ok
 
 

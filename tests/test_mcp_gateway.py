@@ -804,3 +804,41 @@ def test_a_gateway_stalled_past_its_lease_is_fenced_off(gw: dict[str, Any]) -> N
     assert [len(st.steps) for st in _sagas(store)] == [1, 1]
     assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "create"]
     assert Verifier(store.store.log).verify().ok
+
+
+def test_a_terminal_user_answers_approvals_as_they_come(gw: dict[str, Any]) -> None:
+    """``saga approvals --interactive`` asks about each gated call as it arrives: a yes
+    lets it run, a no (with a reason) fails it; both recorded under the user's name."""
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "approvals", "--interactive", "--by", "carol"],
+        cwd=ROOT, env=gw["env"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    assert watcher.stdin is not None
+    raw = RawGateway(gw)
+    try:
+        watcher.stdin.write("y\nn\nwrong account\n")  # read only when it asks
+        watcher.stdin.flush()
+        raw.call(2, "wire_funds", {"amount_cents": 5, "to": "a"})
+        assert not raw.receive()["result"]["isError"]
+        raw.call(3, "saga_commit", {})
+        raw.receive()
+        raw.call(4, "wire_funds", {"amount_cents": 7, "to": "b"})
+        answer = raw.receive()["result"]
+        assert answer["isError"]
+        assert "denied by carol: wrong account" in answer["content"][0]["text"]
+    finally:
+        raw.stop()
+        watcher.send_signal(signal.SIGINT)  # Ctrl-C
+        _, err = watcher.communicate(timeout=30)
+    assert watcher.returncode == 0, err
+    assert err.count("Approve this step?") == 2
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["wire"]  # the approved one only
+    store: SagaStore = gw["store"]
+    first, second = _sagas(store)
+    assert (first.status, first.steps[0].approval) == (Status.COMMITTED, "granted")
+    assert (second.status, second.steps[0].approval) == (Status.COMPENSATED, "denied")
+    decisions = [e["data"] for sid in (first.saga_id, second.saga_id)
+                 for e in store.store.log.bodies(sid)
+                 if e["kind"] in (K.APPROVAL_GRANTED, K.APPROVAL_DENIED)]
+    assert [d["by"] for d in decisions] == ["carol", "carol"]
+    assert Verifier(store.store.log).verify().ok
