@@ -173,6 +173,7 @@ class Gateway:
         self.lease_ms = saga_store.settings.lease_ms
         self.lease = Lease(self.token, "acquire", self.lease_ms)
         self.held: set[str] = set()
+        self.recovered = False  # what was left at the start is done: keep looking
 
     # -- tools/list ------------------------------------------------------------
 
@@ -317,7 +318,10 @@ class Gateway:
 
     async def keep_alive(self) -> None:
         """Renew the leases a third of their time to live apart, for as long as the
-        gateway runs: an idle session, a long call or an approval wait keep them."""
+        gateway runs: an idle session, a long call or an approval wait keep them.
+        Once the gateway has recovered at its start, it also takes over sagas whose
+        gateway stopped since, or whose lease lapsed since (one on another host
+        dies without anyone knowing but its lease)."""
         import anyio
         import redis
         while True:
@@ -326,6 +330,14 @@ class Gateway:
                 self.renew()
             except redis.RedisError as exc:
                 log.warning("could not renew the gateway's leases: %s", exc)
+                continue
+            if not self.recovered:
+                continue
+            try:
+                for sid, how in await self.recover(quiet=True):
+                    log.warning("finished saga %s left by another gateway: %s", sid, how)
+            except Exception as exc:  # e.g. another gateway got there first: next round
+                log.warning("could not finish what another gateway left: %s", exc)
 
     def release(self) -> None:
         """Give up the leases of the sagas this gateway leaves unfinished (the next
@@ -642,18 +654,22 @@ class Gateway:
         self._close(writer)
         return ("needs attention" if attention else "compensated"), undone
 
-    async def recover(self) -> list[tuple[str, str]]:
+    async def recover(self, quiet: bool = False) -> list[tuple[str, str]]:
         """Finish what a previous gateway for this downstream left: unwinds it began,
         and sessions it never closed (committed if every call has an outcome, else
-        rolled back). Returns (saga id, how it ended)."""
+        rolled back). Sagas another running gateway holds are left to it. Returns
+        (saga id, how it ended)."""
         done = []
         members: set[bytes] = self.store.redis.smembers(  # type: ignore[assignment]
             keys.gateway_sagas(self.gid))
         for raw in sorted(members):
             sid = raw.decode()
+            if sid in self.held:  # this gateway's own
+                continue
             if not self._claim(sid):
-                log.warning("saga %s belongs to a gateway for this server that is still "
-                            "running; left to it", sid)
+                log.log(logging.DEBUG if quiet else logging.WARNING,
+                        "saga %s belongs to a gateway for this server that is still "
+                        "running; left to it", sid)
                 continue
             st = fold(sid, self.store.log.bodies(sid))
             writer = ChainWriter(self.store, sid, self.store.log.head(sid), self.lease)
@@ -669,6 +685,7 @@ class Gateway:
                 continue
             ended, _ = await self.rollback(writer, "the previous gateway stopped mid-session")
             done.append((sid, ended))
+        self.recovered = True
         return done
 
 

@@ -842,3 +842,32 @@ def test_a_terminal_user_answers_approvals_as_they_come(gw: dict[str, Any]) -> N
                  if e["kind"] in (K.APPROVAL_GRANTED, K.APPROVAL_DENIED)]
     assert [d["by"] for d in decisions] == ["carol", "carol"]
     assert Verifier(store.store.log).verify().ok
+
+
+def test_a_session_left_on_another_host_is_finished_once_its_lease_lapses(
+        gw: dict[str, Any]) -> None:
+    """A gateway elsewhere dies holding its session's lease: nobody here can tell it
+    died, so the running gateway serves at once and takes the session over only
+    when the lease lapses, without a restart."""
+    env = {**gw["env"], "SAGA_LEASE_MS": "900"}
+    gone = RawGateway(gw, env)
+    gone.call(2, "create_record", {"name": "left"})
+    assert not gone.receive()["result"]["isError"]
+    gone.kill()
+    store: SagaStore = gw["store"]
+    [left] = _sagas(store)
+    r = store.store.redis
+    r.set(keys.saga_lease(left.saga_id), "mcp-gateway/elsewhere/4026531836/7/00", px=5000)
+    serving = RawGateway(gw, env)
+    serving.call(2, "create_record", {"name": "new"})
+    assert not serving.receive()["result"]["isError"]
+    assert store.state(left.saga_id).status is Status.RUNNING  # still leased elsewhere
+    assert_eventually(lambda: store.state(left.saga_id).status is Status.COMMITTED,
+                      timeout=30, what="the running gateway to take the session over")
+    serving.call(3, "create_record", {"name": "more"})
+    assert not serving.receive()["result"]["isError"]
+    serving.stop()
+    assert [st.status for st in _sagas(store)] == [Status.COMMITTED, Status.COMMITTED]
+    assert [len(st.steps) for st in _sagas(store)] == [1, 2]
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create"] * 3
+    assert Verifier(store.store.log).verify().ok
