@@ -32,13 +32,18 @@ from .common import Context, errors_to_exit, pass_ctx
               help="Local classification of the downstream's tools (TOML or YAML); it wins.")
 @click.option("--url", default=None, help="Downstream Streamable-HTTP MCP endpoint, instead "
                                           "of a command.")
+@click.option("--gateway-id", "gateway_name", default=None, envvar="SAGA_GATEWAY_ID",
+              help="Which gateways front the same server and finish each other's "
+                   "sessions. Default: derived from the command or URL; give each host "
+                   "its own when the same command reaches different data there.")
 @click.option("--agent", "agent_id", default="mcp-client", show_default=True,
               envvar="SAGA_AGENT_ID", help="Agent id the sagas are recorded under.")
 @click.option("--log-level", default="WARNING", envvar="SAGA_LOG_LEVEL", show_default=True)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @pass_ctx
 def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
-              url: str | None, agent_id: str, log_level: str, command: tuple[str, ...]) -> None:
+              url: str | None, gateway_name: str | None, agent_id: str, log_level: str,
+              command: tuple[str, ...]) -> None:
     """Put Saga Store in front of an MCP server: saga mcp-guard -- COMMAND ARGS...
 
     Serves MCP on stdio to the client. Each tools/call is logged in a saga (one per
@@ -69,7 +74,7 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
         policy = Policy.load(policy_file) if policy_file else Policy.safe()
         tools_map = load_tools_map(tools_map_file) if tools_map_file else {}
         store = SagaStore(ctx.store().redis, Registry(), ctx.settings, policy=policy)
-        gid = gateway_id(list(command) or None, url)
+        gid = gateway_id(list(command) or None, url, gateway_name)
         anyio.run(_serve, store, policy, tools_map, gid, agent_id, list(command), url)
 
 

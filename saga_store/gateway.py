@@ -99,9 +99,16 @@ def session_tools() -> list[dict[str, Any]]:
             for n, (d, schema) in SESSION_TOOLS.items()]
 
 
-def gateway_id(command: list[str] | None, url: str | None) -> str:
-    """A stable id for a downstream, so the next gateway finds what this one left."""
-    ident = canonical({"command": command, "url": url})
+def gateway_id(command: list[str] | None, url: str | None, name: str | None = None) -> str:
+    """A stable id for a downstream, so the next gateway finds what this one left:
+    from the name given, else from the command or URL."""
+    if name is not None:
+        if not name.strip() or len(name) > 128 or any(c in name for c in "\r\n"):
+            raise InvalidInput("--gateway-id must be a name of 1-128 characters on one line",
+                               field="gateway_id")
+        ident = canonical({"name": name})
+    else:
+        ident = canonical({"command": command, "url": url})
     return hashlib.sha256(ident).hexdigest()[:24]
 
 

@@ -871,3 +871,26 @@ def test_a_session_left_on_another_host_is_finished_once_its_lease_lapses(
     assert [len(st.steps) for st in _sagas(store)] == [1, 2]
     assert [k for _, k, _ in _effects(gw["ledger"])] == ["create"] * 3
     assert Verifier(store.store.log).verify().ok
+
+
+def test_gateway_ids_say_which_gateways_finish_each_others_sessions(
+        gw: dict[str, Any]) -> None:
+    """The same command may reach different data on different hosts: a gateway with
+    another --gateway-id leaves a dead one's session alone; one with its id finishes it."""
+    here = {**gw["env"], "SAGA_GATEWAY_ID": "host-a"}
+    dead = RawGateway(gw, here)
+    dead.call(2, "create_record", {"name": "a"})
+    assert not dead.receive()["result"]["isError"]
+    dead.kill()
+    store: SagaStore = gw["store"]
+    [left] = _sagas(store)
+    elsewhere = RawGateway(gw, {**gw["env"], "SAGA_GATEWAY_ID": "host-b"})
+    elsewhere.call(2, "create_record", {"name": "b"})
+    assert not elsewhere.receive()["result"]["isError"]
+    elsewhere.stop()
+    assert store.state(left.saga_id).status is Status.RUNNING
+    _next_gateway({**gw, "env": here})
+    assert store.state(left.saga_id).status is Status.COMMITTED
+    from saga_store.gateway import gateway_id
+    with pytest.raises(InvalidInput, match="--gateway-id"):
+        gateway_id(None, None, "two\nlines")
