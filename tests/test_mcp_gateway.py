@@ -143,6 +143,17 @@ class RawGateway:
         self.proc.wait(timeout=10)
 
 
+def _left_by_a_killed_gateway(gw: dict[str, Any], env: dict[str, str]) -> Any:
+    """The session a gateway left open when it was SIGKILLed after one call."""
+    dead = RawGateway(gw, env)
+    dead.call(2, "create_record", {"name": "left"})
+    assert not dead.receive()["result"]["isError"]
+    dead.kill()
+    [left] = _sagas(gw["store"])
+    assert left.status is Status.RUNNING
+    return left
+
+
 def _next_gateway(gw: dict[str, Any]) -> None:
     """Start a gateway for the same downstream (it recovers before serving)."""
     async def go() -> None:
@@ -850,12 +861,8 @@ def test_a_session_left_on_another_host_is_finished_once_its_lease_lapses(
     died, so the running gateway serves at once and takes the session over only
     when the lease lapses, without a restart."""
     env = {**gw["env"], "SAGA_LEASE_MS": "900"}
-    gone = RawGateway(gw, env)
-    gone.call(2, "create_record", {"name": "left"})
-    assert not gone.receive()["result"]["isError"]
-    gone.kill()
+    left = _left_by_a_killed_gateway(gw, env)
     store: SagaStore = gw["store"]
-    [left] = _sagas(store)
     r = store.store.redis
     r.set(keys.saga_lease(left.saga_id), "mcp-gateway/elsewhere/4026531836/7/00", px=5000)
     serving = RawGateway(gw, env)
@@ -878,12 +885,8 @@ def test_gateway_ids_say_which_gateways_finish_each_others_sessions(
     """The same command may reach different data on different hosts: a gateway with
     another --gateway-id leaves a dead one's session alone; one with its id finishes it."""
     here = {**gw["env"], "SAGA_GATEWAY_ID": "host-a"}
-    dead = RawGateway(gw, here)
-    dead.call(2, "create_record", {"name": "a"})
-    assert not dead.receive()["result"]["isError"]
-    dead.kill()
+    left = _left_by_a_killed_gateway(gw, here)
     store: SagaStore = gw["store"]
-    [left] = _sagas(store)
     elsewhere = RawGateway(gw, {**gw["env"], "SAGA_GATEWAY_ID": "host-b"})
     elsewhere.call(2, "create_record", {"name": "b"})
     assert not elsewhere.receive()["result"]["isError"]
