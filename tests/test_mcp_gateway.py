@@ -713,17 +713,22 @@ def test_the_gateway_runs_as_the_worker_acl_user(gw: dict[str, Any], tmp_path: P
         admin.execute_command("ACL", "SETUSER", *acl.setuser_args(
             "saga-worker", acl.worker_rules()), ">w-pass")
         gw["env"]["SAGA_REDIS_URL"] = f"redis://saga-worker:w-pass@127.0.0.1:{srv.port}/0"
+        gw["env"]["SAGA_LEASE_MS"] = "600"
+        store = SagaStore(admin, Registry())
+        gw["store"] = store
+        left = _left_by_a_killed_gateway(gw, gw["env"])  # its lease is taken over
 
         async def go() -> Any:
             async with _session(gw) as s:
                 await s.call_tool("create_record", {"name": "a"})
+                [mine] = [st for st in _sagas(store) if st.saga_id != left.saga_id]
+                await anyio.sleep(1.5)  # idle past two leases: only renewals keep it
+                assert admin.exists(keys.saga_lease(mine.saga_id))
                 return await s.call_tool("update_crm", {"note": "fail"})
         bad = _run(go)
         assert "rolled back" in _text(bad)
-        assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "delete"]
-        store = SagaStore(admin, Registry())
-        [st] = _sagas(store)
-        assert st.status is Status.COMPENSATED
+        assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "create", "delete"]
+        assert [st.status for st in _sagas(store)] == [Status.COMMITTED, Status.COMPENSATED]
         assert Verifier(store.store.log).verify().ok
 
 
