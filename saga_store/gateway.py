@@ -387,7 +387,13 @@ class Gateway:
         if any(s.status not in ("succeeded", "failed") for s in st.steps.values()):
             raise InvalidInput(f"saga {writer.saga_id} has a step without an outcome; "
                                "abort it instead")
-        writer.append(K.SAGA_COMMITTED, phase="forward")
+        try:
+            writer.append(K.SAGA_COMMITTED, phase="forward")
+        except ConflictError as exc:
+            if isinstance(exc, FencedOff) or self._taken_over():
+                log.warning("%s", self._lost(exc).text)  # the other gateway closes it
+                return None
+            raise
         self._close(writer)
         return writer.saga_id
 

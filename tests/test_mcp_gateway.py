@@ -902,3 +902,28 @@ def test_gateway_ids_say_which_gateways_finish_each_others_sessions(
     from saga_store.gateway import gateway_id
     with pytest.raises(InvalidInput, match="--gateway-id"):
         gateway_id(None, None, "two\nlines")
+
+
+def test_a_stalled_gateway_that_wakes_only_to_close_leaves_the_saga_to_the_other(
+        gw: dict[str, Any]) -> None:
+    """Stopped past its lease, then told to stop (SIGTERM): its session was settled
+    by the next gateway; it closes nothing twice and exits cleanly."""
+    env = {**gw["env"], "SAGA_LEASE_MS": "600"}
+    stalled = RawGateway(gw, env)
+    stalled.call(2, "create_record", {"name": "a"})
+    assert not stalled.receive()["result"]["isError"]
+    store: SagaStore = gw["store"]
+    [st] = _sagas(store)
+    os.killpg(stalled.proc.pid, signal.SIGSTOP)
+    try:
+        assert_eventually(lambda: not store.store.redis.exists(keys.saga_lease(st.saga_id)),
+                          timeout=30, what="the stalled gateway's lease to lapse")
+        _next_gateway({**gw, "env": env})
+    finally:
+        os.killpg(stalled.proc.pid, signal.SIGCONT)
+    stalled.stop()
+    assert stalled.proc.returncode == 0
+    kinds = [e["kind"] for e in store.store.log.bodies(st.saga_id)]
+    assert kinds.count(K.SAGA_COMMITTED) == 1
+    assert store.state(st.saga_id).status is Status.COMMITTED
+    assert Verifier(store.store.log).verify().ok
