@@ -402,7 +402,11 @@ class Gateway:
         writer = self.session.writer
         if writer is None:
             return None
-        await self.rollback(writer, reason)
+        try:
+            await self.rollback(writer, reason)
+        except FencedOff as exc:  # another gateway holds it now, and finishes it
+            log.warning("%s", self._lost(exc).text)
+            return None
         return writer.saga_id
 
     # -- tools/call -------------------------------------------------------------
