@@ -722,8 +722,14 @@ def test_the_gateway_runs_as_the_worker_acl_user(gw: dict[str, Any], tmp_path: P
             async with _session(gw) as s:
                 await s.call_tool("create_record", {"name": "a"})
                 [mine] = [st for st in _sagas(store) if st.saga_id != left.saga_id]
-                await anyio.sleep(1.5)  # idle past two leases: only renewals keep it
-                assert admin.exists(keys.saga_lease(mine.saga_id))
+                lease = keys.saga_lease(mine.saga_id)
+                ttls = [admin.pttl(lease)]
+
+                def renewed() -> bool:  # while idle, only the keeper can raise its TTL
+                    ttls.append(admin.pttl(lease))
+                    return ttls[-1] > ttls[-2] > 0
+                await anyio.to_thread.run_sync(lambda: assert_eventually(
+                    renewed, timeout=30, what="the idle session's lease to be renewed"))
                 return await s.call_tool("update_crm", {"note": "fail"})
         bad = _run(go)
         assert "rolled back" in _text(bad)
