@@ -23,7 +23,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from saga_store import Registry, SagaStore
 from saga_store.connection import connect
-from saga_store.gateway import GuardedSession
+from saga_store.mcp_guarded import GuardedSession
 from saga_store.policy import Policy
 
 from .common import bench_redis, machine, percentile

@@ -36,10 +36,9 @@ from .canonical import canonical
 from .context import project, tell
 from .errors import ConflictError, FencedOff, InvalidInput, KeyReuseError
 from .events import EventKind as K
-from .holders import holder_gone, holder_token
+from .gateway_leases import Leases
 from .idempotency import DedupeRecords, args_digest, compensation_key, explicit_key, step_key
 from .ids import new_id
-from .log import Lease, command, release_lease
 from .mcp_tools import Classification, MappingError, classify, resolve
 from .policy import Decision, Policy, Verdict
 from .secrets import Secrets, scrub
@@ -64,13 +63,6 @@ EXECUTOR = "mcp-gateway"
 TELL_AFTER_EVENTS = 96  # about 32 calls' worth (intent, started, outcome)
 TELL_AFTER_S = 1.0
 APPROVAL_POLL_S = 0.1
-# keep the lease if it is ours, or take it back if it lapsed and nobody took it
-RENEW = ("local h = redis.call('GET', KEYS[1]) if h == ARGV[1] then "
-         "return redis.call('PEXPIRE', KEYS[1], ARGV[2]) elseif not h then "
-         "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end return 0")
-# take a lease from a holder known to be gone, if it still holds it
-TAKE_OVER = ("if redis.call('GET', KEYS[1]) == ARGV[1] then "
-             "redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0")
 
 CallFn = Callable[[str, dict[str, Any], dict[str, Any]], Awaitable["CallOutcome"]]
 
@@ -176,10 +168,7 @@ class Gateway:
         self._classes: dict[str, Classification] = {}
         # every saga this gateway works on is leased to it: a second gateway for the
         # same downstream leaves them alone, and one that lost its lease writes nothing
-        self.token = holder_token(EXECUTOR)
-        self.lease_ms = saga_store.settings.lease_ms
-        self.lease = Lease(self.token, "acquire", self.lease_ms)
-        self.held: set[str] = set()
+        self.leases = Leases(self.store.redis, EXECUTOR, saga_store.settings.lease_ms)
         self.recovered = False  # what was left at the start is done: keep looking
 
     # -- tools/list ------------------------------------------------------------
@@ -226,8 +215,8 @@ class Gateway:
         if s.writer is None:
             s.writer = self.store.open(s.agent_id, saga_id=new_id(),
                                        data={"executor": EXECUTOR, "gateway": self.gid},
-                                       lease=self.lease)
-            self.held.add(s.writer.saga_id)
+                                       lease=self.leases.lease)
+            self.leases.held.add(s.writer.saga_id)
             # the state of a saga just opened is known: no need to read it back
             s.state = SagaState(s.writer.saga_id, agent_id=s.agent_id, seq=s.writer.head.seq,
                                 executor=EXECUTOR)
@@ -283,45 +272,13 @@ class Gateway:
     def _close(self, writer: ChainWriter) -> None:
         pipe = self.store.redis.pipeline(transaction=False)
         pipe.srem(keys.gateway_sagas(self.gid), writer.saga_id)
-        release_lease(pipe, keys.saga_lease(writer.saga_id), self.token)
+        self.leases.close_on(pipe, writer.saga_id)
         pipe.execute()
-        self.held.discard(writer.saga_id)
         self._project(writer)
         if self.session.writer is writer:
             self.session.writer, self.session.state = None, None
 
     # -- leases ------------------------------------------------------------------
-
-    def _claim(self, saga_id: str) -> bool:
-        """Lease a saga another gateway left: True if it is now this gateway's, False
-        if a gateway that is still running holds it."""
-        r, key = self.store.redis, keys.saga_lease(saga_id)
-        if r.set(key, self.token, nx=True, px=self.lease_ms):
-            self.held.add(saga_id)
-            return True
-        holder = command(r, "GET", key)
-        taken = holder is None and bool(r.set(key, self.token, nx=True, px=self.lease_ms))
-        if holder is not None and holder_gone(holder.decode()):
-            taken = bool(r.eval(TAKE_OVER, 1, key, holder, self.token, self.lease_ms))
-        if taken:
-            self.held.add(saga_id)
-        return taken
-
-    def renew(self) -> bool:
-        """Keep the leases of the sagas this gateway works on; False if another
-        gateway holds one of them now (its next append here is fenced off)."""
-        if not self.held:
-            return True
-        pipe = self.store.redis.pipeline(transaction=False)
-        held = sorted(self.held)
-        for sid in held:
-            pipe.eval(RENEW, 1, keys.saga_lease(sid), self.token, self.lease_ms)
-        kept = pipe.execute()
-        for sid, ok in zip(held, kept, strict=True):
-            if not ok:
-                log.warning("saga %s: another gateway holds its lease now; this gateway "
-                            "writes nothing more to it", sid)
-        return all(kept)
 
     async def keep_alive(self) -> None:
         """Renew the leases a third of their time to live apart, for as long as the
@@ -332,9 +289,9 @@ class Gateway:
         import anyio
         import redis
         while True:
-            await anyio.sleep(self.lease_ms / 3000)
+            await anyio.sleep(self.leases.ttl_ms / 3000)
             try:
-                self.renew()
+                self.leases.renew()
             except redis.RedisError as exc:
                 log.warning("could not renew the gateway's leases: %s", exc)
                 continue
@@ -346,34 +303,20 @@ class Gateway:
             except Exception as exc:  # e.g. another gateway got there first: next round
                 log.warning("could not finish what another gateway left: %s", exc)
 
-    def release(self) -> None:
-        """Give up the leases of the sagas this gateway leaves unfinished (the next
-        gateway for the downstream takes them at once)."""
-        import redis
-        for sid in sorted(self.held):
-            try:
-                release_lease(self.store.redis, keys.saga_lease(sid), self.token)
-            except redis.RedisError as exc:  # then the lease lapses on its own
-                log.warning("could not release the lease of saga %s: %s", sid, exc)
-        self.held.clear()
-
     def _taken_over(self) -> bool:
         """Whether the session's saga moved on because another gateway took it over:
         it holds the lease, or it closed the saga."""
         w = self.session.writer
         if w is None:
             return False
-        holder = command(self.store.redis, "GET", keys.saga_lease(w.saga_id))
-        if holder is not None and holder.decode() != self.token:
-            return True
-        return self.store.meta(w.saga_id).get("phase") == "closed"
+        return self.leases.lost(w.saga_id) or self.store.meta(w.saga_id).get("phase") == "closed"
 
     def _lost(self, exc: ConflictError) -> CallOutcome:
         """An append was fenced off: another gateway took the session's saga over
         (this one stalled past its lease) and settles it. Later calls open a new saga."""
         s = self.session
         sid = s.writer.saga_id if s.writer is not None else "?"
-        self.held.discard(sid)
+        self.leases.held.discard(sid)
         s.writer, s.state = None, None
         return CallOutcome(False, None, f"the gateway lost saga {sid} to another gateway, "
                                         f"which settles it ({exc}); what became of this call "
@@ -681,15 +624,15 @@ class Gateway:
             keys.gateway_sagas(self.gid))
         for raw in sorted(members):
             sid = raw.decode()
-            if sid in self.held:  # this gateway's own
+            if sid in self.leases.held:  # this gateway's own
                 continue
-            if not self._claim(sid):
+            if not self.leases.claim(sid):
                 log.log(logging.DEBUG if quiet else logging.WARNING,
                         "saga %s belongs to a gateway for this server that is still "
                         "running; left to it", sid)
                 continue
             st = fold(sid, self.store.log.bodies(sid))
-            writer = ChainWriter(self.store, sid, self.store.log.head(sid), self.lease)
+            writer = ChainWriter(self.store, sid, self.store.log.head(sid), self.leases.lease)
             if st.final:
                 self._close(writer)
                 continue
@@ -719,15 +662,6 @@ def _scrubbed(out: CallOutcome, secrets: Mapping[str, Any]) -> CallOutcome:
                        scrub(out.in_doubt, secrets) if out.in_doubt else None)
 
 
-def caller(session: Any) -> CallFn:
-    """How the gateway reaches a downstream MCP ``ClientSession``."""
-    async def call(name: str, args: dict[str, Any], meta: dict[str, Any]) -> CallOutcome:
-        r = await session.call_tool(name, args, meta=meta)
-        return CallOutcome(not r.is_error, r.structured_content, result_text(r.content),
-                           raw=r)
-    return call
-
-
 def result_text(content: Any) -> str:
     """The text parts of a tool result's content, as SDK models or as wire dicts."""
     if not isinstance(content, list):
@@ -746,64 +680,3 @@ def built_result(out: CallOutcome) -> dict[str, Any]:
     if out.structured is not None:
         result["structuredContent"] = out.structured
     return result
-
-
-class GuardedSession:
-    """The gateway in the agent's own process: wrap an MCP ``ClientSession`` and
-    every ``call_tool`` goes through the same saga logic as ``saga mcp-guard``,
-    without the extra process hop.
-
-        async with ClientSession(r, w) as raw:
-            await raw.initialize()
-            async with GuardedSession(raw, store, policy=Policy.safe()) as s:
-                await s.call_tool("create_record", {"name": "a"})
-    """
-
-    def __init__(self, session: Any, saga_store: SagaStore, *, policy: Policy | None = None,
-                 tools_map: Mapping[str, Classification] | None = None,
-                 downstream: str = "in-process", agent_id: str = "mcp-client") -> None:
-        self.session = session
-        self.gateway = Gateway(saga_store, policy or Policy.safe(), tools_map or {},
-                               caller(session),
-                               gateway_id(None, downstream), agent_id=agent_id,
-                               dedupe_ttl_s=saga_store.settings.dedupe_ttl_s)
-
-    async def __aenter__(self) -> GuardedSession:
-        import asyncio
-        await self.list_tools()
-        self._keeper = asyncio.get_running_loop().create_task(self.gateway.keep_alive())
-        try:
-            await self.gateway.recover()
-        except BaseException:
-            self._keeper.cancel()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        import asyncio
-        self._keeper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._keeper
-        try:
-            self.gateway.commit()
-        except InvalidInput:
-            await self.gateway.abort("the session ended with a call unsettled")
-        finally:
-            self.gateway.release()
-
-    async def list_tools(self) -> Any:
-        listed = await self.session.list_tools()
-        return listed.model_copy(update={"tools": self.gateway.listed(listed.tools)})
-
-    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None,
-                        meta: Mapping[str, Any] | None = None) -> Any:
-        out = await self.gateway.handle(name, dict(arguments or {}), meta)
-        return as_result(out)
-
-
-def as_result(out: CallOutcome) -> Any:
-    """A ``CallToolResult`` for the client: the server's own when it succeeded."""
-    if out.raw is not None and out.ok:
-        return out.raw
-    import mcp_types as types
-    return types.CallToolResult.model_validate(built_result(out))

@@ -109,7 +109,7 @@ class Relay:
             keeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await keeper
-            self.gateway.release()  # what is left unfinished, the next gateway takes at once
+            self.gateway.leases.release()  # what is left unfinished, the next gateway takes at once
         pump.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await pump

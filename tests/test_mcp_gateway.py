@@ -556,7 +556,7 @@ reversibility = "readonly"
 def test_the_guard_in_the_agents_own_process(gw: dict[str, Any]) -> None:
     """GuardedSession wraps the agent's own ClientSession: same logging, gating and
     rollback, no extra process."""
-    from saga_store.gateway import GuardedSession
+    from saga_store.mcp_guarded import GuardedSession
     from saga_store.mcp_tools import load_tools_map
     from saga_store.policy import Policy
     store: SagaStore = gw["store"]
@@ -591,7 +591,7 @@ def test_the_agent_hears_of_calls_on_later_appends_and_of_everything_at_a_failur
     close, tell all at once."""
     from saga_store import gateway
     from saga_store.context import Subscriber
-    from saga_store.gateway import GuardedSession
+    from saga_store.mcp_guarded import GuardedSession
     from saga_store.policy import Policy
     monkeypatch.setattr(gateway, "TELL_AFTER_EVENTS", 4)
     monkeypatch.setattr(gateway, "TELL_AFTER_S", 3600.0)
