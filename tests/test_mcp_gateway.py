@@ -796,10 +796,9 @@ def test_a_second_gateway_for_the_same_server_leaves_a_running_ones_session_alon
     assert Verifier(store.store.log).verify().ok
 
 
-def test_a_gateway_stalled_past_its_lease_is_fenced_off(gw: dict[str, Any]) -> None:
-    """A gateway stopped (SIGSTOP) longer than its lease: the next gateway takes the
-    session over and settles it; when the first wakes up, it writes nothing more to
-    that saga, tells its client so, and carries on in a new saga."""
+def _stalled_past_its_lease(gw: dict[str, Any]) -> tuple[RawGateway, Any]:
+    """A gateway that made one call, then was stopped (SIGSTOP) until its lease
+    lapsed and the next gateway settled its session, then let go on (SIGCONT)."""
     env = {**gw["env"], "SAGA_LEASE_MS": "600"}
     stalled = RawGateway(gw, env)
     stalled.call(2, "create_record", {"name": "a"})
@@ -814,6 +813,15 @@ def test_a_gateway_stalled_past_its_lease_is_fenced_off(gw: dict[str, Any]) -> N
         assert store.state(first.saga_id).status is Status.COMMITTED  # its one call stands
     finally:
         os.killpg(stalled.proc.pid, signal.SIGCONT)
+    return stalled, first
+
+
+def test_a_gateway_stalled_past_its_lease_is_fenced_off(gw: dict[str, Any]) -> None:
+    """A gateway stopped (SIGSTOP) longer than its lease: the next gateway takes the
+    session over and settles it; when the first wakes up, it writes nothing more to
+    that saga, tells its client so, and carries on in a new saga."""
+    stalled, first = _stalled_past_its_lease(gw)
+    store: SagaStore = gw["store"]
     stalled.call(3, "create_record", {"name": "b"})
     answer = stalled.receive()["result"]
     assert answer["isError"]
@@ -914,19 +922,8 @@ def test_a_stalled_gateway_that_wakes_only_to_close_leaves_the_saga_to_the_other
         gw: dict[str, Any]) -> None:
     """Stopped past its lease, then told to stop (SIGTERM): its session was settled
     by the next gateway; it closes nothing twice and exits cleanly."""
-    env = {**gw["env"], "SAGA_LEASE_MS": "600"}
-    stalled = RawGateway(gw, env)
-    stalled.call(2, "create_record", {"name": "a"})
-    assert not stalled.receive()["result"]["isError"]
+    stalled, st = _stalled_past_its_lease(gw)
     store: SagaStore = gw["store"]
-    [st] = _sagas(store)
-    os.killpg(stalled.proc.pid, signal.SIGSTOP)
-    try:
-        assert_eventually(lambda: not store.store.redis.exists(keys.saga_lease(st.saga_id)),
-                          timeout=30, what="the stalled gateway's lease to lapse")
-        _next_gateway({**gw, "env": env})
-    finally:
-        os.killpg(stalled.proc.pid, signal.SIGCONT)
     stalled.stop()
     assert stalled.proc.returncode == 0
     kinds = [e["kind"] for e in store.store.log.bodies(st.saga_id)]
