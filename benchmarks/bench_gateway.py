@@ -1,7 +1,8 @@
 """MCP gateway overhead: the same calls to the same server, direct and through
 ``saga mcp-guard`` (real Redis, AOF, no gate, a compensable tool, every call
 logged), interleaved one by one in one run so noise hits both alike. Then cost
-per call against session depth: one session of N calls, first 100 vs last 100.
+per call against session depth: calls N-99..N of one session against calls
+1..100 of a fresh one, interleaved too.
 
     python -m benchmarks.bench_gateway [--calls 3000]
 """
@@ -78,20 +79,9 @@ async def _measure(url: str, side_by_side: int, depth: int) -> dict[str, Any]:
                 out.append((time.perf_counter() - t0) * 1000)
                 assert not res.is_error
         await guarded.call_tool("saga_commit", {})
-        deep = []
-        for i in range(depth):
-            t0 = time.perf_counter()
-            await guarded.call_tool("put", {"key": f"d{i}", "value": "v" * 100})
-            deep.append((time.perf_counter() - t0) * 1000)
-        await guarded.call_tool("saga_commit", {})
-        deep_in: list[float] = []
         inproc.gateway.commit()
-        for i in range(depth):
-            t0 = time.perf_counter()
-            await inproc.call_tool("put", {"key": f"e{i}", "value": "v" * 100})
-            deep_in.append((time.perf_counter() - t0) * 1000)
+        depths = await _depth(url, direct, guarded, inproc, store, depth)
         await inproc.__aexit__(None, None, None)
-    first, last = statistics.median(deep[:100]), statistics.median(deep[-100:])
     return {
         "direct_ms": {"p50": statistics.median(d_ms), "p99": percentile(d_ms, 99)},
         "gateway_ms": {"p50": statistics.median(g_ms), "p99": percentile(g_ms, 99)},
@@ -102,11 +92,41 @@ async def _measure(url: str, side_by_side: int, depth: int) -> dict[str, Any]:
         "sdk_proxy_overhead_p50_ms": statistics.median(p_ms) - statistics.median(d_ms),
         "byte_relay_ms": {"p50": statistics.median(r_ms), "p99": percentile(r_ms, 99)},
         "byte_relay_overhead_p50_ms": statistics.median(r_ms) - statistics.median(d_ms),
-        "depth": depth, "first_100_ms": first, "last_100_ms": last,
-        "depth_ratio": last / first, "calls_side_by_side": side_by_side,
-        "in_process_first_100_ms": statistics.median(deep_in[:100]),
-        "in_process_last_100_ms": statistics.median(deep_in[-100:]),
+        "depth": depth, **depths, "calls_side_by_side": side_by_side,
     }
+
+
+async def _depth(url: str, direct: ClientSession, guarded: ClientSession,
+                 inproc: GuardedSession, store: SagaStore, depth: int) -> dict[str, Any]:
+    """Calls depth-99..depth of one session against calls 1..100 of a fresh one,
+    interleaved call by call (so the machine's drift hits both alike), for the
+    stdio gateway and the in-process guard."""
+    for i in range(depth - 100):  # take both sessions deep, untimed
+        await guarded.call_tool("put", {"key": f"d{i}", "value": "v" * 100})
+        await inproc.call_tool("put", {"key": f"e{i}", "value": "v" * 100})
+    async with stdio_client(_params(SERVER, url)) as (r, w), ClientSession(r, w) as fresh:
+        await fresh.initialize()
+        for i in range(50):  # a warm process, then a new session
+            await fresh.call_tool("put", {"key": f"fw{i}", "value": "v"})
+        await fresh.call_tool("saga_commit", {})
+        fresh_in = GuardedSession(direct, store, policy=Policy.safe(), downstream="fresh")
+        await fresh_in.__aenter__()
+        times: dict[str, list[float]] = {"first": [], "last": [], "in_first": [],
+                                         "in_last": []}
+        pairs = [(fresh, "first"), (guarded, "last"), (fresh_in, "in_first"),
+                 (inproc, "in_last")]
+        for i in range(100):
+            for s, name in pairs[i % 4:] + pairs[:i % 4]:
+                t0 = time.perf_counter()
+                await s.call_tool("put", {"key": f"{name}{i}", "value": "v" * 100})
+                times[name].append((time.perf_counter() - t0) * 1000)
+        await guarded.call_tool("saga_commit", {})
+        await fresh.call_tool("saga_commit", {})
+        await fresh_in.__aexit__(None, None, None)
+    m = {name: statistics.median(ts) for name, ts in times.items()}
+    return {"first_100_ms": m["first"], "last_100_ms": m["last"],
+            "depth_ratio": m["last"] / m["first"],
+            "in_process_first_100_ms": m["in_first"], "in_process_last_100_ms": m["in_last"]}
 
 
 def run(calls: int = 3000, side_by_side: int = 1000) -> dict[str, Any]:
