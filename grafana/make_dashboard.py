@@ -29,6 +29,8 @@ PANELS = [
      ['sum by (state) (rate(saga_sagas_finished_total[5m]))']),
     ("Sagas in flight, stuck, needing attention", "stat", "short",
      ['max by (state) (saga_sagas)']),
+    ("Calls waiting for a person's approval", "stat", "short",
+     ['max(saga_approvals_pending)']),
     ("Queue depth", "timeseries", "short", ['max by (queue) (saga_queue_depth)']),
     ("Oldest waiting job", "timeseries", "s",
      ['max by (queue) (saga_queue_oldest_job_age_seconds)']),

@@ -62,7 +62,8 @@ class Metrics:
 
 class RedisCollector:
     """Gauges read from Redis when scraped: sagas in flight by state, sagas that
-    need a person, and queue depth and oldest job age per queue."""
+    need a person, calls waiting for a person's approval (from workers and MCP
+    gateways alike), and queue depth and oldest job age per queue."""
 
     def __init__(self, client: Any, queues: tuple[str, ...] = (jobs.STEP_QUEUE,
                                                                  jobs.COMPENSATION_QUEUE)) -> None:
@@ -90,6 +91,7 @@ class RedisCollector:
         for q in self.queues:
             pipe.llen(jobs.queue_key(q))
             pipe.lindex(jobs.queue_key(q), 0)
+        pipe.zcard(keys.APPROVALS)
         pipe.scard(keys.NEEDS_ATTENTION)
         return pipe.execute(), active
 
@@ -105,11 +107,15 @@ class RedisCollector:
             sagas.add_metric([name], n)
         sagas.add_metric(["needs_attention"], replies[-1])
         yield sagas
+        waiting = GaugeMetricFamily("saga_approvals_pending",
+                                    "Calls waiting for a person to approve or deny them.")
+        waiting.add_metric([], replies[-2])
+        yield waiting
         depth = GaugeMetricFamily("saga_queue_depth", "Jobs waiting per queue.",
                                   labels=["queue"])
         age = GaugeMetricFamily("saga_queue_oldest_job_age_seconds",
                                 "Age of the oldest waiting job per queue.", labels=["queue"])
-        rest = replies[len(active):-1]
+        rest = replies[len(active):-2]
         for i, q in enumerate(self.queues):
             n, head = rest[2 * i], rest[2 * i + 1]
             depth.add_metric([q], n)
@@ -141,5 +147,5 @@ def exported_names() -> set[str]:
     for family in reg.collect():
         names |= {family.name + s for s in suffixes.get(family.type, ("",))}
     names |= {"saga_sagas", "saga_queue_depth", "saga_queue_oldest_job_age_seconds",
-              "saga_redis_up"}
+              "saga_redis_up", "saga_approvals_pending"}
     return names

@@ -77,7 +77,8 @@ def test_a_worker_pool_exports_one_endpoint_without_ids(
                 "saga_compensation_lag_seconds_count 1.0",
                 "saga_refused_jobs_total 1.0",
                 'saga_dedupe_hits_total{kind="duplicate_delivery"} 1.0',
-                'saga_queue_depth{queue="saga-steps"}']
+                'saga_queue_depth{queue="saga-steps"}',
+                "saga_approvals_pending 0.0"]
     seen: list[str] = []
     with workers(worker_env, TOOLS, "-n", "2", "--metrics-port", str(port)):
         ids = _workload(saga_store, client)
@@ -145,3 +146,19 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
     finally:
         prom.terminate()
         prom.wait(10)
+
+
+@pytest.mark.real_redis
+def test_the_approvals_gauge_counts_what_waits_for_a_person(client: redis.Redis) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from saga_store import approvals, keys
+    from saga_store.metrics import RedisCollector
+    reg = CollectorRegistry()
+    reg.register(RedisCollector(client))
+    assert "saga_approvals_pending 0.0" in generate_latest(reg).decode()
+    client.zadd(keys.APPROVALS, {approvals.member("01M8Q7MTHMG2KCVRH5MMK3YGPB", 2): 1e15,
+                                 approvals.member("01M8Q7MTHMG2KCVRH5MMK3YGPC", 0): 1e15})
+    text = generate_latest(reg).decode()
+    assert "saga_approvals_pending 2.0" in text
+    assert 'saga_sagas{state="needs_attention"} 0.0' in text  # the others still line up
