@@ -39,7 +39,7 @@ def describe(p: dict[str, Any]) -> str:
 @click.command("approvals")
 @click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
               help="Machine-readable output.")
-@click.option("--interactive", is_flag=True,
+@click.option("--interactive", "--approve-interactively", "interactive", is_flag=True,
               help="Keep watching, and ask at the terminal about each approval as it "
                    "comes, from workers and MCP gateways alike (Ctrl-C to stop).")
 @click.option("--by", default=None, help="Who decides, with --interactive (default: the "
