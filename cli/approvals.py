@@ -42,8 +42,8 @@ def describe(p: dict[str, Any]) -> str:
 @click.option("--interactive", "--approve-interactively", "interactive", is_flag=True,
               help="Keep watching, and ask at the terminal about each approval as it "
                    "comes, from workers and MCP gateways alike (Ctrl-C to stop).")
-@click.option("--by", default=None, help="Who decides, with --interactive (default: the "
-                                         "login name).")
+@click.option("--by", default=None, envvar="SAGA_OPERATOR",
+              help="Who decides, with --interactive (default: the login name).")
 @pass_ctx
 def approvals_command(ctx: Context, as_json: bool, interactive: bool, by: str | None) -> None:
     """List steps waiting for a person to approve or deny them."""
@@ -66,7 +66,8 @@ def approvals_command(ctx: Context, as_json: bool, interactive: bool, by: str | 
 @click.command("approve")
 @click.argument("saga_id")
 @click.argument("step", type=int)
-@click.option("--by", default=None, help="Who approves (default: the login name).")
+@click.option("--by", default=None, envvar="SAGA_OPERATOR",
+              help="Who approves (default: the login name).")
 @pass_ctx
 def approve(ctx: Context, saga_id: str, step: int, by: str | None) -> None:
     """Approve a gated step: it is recorded in the chain and the step runs."""
@@ -79,7 +80,8 @@ def approve(ctx: Context, saga_id: str, step: int, by: str | None) -> None:
 @click.argument("saga_id")
 @click.argument("step", type=int)
 @click.option("--reason", required=True, help="Why (recorded in the chain).")
-@click.option("--by", default=None, help="Who denies (default: the login name).")
+@click.option("--by", default=None, envvar="SAGA_OPERATOR",
+              help="Who denies (default: the login name).")
 @pass_ctx
 def deny(ctx: Context, saga_id: str, step: int, reason: str, by: str | None) -> None:
     """Deny a gated step: it never runs, the saga fails and compensates."""

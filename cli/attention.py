@@ -18,7 +18,8 @@ from .common import Context, emit_json, errors_to_exit, operator, pass_ctx
 @click.command("attention")
 @click.option("--ack", "ack", default=None, metavar="SAGA_ID",
               help="Acknowledge this saga: a person has dealt with it.")
-@click.option("--by", default=None, help="Who acknowledges (default: the login name).")
+@click.option("--by", default=None, envvar="SAGA_OPERATOR",
+              help="Who acknowledges (default: the login name).")
 @click.option("--note", default="", help="What was done (kept in the audit stream).")
 @click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
               help="Machine-readable output.")

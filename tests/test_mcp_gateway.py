@@ -840,9 +840,9 @@ def test_a_terminal_user_answers_approvals_as_they_come(gw: dict[str, Any]) -> N
     """``saga approvals --interactive`` asks about each gated call as it arrives: a yes
     lets it run, a no (with a reason) fails it; both recorded under the user's name."""
     watcher = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "approvals", "--approve-interactively", "--by",
-         "carol"],
-        cwd=ROOT, env=gw["env"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        [sys.executable, "-m", "cli.main", "approvals", "--approve-interactively"],
+        cwd=ROOT, env={**gw["env"], "SAGA_OPERATOR": "carol"}, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     assert watcher.stdin is not None
     raw = RawGateway(gw)
