@@ -140,9 +140,22 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
                         empty.append(expr)
                 return empty
             # rate() needs two samples of a series: wait for the scrapes, bounded
-            assert_eventually(lambda: not empty_queries(), timeout=30,
-                              what="every dashboard query to return data")
-            assert empty_queries() == []
+            empty: list[list[str]] = [[]]
+
+            def all_answer() -> bool:
+                empty[0] = empty_queries()
+                return not empty[0]
+            try:
+                assert_eventually(all_answer, timeout=60,
+                                  what="every dashboard query to return data")
+            except AssertionError:
+                # what Prometheus holds and what the endpoint serves, for the first one
+                name = re.findall(r"saga_[a-z_]+", empty[0][0])[0]
+                held = query(name)["data"]["result"]  # type: ignore[index]
+                served = [ln for ln in _scrape(metrics_port).splitlines()
+                          if ln.startswith(name)]
+                raise AssertionError(f"queries with no data: {empty[0]}; Prometheus holds "
+                                     f"{held}; the endpoint serves {served}") from None
     finally:
         prom.terminate()
         prom.wait(10)
