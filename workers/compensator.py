@@ -206,17 +206,17 @@ class Compensator:
                               state.agent_id)
             outcome = self.invoker.invoke(comp, args, ctx)
             fault("comp_after_tool")
-            if self.store.metrics is not None:
-                self.store.metrics.compensations.labels(comp.name, outcome.kind).inc()
             if outcome.kind == "succeeded":
                 writer.append(K.COMPENSATION_SUCCEEDED, step=st.step, lease=lease,
                               tool=comp.name, tool_call_id=st.tool_call_id,
                               data={"result": outcome.result, "undid": st.tool})
+                self._count(comp.name, outcome.kind)
                 fault("comp_after_outcome")  # its retraction rides on the next append
                 st.compensation, st.compensation_result = "succeeded", outcome.result
                 return True
             writer.append(K.COMPENSATION_FAILED, step=st.step, lease=lease,
                           data={"error": outcome.error, "attempt": attempt})
+            self._count(comp.name, outcome.kind)
             if attempt - st.resume_base >= comp.retry.max_attempts:
                 writer.append(K.SAGA_STUCK, lease=lease, data={
                     "step": st.step, "error": outcome.error,
@@ -224,6 +224,12 @@ class Compensator:
                 return False
             delay = comp.retry.backoff(attempt)
             time.sleep(delay * (0.5 + random.random()))  # jitter: retries don't march in step
+
+    def _count(self, tool: str, kind: str) -> None:
+        """Count a compensation once its outcome is in the log, never before: a
+        process killed in between leaves the counter behind the log, not ahead."""
+        if self.store.metrics is not None:
+            self.store.metrics.compensations.labels(tool, kind).inc()
 
     def _probe(self, probe: str, state: SagaState, st: StepState) -> Any:
         """Ask the probe tool whether the in-doubt call happened: it gets the step's
