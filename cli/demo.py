@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -62,10 +64,7 @@ def demo(ctx: Context, n: int) -> None:
                           order("ben", "order placed"))
             _believe(second)
         finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(10)
+            _stop_workers(procs)
         store.store.ledger.flush()  # as `saga verify` does: chain what is pending first
         verdict = Verifier(store.store.log).verify()
         click.echo(f"saga verify: {'intact' if verdict.ok else 'INTEGRITY FAILURE'} "
@@ -75,11 +74,27 @@ def demo(ctx: Context, n: int) -> None:
 
 
 def _start_workers(ctx: Context, n: int) -> list[subprocess.Popen[bytes]]:
+    """Worker processes, each in a process group of its own (with the job it forks)."""
     env = {**os.environ, "SAGA_REDIS_URL": ctx.redis_url or "redis://127.0.0.1:6379/0"}
     return [subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--tools", TOOLS,  # noqa: S603
-                              "--log-level", "WARNING"], env=env,
+                              "--log-level", "WARNING"], env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for _ in range(n)]
+
+
+def _stop_workers(procs: list[subprocess.Popen[bytes]], grace_s: float = 10) -> None:
+    """SIGTERM lets a worker finish its step; one still busy after the grace is killed
+    with what it forked, so the demo never leaves a worker behind."""
+    for p in procs:
+        p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
 
 
 def _run(store: SagaStore, embedded: bool, title: str, steps: list[dict[str, Any]]) -> SagaState:
