@@ -303,19 +303,18 @@ class Gateway:
             except Exception as exc:  # e.g. another gateway got there first: next round
                 log.warning("could not finish what another gateway left: %s", exc)
 
-    def _taken_over(self) -> bool:
-        """Whether the session's saga moved on because another gateway took it over:
-        it holds the lease, or it closed the saga."""
-        w = self.session.writer
-        if w is None:
-            return False
-        return self.leases.lost(w.saga_id) or self.store.meta(w.saga_id).get("phase") == "closed"
-
-    def _lost(self, exc: ConflictError) -> CallOutcome:
-        """An append was fenced off: another gateway took the session's saga over
-        (this one stalled past its lease) and settles it. Later calls open a new saga."""
+    def _lost(self, exc: ConflictError) -> CallOutcome | None:
+        """If ``exc`` means another gateway took the session's saga over (this one
+        stalled past its lease: the append was fenced off, or the other holds the
+        lease or closed the saga), drop the saga and say so; later calls open a new
+        saga. None if the conflict is of another kind."""
         s = self.session
-        sid = s.writer.saga_id if s.writer is not None else "?"
+        if s.writer is None:
+            return None
+        sid = s.writer.saga_id
+        if not (isinstance(exc, FencedOff) or self.leases.lost(sid)
+                or self.store.meta(sid).get("phase") == "closed"):
+            return None
         self.leases.held.discard(sid)
         s.writer, s.state = None, None
         return CallOutcome(False, None, f"the gateway lost saga {sid} to another gateway, "
@@ -333,10 +332,10 @@ class Gateway:
         try:
             writer.append(K.SAGA_COMMITTED, phase="forward")
         except ConflictError as exc:
-            if isinstance(exc, FencedOff) or self._taken_over():
-                log.warning("%s", self._lost(exc).text)  # the other gateway closes it
-                return None
-            raise
+            if (lost := self._lost(exc)) is None:
+                raise
+            log.warning("%s", lost.text)  # the other gateway closes it
+            return None
         self._close(writer)
         return writer.saga_id
 
@@ -347,8 +346,10 @@ class Gateway:
             return None
         try:
             await self.rollback(writer, reason)
-        except FencedOff as exc:  # another gateway holds it now, and finishes it
-            log.warning("%s", self._lost(exc).text)
+        except ConflictError as exc:
+            if (lost := self._lost(exc)) is None:
+                raise
+            log.warning("%s", lost.text)  # the other gateway finishes it
             return None
         return writer.saga_id
 
@@ -363,9 +364,9 @@ class Gateway:
         try:
             return await self._handle(name, args, meta)
         except ConflictError as exc:  # incl. FencedOff
-            if isinstance(exc, FencedOff) or self._taken_over():
-                return self._lost(exc)
-            raise
+            if (lost := self._lost(exc)) is None:
+                raise
+            return lost
         finally:
             self._turns.give()
 
