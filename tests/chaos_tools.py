@@ -12,6 +12,8 @@ from typing import Any
 
 from saga_store import Reversibility, StepContext, tool
 
+from .sqlite_ledger import connect
+
 _conn: tuple[int, sqlite3.Connection] | None = None
 
 
@@ -19,12 +21,11 @@ def db() -> sqlite3.Connection:
     """One connection per process (a fork gets its own)."""
     global _conn
     if _conn is None or _conn[0] != os.getpid():
-        c = sqlite3.connect(os.environ["SAGA_TEST_LEDGER"], timeout=60, isolation_level=None)
-        c.execute("PRAGMA journal_mode=WAL")
+        c = connect(os.environ["SAGA_TEST_LEDGER"], [
+            "CREATE TABLE IF NOT EXISTS effects (n INTEGER PRIMARY KEY AUTOINCREMENT, "
+            "kind TEXT, key TEXT, saga TEXT, step INTEGER, UNIQUE(kind, key))",
+            "CREATE TABLE IF NOT EXISTS runs (kind TEXT, key TEXT)"], timeout=60)
         c.execute("PRAGMA synchronous=NORMAL")
-        c.execute("CREATE TABLE IF NOT EXISTS effects (n INTEGER PRIMARY KEY AUTOINCREMENT, "
-                  "kind TEXT, key TEXT, saga TEXT, step INTEGER, UNIQUE(kind, key))")
-        c.execute("CREATE TABLE IF NOT EXISTS runs (kind TEXT, key TEXT)")
         _conn = (os.getpid(), c)
     return _conn[1]
 

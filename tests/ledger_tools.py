@@ -14,13 +14,13 @@ from typing import Any
 from saga_store import RetryableError, RetryPolicy, Reversibility, StepContext, tool
 from workers.faults import fault
 
+from .sqlite_ledger import connect
+
 
 def _db() -> sqlite3.Connection:
-    db = sqlite3.connect(os.environ["SAGA_TEST_LEDGER"], timeout=30, isolation_level=None)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("CREATE TABLE IF NOT EXISTS effects (n INTEGER PRIMARY KEY AUTOINCREMENT, "
-               "kind TEXT, key TEXT, detail TEXT, UNIQUE(kind, key))")
-    return db
+    return connect(os.environ["SAGA_TEST_LEDGER"], [
+        "CREATE TABLE IF NOT EXISTS effects (n INTEGER PRIMARY KEY AUTOINCREMENT, "
+        "kind TEXT, key TEXT, detail TEXT, UNIQUE(kind, key))"])
 
 
 def effect(kind: str, key: str, detail: str = "") -> bool:
