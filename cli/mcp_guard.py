@@ -96,8 +96,7 @@ async def _downstream(command: list[str], url: str | None) -> AsyncIterator[Any]
 async def _serve(store: SagaStore, policy: Any, tools_map: Any, gid: str, agent_id: str,
                  command: list[str], url: str | None) -> None:
     from saga_store.gateway import CallFn, Gateway
-    from saga_store.mcp_downstream import LINE_LIMIT
-    from saga_store.mcp_relay import Relay
+    from saga_store.mcp_relay import ClientPipe, Relay
 
     def gateway(call: CallFn) -> Gateway:
         return Gateway(store, policy, tools_map, call, gid, agent_id=agent_id,
@@ -105,24 +104,22 @@ async def _serve(store: SagaStore, policy: Any, tools_map: Any, gid: str, agent_
 
     # the client's pipes, read and written on the event loop itself
     loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader(limit=LINE_LIMIT)
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin.buffer)
+    pipe = ClientPipe()
+    await loop.connect_read_pipe(lambda: pipe, sys.stdin.buffer)
     transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin,
                                                         sys.stdout.buffer)
     writer = asyncio.StreamWriter(transport, protocol, None, loop)
     # SIGTERM ends the session as the client's leaving would: its saga is closed
-    loop.add_signal_handler(signal.SIGTERM, reader.feed_eof)
+    loop.add_signal_handler(signal.SIGTERM, pipe.end)
 
     async def to_client(data: bytes) -> None:
         writer.write(data)
         await writer.drain()
 
-    async def lines() -> AsyncIterator[bytes]:
-        while line := await reader.readline():
-            yield line
-
     async with _downstream(command, url) as down:
-        await Relay(gateway, down, to_client).serve(lines())
+        relay = Relay(gateway, down, to_client)
+        pipe.now = relay.take_now
+        await relay.serve(pipe.lines())
 
 
 COMMANDS = [mcp_guard]

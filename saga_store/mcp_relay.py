@@ -30,6 +30,7 @@ import contextlib
 import itertools
 import logging
 import os
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -45,7 +46,14 @@ from .gateway import (
     result_text,
     session_tools,
 )
-from .mcp_downstream import STOP_GRACE_S, DownstreamGone, PipeDownstream, SdkDownstream
+from .mcp_downstream import (
+    LINE_LIMIT,
+    STOP_GRACE_S,
+    DownstreamGone,
+    Lines,
+    PipeDownstream,
+    SdkDownstream,
+)
 
 log = logging.getLogger("saga_store.gateway")
 OWN = "saga-guard-"  # the ids of the gateway's own requests downstream start so
@@ -62,6 +70,66 @@ class Batch:
         self.answers.append(msg)
         if len(self.answers) == self.expected:
             await self.relay.to_client(orjson.dumps(self.answers) + b"\n")
+
+
+class ClientPipe(asyncio.Protocol):
+    """The client's stdin, split into lines as bytes arrive. While nothing read
+    earlier is still waiting or being acted on, a line ``now`` takes (a
+    ``tools/call``) is acted on in the same turn of the event loop; every other
+    line is read, in order, from :meth:`lines`. A line over ``LINE_LIMIT`` bytes
+    is skipped: :meth:`lines` gives None in its place."""
+
+    def __init__(self) -> None:
+        self.now: Callable[[bytes], bool] = lambda line: False
+        self._queue: deque[bytes | None] = deque()
+        self._lines = Lines()
+        self._busy = False  # the reader of lines() is acting on a line
+        self._ended = False
+        self._waiter: asyncio.Future[None] | None = None
+
+    def data_received(self, data: bytes) -> None:
+        for line in self._lines.feed(data):
+            if line is None:  # over the limit: the reader answers it
+                self._queue.append(None)
+                self._wake()
+            else:
+                self._line(line)
+
+    def _line(self, line: bytes) -> None:
+        if self._queue or self._busy or not self.now(line):
+            self._queue.append(line)
+            self._wake()
+
+    def eof_received(self) -> bool:
+        if (rest := self._lines.end()) is not None:
+            self._line(rest)
+        self.end()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.end()
+
+    def end(self) -> None:
+        """No more lines: the client closed its end (or the gateway was told to stop)."""
+        self._ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    async def lines(self) -> AsyncIterator[bytes | None]:
+        while True:
+            while not self._queue:
+                if self._ended:
+                    return
+                self._waiter = asyncio.get_running_loop().create_future()
+                await self._waiter
+            self._busy = True
+            try:
+                yield self._queue.popleft()
+            finally:
+                self._busy = False
 
 
 class Relay:
@@ -81,10 +149,12 @@ class Relay:
         self._calls: dict[bytes, asyncio.Task[None]] = {}  # tools/call in flight
         self._ready = False
         self.gone = False  # the downstream went away
+        if isinstance(downstream, PipeDownstream):  # answers to the gateway's own requests
+            downstream.answers_at_once(self._own_answer)  # skip the pump's turn
 
     # -- the two directions ------------------------------------------------------
 
-    async def serve(self, lines: AsyncIterator[bytes]) -> None:
+    async def serve(self, lines: AsyncIterator[bytes | None]) -> None:
         """Relay until the client's input ends (or the downstream goes), then close the
         session's saga: committed if every call has an outcome, else rolled back."""
         pump = asyncio.create_task(self._pump())
@@ -114,9 +184,13 @@ class Relay:
         with contextlib.suppress(asyncio.CancelledError):
             await pump
 
-    async def _read(self, lines: AsyncIterator[bytes]) -> None:
+    async def _read(self, lines: AsyncIterator[bytes | None]) -> None:
         async for line in lines:
-            if line.strip():
+            if line is None:
+                log.warning("the client sent a message over %d bytes; skipped", LINE_LIMIT)
+                await self._answer(_error(None, -32700, f"a message over {LINE_LIMIT} bytes "
+                                                        "was skipped"))
+            elif line.strip():
                 await self.from_client(line)
 
     async def from_client(self, line: bytes) -> None:
@@ -152,10 +226,7 @@ class Relay:
             return
         if method == "tools/call":
             await self._start()
-            key = _key(msg["id"])
-            task = asyncio.create_task(self._tool_call(msg, reply))
-            self._calls[key] = task
-            task.add_done_callback(self._call_done)
+            self._call(msg, reply)
             return
         if method == "tools/list":
             await self._start()
@@ -166,18 +237,33 @@ class Relay:
             self._routes[_key(msg["id"])] = reply
         await self.down.send(msg, raw)
 
+    def take_now(self, line: bytes) -> bool:
+        """Start a single ``tools/call`` at once, without waiting for the reader's
+        turn; False for anything else (and before the session has started)."""
+        if not self._ready:
+            return False
+        try:
+            msg = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            return False
+        if not (isinstance(msg, dict) and msg.get("method") == "tools/call" and "id" in msg):
+            return False
+        self._call(msg, self._answer)
+        return True
+
+    def _call(self, msg: dict[str, Any], reply: Reply) -> None:
+        key = _key(msg["id"])
+        self._calls[key] = asyncio.create_task(self._tool_call(key, msg, reply))
+
     async def _pump(self) -> None:
         """Everything the downstream writes: answers to the gateway's own requests,
         to tools/list, to a batch's requests; the rest goes to the client as is."""
         try:
             while (got := await self.down.receive()) is not None:
                 msg, raw = got
-                rid = msg.get("id") if isinstance(msg, dict) and "method" not in msg else None
-                if isinstance(rid, str) and rid.startswith(self._prefix):
-                    fut = self._own.pop(rid, None)  # None: its caller gave up waiting
-                    if fut is not None and not fut.done():
-                        fut.set_result(msg)
+                if self._own_answer(msg):
                     continue
+                rid = msg.get("id") if isinstance(msg, dict) and "method" not in msg else None
                 if rid is not None and (listing := self._listing.pop(_key(rid), None)):
                     await listing[0](self._listed(msg, first_page=listing[1]))
                     continue
@@ -191,6 +277,17 @@ class Relay:
                 if not fut.done():
                     fut.set_exception(DownstreamGone("the downstream server went away"))
             self._own.clear()
+
+    def _own_answer(self, msg: Any) -> bool:
+        """Whether ``msg`` answers one of the gateway's own requests; if so, it goes
+        to the request's waiter (gone if its caller gave up waiting)."""
+        rid = msg.get("id") if isinstance(msg, dict) and "method" not in msg else None
+        if not (isinstance(rid, str) and rid.startswith(self._prefix)):
+            return False
+        fut = self._own.pop(rid, None)
+        if fut is not None and not fut.done():
+            fut.set_result(msg)
+        return True
 
     async def to_client(self, data: bytes) -> None:
         await self._out(data)
@@ -245,7 +342,14 @@ class Relay:
             tools += session_tools()
         return {**msg, "result": {**result, "tools": tools}}
 
-    async def _tool_call(self, msg: dict[str, Any], reply: Reply) -> None:
+    async def _tool_call(self, key: bytes, msg: dict[str, Any], reply: Reply) -> None:
+        try:
+            await self._call_tool(msg, reply)
+        finally:  # not a done callback: that would cost the event loop a turn per call
+            if self._calls.get(key) is asyncio.current_task():
+                del self._calls[key]
+
+    async def _call_tool(self, msg: dict[str, Any], reply: Reply) -> None:
         rid, params = msg["id"], msg.get("params")
         if not isinstance(params, dict) or not isinstance(params.get("name"), str):
             await reply(_error(rid, -32602, "tools/call needs params.name, the tool's name"))
@@ -267,11 +371,6 @@ class Relay:
                                             "for this server settles the session"))
             return
         await reply({"jsonrpc": "2.0", "id": rid, "result": _result(out)})
-
-    def _call_done(self, task: asyncio.Task[None]) -> None:
-        for key, t in list(self._calls.items()):
-            if t is task:
-                del self._calls[key]
 
     def _cancels_call(self, msg: dict[str, Any]) -> bool:
         params = msg.get("params")

@@ -362,7 +362,8 @@ def test_a_batch_gets_the_same_treatment_as_single_calls(gw: dict[str, Any]) -> 
 def test_what_is_not_a_tool_call_passes_through_and_sigterm_closes_the_session(
         gw: dict[str, Any]) -> None:
     """Pings, prompts and resources are the server's own business: they reach it and
-    its answers come back unchanged. A line that is not JSON gets a parse error.
+    its answers come back unchanged. A line that is not JSON, or is over the line
+    limit, gets a parse error.
     SIGTERM ends the session as the client leaving would: its saga is committed."""
     raw = RawGateway(gw)
     raw.send({"jsonrpc": "2.0", "id": "p", "method": "ping"})
@@ -378,6 +379,10 @@ def test_what_is_not_a_tool_call_passes_through_and_sigterm_closes_the_session(
     raw.proc.stdin.write("{not json\n")
     raw.proc.stdin.flush()
     assert raw.receive()["error"]["code"] == -32700
+    # a message over the 64 MiB line limit: skipped and answered, the session goes on
+    raw.send({"jsonrpc": "2.0", "id": 11, "method": "ping", "params": {"x": "x" * 2**26}})
+    too_big = raw.receive()
+    assert (too_big["id"], too_big["error"]["code"]) == (None, -32700), too_big
     raw.call(9, "create_record", {"name": "kept"})
     assert not raw.receive()["result"]["isError"]
     # the gateway's own settings (the Redis URL and its password) stay with it
