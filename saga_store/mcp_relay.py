@@ -88,6 +88,8 @@ class ClientPipe(asyncio.Protocol):
         self._waiter: asyncio.Future[None] | None = None
 
     def data_received(self, data: bytes) -> None:
+        if self._ended:  # told to stop: what comes after is not read
+            return
         for line in self._lines.feed(data):
             if line is None:  # over the limit: the reader answers it
                 self._queue.append(None)

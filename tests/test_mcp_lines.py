@@ -64,6 +64,7 @@ def test_the_client_pipe_acts_at_once_only_when_nothing_waits_before() -> None:
         pipe.data_received(b"call 4\n")  # nothing before it: at once
         pipe.data_received(b"tail")
         assert pipe.eof_received() is False
+        pipe.data_received(b"call 6\n")  # after the end (SIGTERM): not read
         read.append(await asyncio.wait_for(reader, 5))
         with pytest.raises(StopAsyncIteration):
             await anext(lines)  # the end comes at once
