@@ -61,11 +61,11 @@ class Leases:
             self.held.add(saga_id)
         return taken
 
-    def renew(self) -> bool:
-        """Keep every lease held; False if another holder has one of them now (the
+    def renew(self) -> None:
+        """Keep every lease held; say so if another holder has one of them now (the
         next append to that saga from here is fenced off)."""
         if not self.held:
-            return True
+            return
         pipe = self.redis.pipeline(transaction=False)
         held = sorted(self.held)
         for sid in held:
@@ -75,7 +75,6 @@ class Leases:
             if not ok:
                 log.warning("saga %s: another gateway holds its lease now; this gateway "
                             "writes nothing more to it", sid)
-        return all(kept)
 
     def close_on(self, pipe: Any, saga_id: str) -> None:
         """Queue on ``pipe`` the release of a saga that closed."""

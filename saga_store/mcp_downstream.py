@@ -11,13 +11,14 @@ import logging
 import os
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from .errors import InvalidInput
 
 log = logging.getLogger("saga_store.gateway")
+T = TypeVar("T")
 LINE_LIMIT = 64 * 1024 * 1024
 STOP_GRACE_S = 5.0
 
@@ -67,6 +68,36 @@ class Lines:
         return rest
 
 
+class Inbox(deque[T]):
+    """What a protocol read, in arrival order, for one reader that awaits it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ended = False  # nothing more will come
+        self._waiter: asyncio.Future[None] | None = None
+
+    def put(self, item: T) -> None:
+        self.append(item)
+        self._wake()
+
+    def end(self) -> None:
+        self.ended = True
+        self._wake()
+
+    async def ready(self) -> bool:
+        """Wait for an item; False once none is left and none will come."""
+        while not self:
+            if self.ended:
+                return False
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+        return True
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+
 class _ServerPipes(asyncio.SubprocessProtocol):
     """The server's stdout split into lines and parsed as bytes arrive. A message
     ``take`` accepts (the answer to one of the gateway's own requests) is handed
@@ -75,10 +106,8 @@ class _ServerPipes(asyncio.SubprocessProtocol):
 
     def __init__(self) -> None:
         self.take: Callable[[Any], bool] = lambda msg: False
-        self.pending: deque[tuple[Any, bytes]] = deque()
-        self.ended = False  # its stdout closed
+        self.pending: Inbox[tuple[Any, bytes]] = Inbox()  # ended: its stdout closed
         self._lines = Lines()
-        self._waiter: asyncio.Future[None] | None = None
         self._writable: asyncio.Future[None] | None = None  # set while writes are paused
         self.exited = asyncio.get_running_loop().create_future()
 
@@ -98,15 +127,13 @@ class _ServerPipes(asyncio.SubprocessProtocol):
             log.warning("the downstream wrote a line that is not JSON; skipped: %.200r", line)
             return
         if not self.take(msg):
-            self.pending.append((msg, line if line.endswith(b"\n") else line + b"\n"))
-            self._wake()
+            self.pending.put((msg, line if line.endswith(b"\n") else line + b"\n"))
 
     def pipe_connection_lost(self, fd: int, exc: Exception | None) -> None:
         if fd == 1:
             if (rest := self._lines.end()) is not None:
                 self._line(rest)
-            self.ended = True
-            self._wake()
+            self.pending.end()
         elif fd == 0:
             self.resume_writing()
 
@@ -127,17 +154,6 @@ class _ServerPipes(asyncio.SubprocessProtocol):
         if self._writable is not None:
             await self._writable
 
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    async def next(self) -> tuple[Any, bytes] | None:
-        while not self.pending:
-            if self.ended:
-                return None
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-        return self.pending.popleft()
 
 
 class PipeDownstream:
@@ -148,7 +164,7 @@ class PipeDownstream:
 
     @property
     def ended(self) -> bool:
-        return self.pipes.ended  # its output ended
+        return self.pipes.pending.ended  # its output ended
 
     def answers_at_once(self, take: Callable[[Any], bool]) -> None:
         """Hand each message ``take`` accepts to it as soon as it is read."""
@@ -176,7 +192,8 @@ class PipeDownstream:
     async def receive(self) -> tuple[Any, bytes | None] | None:
         """The next message (parsed, and its line) that was not handed over at once,
         or None when the server is gone."""
-        return await self.pipes.next()
+        pending = self.pipes.pending
+        return pending.popleft() if await pending.ready() else None
 
     async def close(self) -> None:
         ended_first = self.ended  # its output ended before the session did

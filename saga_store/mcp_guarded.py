@@ -28,7 +28,6 @@ def caller(session: Any) -> CallFn:
     return call
 
 
-
 class GuardedSession:
     """The gateway in the agent's own process: wrap an MCP ``ClientSession`` and
     every ``call_tool`` goes through the same saga logic as ``saga mcp-guard``,

@@ -30,7 +30,6 @@ import contextlib
 import itertools
 import logging
 import os
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -50,6 +49,7 @@ from .mcp_downstream import (
     LINE_LIMIT,
     STOP_GRACE_S,
     DownstreamGone,
+    Inbox,
     Lines,
     PipeDownstream,
     SdkDownstream,
@@ -81,26 +81,22 @@ class ClientPipe(asyncio.Protocol):
 
     def __init__(self) -> None:
         self.now: Callable[[bytes], bool] = lambda line: False
-        self._queue: deque[bytes | None] = deque()
+        self._queue: Inbox[bytes | None] = Inbox()
         self._lines = Lines()
         self._busy = False  # the reader of lines() is acting on a line
-        self._ended = False
-        self._waiter: asyncio.Future[None] | None = None
 
     def data_received(self, data: bytes) -> None:
-        if self._ended:  # told to stop: what comes after is not read
+        if self._queue.ended:  # told to stop: what comes after is not read
             return
         for line in self._lines.feed(data):
             if line is None:  # over the limit: the reader answers it
-                self._queue.append(None)
-                self._wake()
+                self._queue.put(None)
             else:
                 self._line(line)
 
     def _line(self, line: bytes) -> None:
         if self._queue or self._busy or not self.now(line):
-            self._queue.append(line)
-            self._wake()
+            self._queue.put(line)
 
     def eof_received(self) -> bool:
         if (rest := self._lines.end()) is not None:
@@ -113,20 +109,10 @@ class ClientPipe(asyncio.Protocol):
 
     def end(self) -> None:
         """No more lines: the client closed its end (or the gateway was told to stop)."""
-        self._ended = True
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
+        self._queue.end()
 
     async def lines(self) -> AsyncIterator[bytes | None]:
-        while True:
-            while not self._queue:
-                if self._ended:
-                    return
-                self._waiter = asyncio.get_running_loop().create_future()
-                await self._waiter
+        while await self._queue.ready():
             self._busy = True
             try:
                 yield self._queue.popleft()
@@ -242,7 +228,7 @@ class Relay:
     def take_now(self, line: bytes) -> bool:
         """Start a single ``tools/call`` at once, without waiting for the reader's
         turn; False for anything else (and before the session has started)."""
-        if not self._ready:
+        if not self._ready or b'"tools/call"' not in line:  # the rest is parsed once, later
             return False
         try:
             msg = orjson.loads(line)
