@@ -9,7 +9,6 @@ import click
 
 from saga_store import keys
 from saga_store.errors import InvalidInput
-from saga_store.ids import check_id
 from saga_store.state import Status, fold
 
 from .common import Context, emit_json, errors_to_exit, operator, pass_ctx
@@ -35,7 +34,7 @@ def attention(ctx: Context, ack: str | None, by: str | None, note: str,
         store = ctx.store()
         r = store.redis
         if ack is not None:
-            check_id(ack, "saga_id")
+            store.require(ack)
             if not r.sismember(keys.NEEDS_ATTENTION, ack):
                 raise InvalidInput(f"saga {ack} is not waiting for attention; "
                                    "'saga attention' lists those that are")

@@ -54,12 +54,9 @@ def ls(ctx: Context, state: str | None, limit: int, as_json: bool) -> None:
 def show(ctx: Context, saga_id: str, as_json: bool) -> None:
     """Show one saga's timeline and folded state."""
     with errors_to_exit():
-        check_id(saga_id, "saga_id")
         store = ctx.store()
+        store.require(saga_id)
         events = store.log.events(saga_id)
-        if not events:
-            click.echo(f"error: no saga {saga_id}; list them with 'saga ls'", err=True)
-            raise SystemExit(2)
         state = store.state(saga_id)
         if as_json:
             emit_json({"saga_id": saga_id, "state": state.status, "agent_id": state.agent_id,
@@ -99,11 +96,8 @@ def context(ctx: Context, saga_id: str | None, agent_id: str | None, fmt: str,
             raise SystemExit(2)
         store = ctx.store()
         if saga_id:
-            check_id(saga_id, "saga_id")
+            store.require(saga_id)
             states = [store.state(saga_id)]
-            if states[0].seq < 0:
-                click.echo(f"error: no saga {saga_id}; list them with 'saga ls'", err=True)
-                raise SystemExit(2)
         else:
             states = agent_states(store, check_id(agent_id, "agent_id"))
         messages = rebuild_history(states, fmt)

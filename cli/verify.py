@@ -61,6 +61,8 @@ def verify(ctx: Context, saga_id: str | None, anchor_file: str | None,
                 close()
             _finish(result, None, as_json)
         store = ctx.store()
+        if saga_id:
+            store.require(saga_id)
         store.ledger.flush()  # chain what is pending first, when this user may write
         total = _count_events(store, saga_id) if sys.stderr.isatty() and not as_json else None
         update, close = progress_reporter(not as_json, total, "verifying")
@@ -119,6 +121,10 @@ def _finish(result: VerifyResult, anchor: dict[str, object] | None, as_json: boo
                 click.echo(f"anchor at ledger seq {anchor['seq']}: consistent")
             else:
                 click.echo(f"FAIL anchor: {anchor['reason']}")
+        if ok and result.events == 0:
+            click.echo("no sagas here yet, and an empty ledger: nothing to verify "
+                       "(is SAGA_REDIS_URL the deployment's Redis?)")
+            sys.exit(EXIT_OK)
         word = "intact" if ok else "INTEGRITY FAILURE"
         click.echo(f"{word}: {len(result.chains)} chains, {result.events} events verified, "
                    f"{len(result.failures)} failed")
@@ -150,9 +156,9 @@ def export(ctx: Context, file: str, saga_ids: tuple[str, ...]) -> None:
     """Export sagas and the ledger to a JSONL file that verifies offline
     (FILE '-' writes to standard output)."""
     with errors_to_exit():
-        for sid in saga_ids:
-            check_id(sid, "saga_id")
         store = ctx.store()
+        for sid in saga_ids:
+            store.require(sid)
         if file == "-":
             n = export_log(store.log, sys.stdout.buffer, list(saga_ids) or None)
             sys.stdout.buffer.flush()

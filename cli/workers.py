@@ -19,7 +19,15 @@ from saga_store.errors import InvalidInput
 from saga_store.ids import check_id
 from saga_store.registry import Registry
 
-from .common import EXIT_UNAVAILABLE, EXIT_USAGE, Context, emit_json, errors_to_exit, pass_ctx
+from .common import (
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    Context,
+    emit_json,
+    errors_to_exit,
+    operator,
+    pass_ctx,
+)
 
 QUEUES = [jobs.STEP_QUEUE, jobs.COMPENSATION_QUEUE]
 
@@ -224,6 +232,23 @@ def resume(ctx: Context, saga_id: str) -> None:
         click.echo(f"saga {saga_id}: unwind queued again")
 
 
+@click.command("resolve")
+@click.argument("saga_id")
+@click.argument("step", type=int)
+@click.option("--by", default=None, envvar="SAGA_OPERATOR",
+              help="Who settled it (default: the login name). Env: SAGA_OPERATOR.")
+@click.option("--note", required=True, help="What was done by hand, for the audit trail.")
+@pass_ctx
+def resolve(ctx: Context, saga_id: str, step: int, by: str | None, note: str) -> None:
+    """Record that a person undid a stuck step by hand; the unwind then goes on and
+    the saga ends needing attention (acknowledge it with 'saga attention --ack')."""
+    with errors_to_exit():
+        store = SagaStore(ctx.store().redis, Registry(), ctx.settings)
+        who = operator(by)
+        store.resolve(saga_id, step, by=who, note=note)
+        click.echo(f"saga {saga_id}: step {step} settled by {who}; the unwind goes on")
+
+
 @click.command("abort")
 @click.argument("saga_id")
 @click.option("--reason", default="aborted by an operator", envvar="SAGA_ABORT_REASON")
@@ -262,4 +287,4 @@ def doctor(ctx: Context, as_json: bool) -> None:
         sys.exit(0 if all(f.ok for f in findings) else 1)
 
 
-COMMANDS = [worker, run, resume, abort, metrics, doctor]
+COMMANDS = [worker, run, resume, resolve, abort, metrics, doctor]

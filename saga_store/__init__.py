@@ -18,6 +18,7 @@ from .errors import (
     StepPending,
     StoreUnavailable,
 )
+from .protocol.vocab import Reversibility
 from .registry import Registry
 from .settings import Settings
 from .state import SagaState, Status
@@ -25,7 +26,6 @@ from .tools import (
     InvalidToolCall,
     RetryableError,
     RetryPolicy,
-    Reversibility,
     StepContext,
     tool,
 )

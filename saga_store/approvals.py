@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from . import keys
 from .enqueue import enqueue_step, now_ms
-from .errors import ConflictError, FencedOff, InvalidInput
-from .events import EventKind as K
+from .errors import ConflictError, FencedOff, InvalidInput, NoSuchSaga, no_such_saga
 from .ids import check_id
 from .log import command
+from .protocol import build
+from .protocol.vocab import Approval, Phase
 from .state import Status
 
 if TYPE_CHECKING:
@@ -82,7 +83,8 @@ def pending(store: SagaStore, limit: int = 1000) -> list[Pending]:
         saga_id, _, step_s = raw.decode().rpartition(":")
         st = store.state(saga_id)
         step = st.steps.get(int(step_s))
-        if step is None or step.approval != "requested" or st.status is not Status.RUNNING:
+        if step is None or step.approval is not Approval.REQUESTED \
+                or st.status is not Status.RUNNING:
             continue
         data = step.approval_data or {}
         out.append(Pending(saga_id, int(step_s), dict(data),
@@ -103,9 +105,9 @@ def decide(store: SagaStore, saga_id: str, step: int, *, grant: bool, by: str,
     for _ in range(5):
         st = store.state(saga_id)
         if st.seq < 0:
-            raise InvalidInput(f"no saga {saga_id}", field="saga_id")
+            raise NoSuchSaga(no_such_saga(saga_id))
         s = st.steps.get(step)
-        if s is None or s.approval != "requested":
+        if s is None or s.approval is not Approval.REQUESTED:
             state = s.approval if s is not None else "no such step"
             raise InvalidInput(f"step {step} of saga {saga_id} has no pending approval "
                                f"({state}); 'saga approvals' lists the pending ones",
@@ -117,8 +119,8 @@ def decide(store: SagaStore, saga_id: str, step: int, *, grant: bool, by: str,
             data["reason"] = reason
         writer = store.store.writer(saga_id)
         try:
-            writer.append(K.APPROVAL_GRANTED if grant else K.APPROVAL_DENIED, step=step,
-                          data=data, phase="forward")
+            writer.append_many([build.approval_decided(step, grant, data)],
+                               phase=Phase.FORWARD)
         except FencedOff:
             raise InvalidInput(f"saga {saga_id} began unwinding; the step will not run",
                                ) from None

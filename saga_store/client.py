@@ -23,13 +23,15 @@ import redis
 
 from . import jobs, keys
 from .connection import connect
-from .enqueue import enqueue_compensation, enqueue_step, intent_fields, now_ms
+from .enqueue import enqueue_compensation, enqueue_step, intent, now_ms
 from .errors import ConflictError, FencedOff, InvalidInput, StepPending
-from .events import EventKind as K
+from .faults import fault
 from .idempotency import DedupeRecords
 from .ids import check_id, new_id
 from .pipeline import execute, lean
 from .policy import Policy
+from .protocol import build, unwind
+from .protocol.vocab import Phase
 from .registry import Registry
 from .saga import AsyncSaga, Saga
 from .secrets import Secrets
@@ -147,12 +149,12 @@ class SagaStore:
                 secret_values[n] = values
             logged_plan.append({"tool": spec.name, "args": logged, "tool_call_id": call_id})
         first_spec, _, first_call_id = plan[0]
-        intent = intent_fields(sid, 0, first_spec, logged_plan[0]["args"], first_call_id)
+        first = intent(sid, 0, first_spec, logged_plan[0]["args"], first_call_id)
         opening = self.store.prepare_open(agent_id, saga_id=sid,
                                           conversation_id=conversation_id,
                                           data={"plan": logged_plan},
-                                          then=[(K.STEP_INTENT, intent)])
-        return _Planned(sid, opening, intent["idem_key"], secret_values)
+                                          then=[first])
+        return _Planned(sid, opening, first[1]["idem_key"], secret_values)
 
     def _write(self, planned: list[_Planned]) -> list[str]:
         # in ss:active (and their secrets stored) before they exist, in the opens'
@@ -171,8 +173,10 @@ class SagaStore:
         for i, got in enumerate(replies):
             if isinstance(got, Exception) and i not in at:
                 raise got
+        fault("submit_between")
         # the ledger entries go with the first jobs, chained by a sweeper of the
-        # workers that run the plans
+        # workers that run the plans; a process killed before this round trip owes
+        # them, and a sweeper pays from the log (the opening recorded the debt)
         pipe = lean(self.redis)
         for p, i in zip(planned, at, strict=True):
             writer = p.opening.applied(replies[i], pipe, defer_ledger=True)
@@ -205,15 +209,16 @@ class SagaStore:
         return self.store.state(saga_id)
 
     def abort(self, saga_id: str, reason: str = "aborted") -> bool:
-        """Start unwinding a saga that is still going forward; False if it was not."""
-        check_id(saga_id, "saga_id")
+        """Start unwinding a saga that is still going forward; False if it was not.
+        Raises :class:`NoSuchSaga` (writing nothing) for an id that names no saga."""
+        self.store.require(saga_id)
         self._run_by_workers(saga_id, "end it from its client with the saga_abort tool, or "
                                       "stop its gateway: the next gateway for that server "
                                       "rolls back a session left with a call unsettled")
         writer = self.store.writer(saga_id)
         for _ in range(20):
             try:
-                writer.append(K.SAGA_FAILED, data={"reason": reason}, phase="forward")
+                writer.append_many([build.saga_failed(reason)], phase=Phase.FORWARD)
             except FencedOff:
                 return False
             except ConflictError:
@@ -232,20 +237,49 @@ class SagaStore:
                                f"by workers; {instead}", field="saga_id")
 
     def resume(self, saga_id: str) -> bool:
-        """Try a stuck saga's unwind again (after its cause was fixed); False if not stuck."""
-        check_id(saga_id, "saga_id")
+        """Try a stuck saga's unwind again (after its cause was fixed); False if not stuck.
+        Raises :class:`NoSuchSaga` (writing nothing) for an id that names no saga."""
+        self.store.require(saga_id)
         state = self.state(saga_id)
         if state.status is not Status.STUCK:
             return False
         self._run_by_workers(saga_id, "start 'saga mcp-guard' for its server again: a gateway "
                                       "finishes the unwinds it finds before serving", state)
         writer = self.store.writer(saga_id)
-        writer.append(K.SAGA_RESUMED, data={"after": state.reason})
+        writer.append_many([build.saga_resumed(state.reason)])
         pipe = lean(self.redis)
         pipe.zadd(keys.ACTIVE, {saga_id: now_ms() + 2 * self.settings.lease_ms})
         enqueue_compensation(pipe, saga_id)
         pipe.execute()
         return True
+
+    def resolve(self, saga_id: str, step: int, *, by: str, note: str) -> None:
+        """Record that a person settled step ``step``'s compensation by hand (the
+        unwind is stuck on it: a mapping that cannot resolve, a compensation that
+        keeps failing), then let the unwind go on. The saga then ends
+        ``needs_attention``, naming the step, for the person to acknowledge."""
+        self.store.require(saga_id)
+        if not note.strip() or len(note) > 2000:
+            raise InvalidInput("--note must say what was done by hand (1-2000 characters)",
+                               field="note")
+        for _ in range(20):
+            state = self.state(saga_id)
+            why = unwind.resolvable(state, step)
+            if why is not None:
+                raise InvalidInput(why, field="step")
+            writer = self.store.writer(saga_id)
+            try:
+                writer.append_many([build.compensation_resolved(step, by, note, now_ms()),
+                                    build.saga_resumed(state.reason)], phase=Phase.UNWINDING)
+            except ConflictError:
+                continue  # the log moved (a late duplicate's note): decide again
+            if state.executor is None:  # a gateway finishes its own unwinds
+                pipe = lean(self.redis)
+                pipe.zadd(keys.ACTIVE, {saga_id: now_ms() + 2 * self.settings.lease_ms})
+                enqueue_compensation(pipe, saga_id)
+                pipe.execute()
+            return
+        raise ConflictError(f"saga {saga_id} kept changing; try again")
 
 
 __all__ = ["AsyncSaga", "InvalidToolCall", "Saga", "SagaStore"]

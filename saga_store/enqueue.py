@@ -8,14 +8,16 @@ from typing import Any
 
 from . import jobs
 from .idempotency import step_key
+from .protocol import build
+from .protocol.build import Item
 from .tools import ToolSpec
 
 
-def intent_fields(saga_id: str, n: int, spec: ToolSpec, logged_args: dict[str, Any],
-                  tool_call_id: str | None, key: str | None = None) -> dict[str, Any]:
-    return {"step": n, "tool": spec.name, "tool_call_id": tool_call_id,
-            "idem_key": key or step_key(saga_id, spec.name, logged_args),
-            "data": {"args": logged_args, "reversibility": spec.reversibility.value}}
+def intent(saga_id: str, n: int, spec: ToolSpec, logged_args: dict[str, Any],
+           tool_call_id: str | None, key: str | None = None, *, keyed: bool = False) -> Item:
+    """A registered tool's ``step_intent``, keyed by default from (saga, tool, args)."""
+    return build.step_intent(n, spec.name, logged_args, spec.reversibility, tool_call_id,
+                             key or step_key(saga_id, spec.name, logged_args), keyed=keyed)
 
 
 def enqueue_step(pipe: Any, queue: str, saga_id: str, step: int, intent_seq: int,

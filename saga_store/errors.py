@@ -2,6 +2,8 @@
 
     SagaError
     ├── InvalidInput          bad ids, arguments, payloads: nothing was written
+    │   ├── NoSuchSaga        the saga id names no saga
+    │   └── MappingError      a compensation's mapping did not resolve
     ├── IntegrityError        the log does not verify (tamper, anchor mismatch)
     ├── ConflictError         a compare-and-set lost; re-read and decide again
     ├── IdempotencyError      a key reused with other arguments, or in progress
@@ -14,6 +16,8 @@
 from __future__ import annotations
 
 from typing import Any
+
+from .protocol.vocab import Fence
 
 
 class SagaError(Exception):
@@ -42,6 +46,13 @@ class InvalidInput(SagaError, ValueError):
         return out
 
 
+class MappingError(InvalidInput):
+    """A compensation's static mapping did not resolve against the step's input and
+    output (a field the tool did not return, say)."""
+
+    code = "mapping_unresolved"
+
+
 class IntegrityError(SagaError):
     """The log failed verification."""
 
@@ -66,10 +77,32 @@ class ConflictError(SagaError):
 
 
 class FencedOff(ConflictError):
-    """The writer no longer holds the saga's lease, or the saga left the
-    phase the write needs (for example a forward step after unwinding began)."""
+    """The writer no longer holds the saga's lease (``reason`` is
+    :attr:`Fence.LEASE`), or the saga left the phase the write needs
+    (:attr:`Fence.PHASE`: for example a forward step after unwinding began)."""
 
     code = "fenced_off"
+
+    def __init__(self, message: str, reason: Fence) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+    @property
+    def lease_lost(self) -> bool:
+        return self.reason is Fence.LEASE
+
+
+class NoSuchSaga(InvalidInput):
+    """The saga id names no saga; nothing was written."""
+
+    code = "no_such_saga"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, field="saga_id")
+
+
+def no_such_saga(saga_id: str) -> str:
+    return f"no such saga {saga_id}; 'saga ls' lists the sagas there are"
 
 
 class IdempotencyError(SagaError):

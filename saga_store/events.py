@@ -29,6 +29,7 @@ class EventKind(StrEnum):
     COMPENSATION_INTENT = "compensation_intent"
     COMPENSATION_SUCCEEDED = "compensation_succeeded"
     COMPENSATION_FAILED = "compensation_failed"
+    COMPENSATION_RESOLVED = "compensation_resolved"  # a person settled it by hand
     STEP_NOT_COMPENSABLE = "step_not_compensable"
     SAGA_COMMITTED = "saga_committed"
     SAGA_COMPENSATED = "saga_compensated"

@@ -35,14 +35,17 @@ from .argcheck import Check, compile_check
 from .canonical import canonical
 from .context import project, tell
 from .errors import ConflictError, FencedOff, InvalidInput, KeyReuseError
-from .events import EventKind as K
 from .gateway_leases import Leases
-from .idempotency import DedupeRecords, args_digest, compensation_key, explicit_key, step_key
+from .idempotency import DedupeRecords, args_digest, explicit_key, step_key
 from .ids import new_id
-from .mcp_tools import Classification, MappingError, classify, resolve
+from .mcp_tools import Classification, classify
 from .policy import Decision, Policy, Verdict
+from .protocol import build, unwind
+from .protocol.forward import commit_blocker
+from .protocol.outcome import Outcome
+from .protocol.vocab import Approval, OutcomeKind, Phase, StepStatus
 from .secrets import Secrets, scrub
-from .state import SagaState, Status, fold, unwind_order
+from .state import SagaState, Status, StepState, fold
 from .store import ChainWriter
 
 if TYPE_CHECKING:
@@ -232,7 +235,7 @@ class Gateway:
         return s.state
 
     def _add(self, writer: ChainWriter, items: list[tuple[str, dict[str, Any]]],
-             phase: str | None = None) -> None:
+             phase: Phase | None = None) -> None:
         """Append events and fold them into the session's state as they are, so a
         call costs the same at depth 3,000 as at depth 1 (no re-read of the log)."""
         s, st = self.session, self.session.state
@@ -326,11 +329,12 @@ class Gateway:
         writer, st = self.session.writer, self.session.state
         if writer is None or st is None:
             return None
-        if any(s.status not in ("succeeded", "failed") for s in st.steps.values()):
-            raise InvalidInput(f"saga {writer.saga_id} has a step without an outcome; "
-                               "abort it instead")
+        blocker = commit_blocker(st)
+        if blocker is not None:
+            raise InvalidInput(f"saga {writer.saga_id} cannot commit ({blocker}); abort it "
+                               "instead")
         try:
-            writer.append(K.SAGA_COMMITTED, phase="forward")
+            writer.append_many([build.saga_committed()], phase=Phase.FORWARD)
         except ConflictError as exc:
             if (lost := self._lost(exc)) is None:
                 raise
@@ -400,30 +404,24 @@ class Gateway:
         step = st.next_step
         verdict = self.policy.decide(name, cls.for_policy(self.policy.trust_server_hints),
                                      args)
-        intent = {"step": step, "tool": name, "idem_key": key,
-                  "data": {"args": logged, "reversibility": cls.reversibility,
-                           **({"keyed": True} if explicit else {})}}
-        started = (K.STEP_STARTED, {"step": step, "attempt": 1, "data": {"worker": EXECUTOR}})
+        intent = build.step_intent(step, name, logged, cls.reversibility, None, key,
+                                   keyed=bool(explicit))
+        started = build.step_started(step, 1, worker=EXECUTOR)
         if verdict.decision is Decision.ALLOW:
-            self._add(writer, [(K.STEP_INTENT, intent), started], phase="forward")
+            self._add(writer, [intent, started], phase=Phase.FORWARD)
         else:
-            self._add(writer, [(K.STEP_INTENT, intent)], phase="forward")
+            self._add(writer, [intent], phase=Phase.FORWARD)
             denial = await self._gate(writer, step, name, logged, cls, verdict)
             if denial is not None:
-                self._add(writer, [(K.STEP_FAILED, {"step": step, "data": {"error": denial}})])
+                self._add(writer, [build.step_outcome(step, OutcomeKind.FAILED, error=denial)])
                 if explicit:  # the key's record says how it ended, not "pending" for a week
                     self.dedupe.finish(key, "failed", {"text": denial})
                 return await self._failed(writer, name, cls, CallOutcome(False, None, denial))
-            self._add(writer, [started], phase="forward")
+            self._add(writer, [started], phase=Phase.FORWARD)
         outcome = _scrubbed(await self._call(name, args, key), secrets)
-        if outcome.in_doubt:
-            ended = (K.STEP_IN_DOUBT, {"step": step, "data": {"error": outcome.in_doubt}})
-        elif outcome.ok:
-            ended = (K.STEP_SUCCEEDED, {"step": step, "tool": name,
-                                        "data": {"result": outcome.logged()}})
-        else:
-            ended = (K.STEP_FAILED, {"step": step, "data": {"error": outcome.text[:2000]}})
-        self._add(writer, [ended])
+        said = _as_outcome(outcome)
+        self._add(writer, [build.step_outcome(step, said.kind, result=said.result,
+                                              error=said.error, tool=name)])
         if explicit:
             self.dedupe.finish(key, "succeeded" if outcome.ok else "failed", outcome.logged())
         if outcome.ok and not outcome.in_doubt:
@@ -456,10 +454,9 @@ class Gateway:
     def _repeat(self, writer: ChainWriter, st: SagaState, step: int) -> CallOutcome:
         s = st.steps[step]
         with contextlib.suppress(ConflictError):
-            self._add(writer, [(K.STEP_DUPLICATE_SUPPRESSED,
-                                {"step": step, "data": {"outcome": s.status}})])
+            self._add(writer, [build.duplicate_suppressed(step, s.status)])
         result = s.result if isinstance(s.result, dict) else {}
-        return CallOutcome(s.status == "succeeded", result.get("structuredContent"),
+        return CallOutcome(s.status is StepStatus.SUCCEEDED, result.get("structuredContent"),
                            f"(repeated call, recorded answer) {result.get('text', s.error or '')}")
 
     def _invalid(self, name: str, args: dict[str, Any]) -> str | None:
@@ -507,8 +504,8 @@ class Gateway:
         undo = ({"tool": cls.compensation.tool, "mapping": dict(cls.compensation.args)}
                 if cls.compensation else None)
         preview = approvals.preview(name, args, cls.reversibility, undo, verdict, timeout_s)
-        writer.append(K.APPROVAL_REQUESTED, step=step, tool=name, data=preview,
-                      phase="forward")
+        writer.append_many([build.approval_requested(step, name, preview)],
+                           phase=Phase.FORWARD)
         self.store.redis.zadd(keys.APPROVALS, {approvals.member(writer.saga_id, step):
                                                approvals.deadline(timeout_s)})
         self._project(writer)
@@ -518,10 +515,10 @@ class Gateway:
         deadline = time.monotonic() + timeout_s if timeout_s else None
         while True:
             s = self._refresh().steps[step]
-            if s.approval == "granted":
+            if s.approval is Approval.GRANTED:
                 writer.head = self.store.log.head(writer.saga_id)
                 return None
-            if s.approval == "denied":
+            if s.approval is Approval.DENIED:
                 writer.head = self.store.log.head(writer.saga_id)
                 return approvals.denial((s.approval_data or {}).get("decision"))
             if deadline is not None and time.monotonic() > deadline:
@@ -559,61 +556,50 @@ class Gateway:
 
     async def rollback(self, writer: ChainWriter, reason: str) -> tuple[str, list[str]]:
         """Compensate the saga's succeeded mutating calls, last first, through the
-        downstream server. Works from the log, so a later gateway can finish it.
-        Returns how the saga ended and what was undone, last first."""
+        downstream server: the unwind of :mod:`saga_store.protocol.unwind`, with the
+        workers' retries and backoff. Works from the log, so a later gateway can
+        finish it. Returns how the saga ended and what was undone, last first."""
+        import anyio
         st = fold(writer.saga_id, self.store.log.bodies(writer.saga_id))
         writer.head = self.store.log.head(writer.saga_id)
         if st.final:
             self._close(writer)
             return str(st.status), []
         if st.status is Status.RUNNING:
-            writer.append(K.SAGA_FAILED, data={"reason": reason})
+            self._apply(writer, st, [build.saga_failed(reason)])
+        elif st.status is Status.STUCK:  # a gateway started again is how a stuck unwind resumes
+            self._apply(writer, st, [build.saga_resumed(st.reason)])
         undone: list[str] = []
-        attention: list[str] = []
-        for s in unwind_order(st, attention):
-            n = s.step
-            if s.status == "started":
-                writer.append(K.STEP_IN_DOUBT, step=n, data={
-                    "error": "the gateway stopped before recording an outcome"})
-                s.status = "in_doubt"
-            if s.status not in ("succeeded", "in_doubt") or s.reversibility == "readonly":
-                continue
-            cls = self.classification(s.tool or "")
-            if cls.compensation is None:
-                writer.append(K.STEP_NOT_COMPENSABLE, step=n, data={
-                    "reason": f"{s.tool} is {cls.reversibility}: {cls.label()}"})
-                attention.append(f"step {n} ({s.tool})")
-                continue
-            try:
-                cargs = {p: resolve(path, s.args or {}, s.result)
-                         for p, path in cls.compensation.args.items()}
-            except MappingError as exc:
-                writer.append(K.STEP_NOT_COMPENSABLE, step=n, data={
-                    "reason": f"compensation {cls.compensation.tool}: {exc}"})
-                attention.append(f"step {n} ({s.tool})")
-                continue
-            attempt = s.compensation_attempts + 1
-            ckey = compensation_key(s.idem_key or "")
-            writer.append(K.COMPENSATION_INTENT, step=n, tool=cls.compensation.tool,
-                          attempt=attempt, idem_key=ckey, data={"args": cargs})
-            out = await self._call(cls.compensation.tool, cargs, ckey)
-            if out.ok and not out.in_doubt:
-                writer.append(K.COMPENSATION_SUCCEEDED, step=n, tool=cls.compensation.tool,
-                              data={"result": out.logged(), "undid": s.tool})
-                undone.append(f"{s.tool} (step {n})")
-                continue
-            writer.append(K.COMPENSATION_FAILED, step=n, data={"error": out.text[:2000]})
-            writer.append(K.SAGA_STUCK, data={"step": n, "error": out.text[:500],
-                                              "hint": "fix the cause, then restart the "
-                                                      "gateway to finish the unwind"})
-            self._project(writer)
-            return "stuck", undone
-        final = K.SAGA_NEEDS_ATTENTION if attention else K.SAGA_COMPENSATED
-        writer.append(final, data={"needs_attention": attention} if attention else None)
-        if attention:
-            self.store.redis.sadd(keys.NEEDS_ATTENTION, writer.saga_id)
-        self._close(writer)
-        return ("needs attention" if attention else "compensated"), undone
+        catalogue = GatewayCatalogue(self)
+        while True:
+            act = unwind.next_action(st, catalogue)
+            if isinstance(act, unwind.Append):
+                self._apply(writer, st, act.items)
+            elif isinstance(act, unwind.Compensate):
+                self._apply(writer, st, [act.intent])
+                out = _as_outcome(await self._call(act.undo.tool, act.args, act.key))
+                items, retry_in = unwind.compensated(st, act, out, catalogue.resume_hint)
+                self._apply(writer, st, items)
+                if out.ok:
+                    undone.append(f"{st.steps[act.step].tool} (step {act.step})")
+                elif retry_in is not None:
+                    await anyio.sleep(retry_in)
+            elif isinstance(act, unwind.Close):
+                self._apply(writer, st, [act.item])
+                if act.attention:
+                    self.store.redis.sadd(keys.NEEDS_ATTENTION, writer.saga_id)
+                self._close(writer)
+                return ("needs attention" if act.attention else "compensated"), undone
+            elif isinstance(act, unwind.Done):
+                self._project(writer)
+                return str(act.status), undone
+            else:  # probes are the workers'; a gateway's tools declare none
+                raise AssertionError(f"unexpected unwind action {act!r}")
+
+    def _apply(self, writer: ChainWriter, st: SagaState, items: list[build.Item]) -> None:
+        """Append ``items`` (with the gateway's lease) and fold them into ``st``."""
+        for ev in writer.append_riding(items):
+            st.apply(ev)
 
     async def recover(self, quiet: bool = False) -> list[tuple[str, str]]:
         """Finish what a previous gateway for this downstream left: unwinds it began,
@@ -634,13 +620,12 @@ class Gateway:
                 continue
             st = fold(sid, self.store.log.bodies(sid))
             writer = ChainWriter(self.store, sid, self.store.log.head(sid), self.leases.lease)
+            self.store.pay_ledger_debts(sid, st)  # what a gateway killed mid-close owed
             if st.final:
                 self._close(writer)
                 continue
-            unsettled = any(s.status in ("intent", "started", "in_doubt")
-                            for s in st.steps.values())
-            if st.status is Status.RUNNING and not unsettled:
-                writer.append(K.SAGA_COMMITTED, phase="forward")
+            if st.status is Status.RUNNING and commit_blocker(st) is None:
+                writer.append_many([build.saga_committed()], phase=Phase.FORWARD)
                 self._close(writer)
                 done.append((sid, "committed"))
                 continue
@@ -648,6 +633,33 @@ class Gateway:
             done.append((sid, ended))
         self.recovered = True
         return done
+
+
+class GatewayCatalogue:
+    """What the unwind knows of a downstream server's tools: their classification."""
+
+    resume_hint = "fix the cause, then restart the gateway to finish the unwind"
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def undo_of(self, st: StepState) -> unwind.Undo | str:
+        cls = self.gateway.classification(st.tool or "")
+        if cls.compensation is None:
+            return f"{st.tool} is {cls.reversibility}: {cls.label()}"
+        return unwind.Undo(cls.compensation.tool, cls.compensation.args)
+
+    def probe_of(self, st: StepState) -> str | None:
+        return None
+
+
+def _as_outcome(out: CallOutcome) -> Outcome:
+    """A downstream answer in the protocol's terms."""
+    if out.in_doubt:
+        return Outcome.in_doubt(out.in_doubt)
+    if out.ok:
+        return Outcome.succeeded(out.logged())
+    return Outcome.failed(out.text[:2000])
 
 
 def _scrubbed(out: CallOutcome, secrets: Mapping[str, Any]) -> CallOutcome:

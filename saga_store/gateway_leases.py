@@ -9,12 +9,8 @@ The lease is taken in the saga's opening append, or claimed from a gateway
 that left it; kept by every append and by :meth:`Leases.renew`, a third of a
 lease apart; given up when the saga closes or the gateway ends.
 
-Lua (each on the one lease key, KEYS[1]):
-
-RENEW      ARGV[1] token, ARGV[2] ttl ms. Extends the lease if the token holds
-           it, or takes it back if it lapsed and nobody took it: 1; else 0.
-TAKE_OVER  ARGV[1] the gone holder's token, ARGV[2] ours, ARGV[3] ttl ms.
-           Takes the lease only if that holder still has it: 1; else 0.
+Renewing and taking over are scripts on the one lease key
+(``lua/renew_lease.lua``, ``lua/take_over_lease.lua``).
 """
 
 from __future__ import annotations
@@ -27,13 +23,10 @@ import redis
 from . import keys
 from .holders import holder_gone, holder_token
 from .log import Lease, command, release_lease
+from .protocol.vocab import LeaseMode
+from .scripts import RENEW_LEASE, TAKE_OVER_LEASE
 
 log = logging.getLogger("saga_store.gateway")
-RENEW = ("local h = redis.call('GET', KEYS[1]) if h == ARGV[1] then "
-         "return redis.call('PEXPIRE', KEYS[1], ARGV[2]) elseif not h then "
-         "redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end return 0")
-TAKE_OVER = ("if redis.call('GET', KEYS[1]) == ARGV[1] then "
-             "redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) return 1 end return 0")
 
 
 class Leases:
@@ -42,7 +35,7 @@ class Leases:
     def __init__(self, client: Any, kind: str, ttl_ms: int) -> None:
         self.redis, self.ttl_ms = client, ttl_ms
         self.token = holder_token(kind)
-        self.lease = Lease(self.token, "acquire", ttl_ms)  # what every append carries
+        self.lease = Lease(self.token, LeaseMode.ACQUIRE, ttl_ms)  # what every append carries
         self.held: set[str] = set()
 
     def claim(self, saga_id: str) -> bool:
@@ -55,7 +48,7 @@ class Leases:
             if holder is None:  # it lapsed just now
                 taken = bool(self.redis.set(key, self.token, nx=True, px=self.ttl_ms))
             elif holder_gone(holder.decode()):
-                taken = bool(command(self.redis, "EVAL", TAKE_OVER, 1, key, holder,
+                taken = bool(command(self.redis, "EVAL", TAKE_OVER_LEASE, 1, key, holder,
                                      self.token, self.ttl_ms))
         if taken:
             self.held.add(saga_id)
@@ -69,7 +62,7 @@ class Leases:
         pipe = self.redis.pipeline(transaction=False)
         held = sorted(self.held)
         for sid in held:
-            pipe.eval(RENEW, 1, keys.saga_lease(sid), self.token, self.ttl_ms)
+            pipe.eval(RENEW_LEASE, 1, keys.saga_lease(sid), self.token, self.ttl_ms)
         kept = pipe.execute()
         for sid, ok in zip(held, kept, strict=True):
             if not ok:

@@ -7,10 +7,8 @@ deduplicated by the saga's own log (it keeps every intent with its key).
 Explicit key (Stripe-style): given by the caller, it replaces the saga-derived
 part, so it deduplicates across sagas. Its record ``ss:idem:{key}`` holds a
 digest of the arguments, where the step is and how it ended, with its own
-retention (default 7 days), never tied to RQ's job TTLs.
-
-CLAIM  KEYS[1] record   ARGV[1] args digest  ARGV[2] saga  ARGV[3] step  ARGV[4] ttl s
-       returns {'new'} | {'conflict'} | {'exists', saga, step, state, result}
+retention (default 7 days), never tied to RQ's job TTLs. A claim is one
+script (``lua/claim.lua``).
 """
 
 from __future__ import annotations
@@ -25,20 +23,10 @@ import redis
 from . import keys
 from .canonical import canonical
 from .errors import KeyReuseError
+from .scripts import CLAIM
 
 _DOMAIN = "saga-store/idem/v1"
 
-CLAIM = """
-local cur = redis.call('HMGET', KEYS[1], 'args', 'saga', 'step', 'state', 'result')
-if not cur[1] then
-  redis.call('HSET', KEYS[1], 'args', ARGV[1], 'saga', ARGV[2], 'step', ARGV[3],
-             'state', 'pending')
-  redis.call('EXPIRE', KEYS[1], ARGV[4])
-  return {'new'}
-end
-if cur[1] ~= ARGV[1] then return {'conflict'} end
-return {'exists', cur[2], cur[3], cur[4], cur[5] or ''}
-"""
 
 
 def step_key(saga_id: str, tool: str, args: Any) -> str:

@@ -111,6 +111,12 @@ class Invariants:
             if kind == K.COMPENSATION_INTENT:
                 self.comp_open.add(step)
             return None
+        if kind == K.COMPENSATION_RESOLVED:
+            if step not in self.comp_open:
+                return f"step {step} resolved by hand without a compensation under way"
+            self.comp_open.discard(step)
+            self.comp_done.add(step)
+            return None
         if kind in (K.COMPENSATION_SUCCEEDED, K.COMPENSATION_FAILED):
             if step not in self.comp_open:
                 return f"{kind} for step {step} without a compensation_intent"

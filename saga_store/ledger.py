@@ -13,6 +13,15 @@ One append per batch trims what it chained in the same script call, so no
 entry is chained twice or lost, and a sealer that dies leaves the rest
 pending for the next. Readers of the ledger (verify, saga lists) read the
 pending entries too; anchors and exports seal first.
+
+The entry cannot go in the script that appends the saga's opening or closing
+event: the ledger lives in another Cluster slot. So the append records in the
+saga's meta that its entry is owed (``lo`` for the opening, ``lc`` for the
+close, ``"0"``), and the pipeline that pushes the entry marks it paid
+(``"1"``), after the push. A process killed in between leaves the debt on
+record; the sweeper (and a gateway recovering a saga) pays it from the log
+(:func:`owed`). A debt paid twice pushes the same entry twice, which the
+verifier reads as one.
 """
 
 from __future__ import annotations
@@ -32,9 +41,11 @@ from .canonical import canonical
 from .errors import AnchorMismatch, ConflictError, FencedOff, InvalidInput, StoreUnavailable
 from .events import EventKind, body_dict
 from .log import EMPTY, Head, Lease, SagaLog, body_and_hash, command, head_of, release_lease
+from .protocol.vocab import LeaseMode
 
 log = logging.getLogger("saga_store.ledger")
-MAX_CAS_ROUNDS = 200
+MAX_CAS_ROUNDS = 200  # lost races in a row before a sealer gives up
+OPEN_FLAG, CLOSE_FLAG = "lo", "lc"  # in a saga's meta: "0" while its entry is owed
 SEAL_BATCH = 500
 SEAL_AT = 64  # a deferred writer whose entry makes 64, 128, ... pending seals them
 SEAL_LEASE_MS = 5000
@@ -67,33 +78,36 @@ class Ledger:
                   defer: bool | None = None) -> Then:
         """Queue the opening entry on ``pipe``; call what it returns with the replies."""
         return self._push(pipe, EventKind.LEDGER_OPENED, saga_id,
-                          {"agent_id": agent_id, "first": first_hash.hex()}, defer)
+                          {"agent_id": agent_id, "first": first_hash.hex()}, defer, OPEN_FLAG)
 
     def closed_on(self, pipe: Any, saga_id: str, state: str, head: Head) -> Then:
         """Queue the closing entry on ``pipe``; call what it returns with the replies."""
         return self._push(pipe, EventKind.LEDGER_CLOSED, saga_id,
-                          {"state": state, "seq": head.seq, "hash": head.hash.hex()}, None)
+                          {"state": state, "seq": head.seq, "hash": head.hash.hex()}, None,
+                          CLOSE_FLAG)
 
     def _push(self, pipe: Any, kind: str, saga_id: str, data: dict[str, Any],
-              defer: bool | None) -> Then:
+              defer: bool | None, flag: str) -> Then:
         defer = self.deferred if defer is None else defer
-        at, token = len(pipe), os.urandom(8).hex()
+        token = os.urandom(8).hex()
+        at_push = len(pipe)
         pipe.rpush(keys.LEDGER_PENDING, orjson.dumps(
             {"kind": kind, "data": {"saga_id": saga_id, **data}}))
+        pipe.hset(keys.saga_meta(saga_id), flag, 1)  # the debt is paid: after the push
+        at_lease = len(pipe)
         if not defer:  # try the sealer's lease in the same round trip
             pipe.set(keys.LEDGER_LEASE, token, nx=True, px=SEAL_LEASE_MS)
 
         def then(replies: list[Any]) -> int:
-            mine = replies[at:at + (1 if defer else 2)]
-            for got in mine:
+            for got in replies[at_push:at_lease + (0 if defer else 1)]:
                 if isinstance(got, Exception):
                     raise StoreUnavailable(f"ledger entry for saga {saga_id} not written: {got}")
-            if not defer and mine[1]:
+            if not defer and replies[at_lease]:
                 return self._seal(token)
             # deferred, or another sealer at work (it looks again before it stops);
             # of a deferred batch, the writer that brings the count to a multiple
             # of SEAL_AT seals (one try per SEAL_AT entries, not one per writer)
-            return self.seal() if defer and mine[0] % SEAL_AT == 0 else 0
+            return self.seal() if defer and replies[at_push] % SEAL_AT == 0 else 0
         return then
 
     def seal(self) -> int:
@@ -134,10 +148,11 @@ class Ledger:
                 return sealed
 
     def _drain(self, token: str) -> tuple[int, int]:
-        """Chain pending entries in batches; returns (chained, pending after the lease
-        was given up)."""
-        r, sealed = self.log.redis, 0
-        for _ in range(MAX_CAS_ROUNDS):
+        """Chain pending entries in batches, however many there are; returns (chained,
+        pending after the lease was given up). Only lost races count towards giving
+        up: a backlog of any size is sealed."""
+        r, sealed, lost = self.log.redis, 0, 0
+        while lost < MAX_CAS_ROUNDS:
             pipe: Any = self.log.raw.pipeline(transaction=False)
             pipe.execute_command("LRANGE", keys.LEDGER_PENDING, 0, SEAL_BATCH - 1)
             pipe.execute_command("XREVRANGE", keys.LEDGER_LOG, "+", "-", "COUNT", 1)
@@ -161,7 +176,8 @@ class Ledger:
                 continue
             final = len(rows) < SEAL_BATCH and len(bodies) == len(rows)
             call = self.log.prepare(keys.LEDGER_ID, bodies, head,
-                                    lease=Lease(token, "release" if final else "hold"),
+                                    lease=Lease(token, LeaseMode.RELEASE if final
+                                                else LeaseMode.HOLD),
                                     consumed=keys.LEDGER_PENDING)
             pipe = r.pipeline(transaction=False)
             call.send(pipe)
@@ -172,6 +188,7 @@ class Ledger:
             except FencedOff:
                 return sealed, 0  # the lease lapsed: another sealer carries on
             except ConflictError:
+                lost += 1
                 continue
             sealed += len(bodies)
             if final:

@@ -21,8 +21,17 @@ from redis.client import Pipeline
 from . import keys
 from .canonical import canonical, check_json
 from .chain import Chain
-from .errors import ConflictError, FencedOff, InvalidInput, StoreUnavailable
-from .scripts import APPEND, Scripts
+from .errors import (
+    ConflictError,
+    FencedOff,
+    InvalidInput,
+    NoSuchSaga,
+    StoreUnavailable,
+    no_such_saga,
+)
+from .events import EventKind
+from .protocol.vocab import Fence, LeaseMode, Phase
+from .scripts import APPEND, RELEASE_LEASE, Scripts
 from .settings import Settings
 
 if TYPE_CHECKING:  # importing prometheus_client early would fix its process mode
@@ -52,7 +61,7 @@ class Lease:
     with the lease ('hold', 'acquire' or 'release'), and its time to live."""
 
     token: str
-    mode: str = "hold"
+    mode: LeaseMode = LeaseMode.HOLD
     ttl_ms: int = 0
 
     def __iter__(self) -> Iterator[Any]:
@@ -106,7 +115,7 @@ class PreparedAppend:
     argv: list[Any]
     first_hash: bytes
     last_hash: bytes
-    phase: str | None
+    phase: Phase
 
     def send(self, client: Any) -> Any:
         if isinstance(client, Pipeline):
@@ -137,9 +146,12 @@ class PreparedAppend:
                                 "again", Head(int(seq), extra or b""))
         if code == -1:
             raise FencedOff(f"saga {self.chain_id}: lease is held by "
-                            f"{extra.decode() or 'nobody'}, not by this writer; stop working on it")
+                            f"{extra.decode() or 'nobody'}, not by this writer; stop working on it",
+                            Fence.LEASE)
+        if code == -3:
+            raise NoSuchSaga(no_such_saga(self.chain_id))
         raise FencedOff(f"saga {self.chain_id} is in phase {extra.decode()!r}, "
-                        f"not {self.phase!r}")
+                        f"not {self.phase!r}", Fence.PHASE)
 
 
 def head_of(row: Any) -> Head:
@@ -149,8 +161,7 @@ def head_of(row: Any) -> Head:
 
 def release_lease(client: Any, key: str, token: str) -> None:
     """Expire a lease now if ``token`` still holds it (compare-and-expire)."""
-    client.eval("if redis.call('GET', KEYS[1]) == ARGV[1] then "
-                "return redis.call('PEXPIRE', KEYS[1], 0) end return 0", 1, key, token)
+    client.eval(RELEASE_LEASE, 1, key, token)
 
 
 class SagaLog:
@@ -195,7 +206,7 @@ class SagaLog:
         return out
 
     def append(self, chain_id: str, bodies: Sequence[dict[str, Any]], expect: Head, *,
-               lease: Lease | None = None, phase: str | None = None,
+               lease: Lease | None = None, phase: Phase | None = None,
                meta: Mapping[str, str | int] | None = None) -> Head:
         """Append ``bodies`` (each gets its ``seq``) if the head is still ``expect``.
 
@@ -210,15 +221,21 @@ class SagaLog:
         return call.result(reply)
 
     def prepare(self, chain_id: str, bodies: Sequence[dict[str, Any]], expect: Head, *,
-                lease: Lease | None = None, phase: str | None = None,
+                lease: Lease | None = None, phase: Phase | None = None,
                 meta: Mapping[str, str | int] | None = None,
                 consumed: str | None = None) -> PreparedAppend:
         """Encode an append without sending it, so it can go in a pipeline.
         ``consumed``: a list (same slot) whose first items these bodies came from,
-        trimmed in the same script call."""
+        trimmed in the same script call. Only a saga's opening (``saga_started``
+        first) or the ledger's first append creates a chain: any other append to a
+        chain that does not exist raises :class:`NoSuchSaga` and writes nothing."""
         linked = self.encode(chain_id, bodies, expect)
-        token, mode, ttl = lease if lease is not None else ("", "hold", 0)
-        argv: list[Any] = [expect.seq, expect.hash, token, mode, ttl, phase or "", len(linked)]
+        token, mode, ttl = lease if lease is not None else ("", LeaseMode.HOLD, 0)
+        if expect.empty and (chain_id == keys.LEDGER_ID
+                             or bodies[0]["kind"] == EventKind.SAGA_STARTED):
+            phase = Phase.OPEN
+        phase = phase or Phase.ANY
+        argv: list[Any] = [expect.seq, expect.hash, token, mode, ttl, phase, len(linked)]
         for raw, _prev, h in linked:
             argv += (raw, h)
         if meta:

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import InvalidInput
+from .errors import InvalidInput, MappingError
 from .policy import read_config
+from .protocol.mapping import parts_of
 
 log = logging.getLogger("saga_store.gateway")
 META_COMPENSATE = "dev.chronomcp/compensate"
@@ -103,10 +104,11 @@ def _compensation(raw: Any, where: str, rev: str) -> Compensation | None:
     if not isinstance(args, dict):
         raise InvalidInput(f"{where}: compensation args is a table of param = path")
     for param, path in args.items():
-        if not isinstance(path, str) or not path.startswith(("$.input.", "$.output.")) \
-                or not all(path.split(".")[2:]):
+        try:
+            parts_of(path)
+        except MappingError:
             raise InvalidInput(f"{where}: compensation argument {param!r} must map from "
-                               f"'$.input.<field>' or '$.output.<field>', got {path!r}")
+                               f"'$.input.<field>' or '$.output.<field>', got {path!r}") from None
     return Compensation(raw["tool"], dict(args))
 
 
@@ -128,22 +130,3 @@ def classify(tool: Any, tools_map: Mapping[str, Classification]) -> Classificati
     if ann is not None and getattr(ann, "destructive_hint", None) is True:
         return Classification("irreversible", None, "annotations")
     return Classification("unknown")
-
-
-class MappingError(Exception):
-    pass
-
-
-def resolve(path: str, args: Mapping[str, Any], result: Any) -> Any:
-    """``$.input.a.b`` from the call's arguments, ``$.output.a.b`` from its logged
-    result; raises :class:`MappingError` if any part is missing."""
-    parts = path.split(".")
-    node: Any = args if parts[1] == "input" else result
-    for part in parts[2:]:
-        if isinstance(node, Mapping) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            raise MappingError(f"{path} did not resolve (no {part!r})")
-    return node

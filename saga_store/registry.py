@@ -12,7 +12,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from .errors import InvalidInput
-from .tools import Reversibility, ToolSpec, check_mapping_targets, spec_of
+from .protocol.vocab import Reversibility
+from .tools import ToolSpec, check_mapping_targets, spec_of
 
 
 class UnknownTool(InvalidInput):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from . import keys
 from .context import project
-from .enqueue import enqueue_step, intent_fields, now_ms
+from .enqueue import enqueue_step, intent, now_ms
 from .errors import (
     ConflictError,
     FencedOff,
@@ -23,6 +23,9 @@ from .events import EventKind as K
 from .idempotency import args_digest, explicit_key, step_key
 from .ids import check_id
 from .log import Head
+from .protocol import build
+from .protocol.forward import commit_blocker
+from .protocol.vocab import Phase, StepStatus
 from .state import SagaState, Status
 from .store import ChainWriter
 from .tools import ToolSpec
@@ -83,10 +86,10 @@ class Saga:
                                             self.saga_id, n)
             if claim.status == "exists":
                 return self._elsewhere(claim, timeout or spec.timeout + 30)
-        intent = intent_fields(self.saga_id, n, spec, logged, tool_call_id, key)
-        if idempotency_key:
-            intent["data"]["keyed"] = True  # the worker updates the key's record
-        self._append_intent(n, intent, secret_values)
+        # an explicit key: the worker updates the key's record
+        item = intent(self.saga_id, n, spec, logged, tool_call_id, key,
+                      keyed=bool(idempotency_key))
+        self._append_intent(n, item[1], secret_values)
         return self._answer(n, timeout or spec.timeout + 30)
 
     def _validate(self, tool: str, args: Any) -> tuple[ToolSpec, dict[str, Any]]:
@@ -101,7 +104,7 @@ class Saga:
                                   f"invalid calls; last: {exc}") from exc
             raise
 
-    def _append_intent(self, n: int, intent: dict[str, Any],
+    def _append_intent(self, n: int, fields: dict[str, Any],
                        secret_values: Mapping[str, Any]) -> None:
         r = self.store.redis
         self._sync_head()
@@ -110,16 +113,17 @@ class Saga:
             pipe.zadd(keys.ACTIVE, {self.saga_id: now_ms() + 2 * self.store.settings.lease_ms})
             if secret_values:
                 self.store.secrets.put(pipe, self.saga_id, n, secret_values)
-            call = self.writer.prepare([(K.STEP_INTENT, intent)], phase="forward")
+            call = self.writer.prepare([(K.STEP_INTENT, fields)], phase=Phase.FORWARD)
+            at_append = len(pipe)
             call.send(pipe)
             # the job goes in the same round trip: if the append loses, the worker
             # finds no intent at that seq and drops the job
             enqueue_step(pipe, self.store.queue, self.saga_id, n, self.writer.head.seq + 1,
-                         intent["idem_key"])
+                         fields["idem_key"])
             replies = pipe.execute(raise_on_error=False)
-            try:  # zadd, [hset + expire of the secrets], the append script, the job
-                self.writer.applied(call, replies[3 if secret_values else 1])
-                self.state.apply({**intent, "kind": K.STEP_INTENT, "seq": self.writer.head.seq})
+            try:
+                self.writer.applied(call, replies[at_append])
+                self.state.apply({**fields, "kind": K.STEP_INTENT, "seq": self.writer.head.seq})
                 self.state.head_hash = self.writer.head.hash
                 return
             except FencedOff:
@@ -129,7 +133,7 @@ class Saga:
                 self._catch_up()  # someone else wrote: re-read, then decide again
                 if self.state.status is not Status.RUNNING:
                     raise SagaAborted(f"saga {self.saga_id} is {self.state.status}") from None
-                intent["step"] = n = self.state.next_step
+                fields["step"] = n = self.state.next_step
 
     def _sync_head(self) -> None:
         """Writers append to this saga too (its steps' workers): use the newest head
@@ -144,9 +148,9 @@ class Saga:
 
     def _answer(self, n: int, timeout: float) -> dict[str, Any]:
         st = self.store.follow(self.state, lambda s: s.steps[n].finished, timeout).steps[n]
-        if st.status == "succeeded":
+        if st.status is StepStatus.SUCCEEDED:
             return dict(st.result or {})
-        if st.status == "in_doubt":
+        if st.status is StepStatus.IN_DOUBT:
             raise StepInDoubt(f"step {n} ({st.tool}) is in doubt: {st.error}; "
                               "the saga is being unwound", data=st.error)
         raise StepError(f"step {n} ({st.tool}) failed: {st.error}; the saga is being unwound",
@@ -166,14 +170,13 @@ class Saga:
         raise StepError(f"the call with that idempotency key ended {st.status}: {st.error}")
 
     def commit(self) -> None:
-        open_steps = [s.step for s in self.state.steps.values()
-                      if s.status not in ("succeeded", "suppressed")]
-        if open_steps:
-            raise InvalidInput(f"cannot commit: step {open_steps[0]} has not succeeded")
+        blocker = commit_blocker(self.state)
+        if blocker is not None:
+            raise InvalidInput(f"cannot commit: {blocker}")
         self._sync_head()
         for _ in range(20):
             try:
-                self.writer.append(K.SAGA_COMMITTED, phase="forward")
+                self.writer.append_many([build.saga_committed()], phase=Phase.FORWARD)
                 break
             except FencedOff:
                 self._catch_up()
@@ -181,7 +184,7 @@ class Saga:
                                   "it can't commit") from None
             except ConflictError:
                 self._catch_up()  # e.g. a duplicate delivery noted itself; decide again
-                if any(s.status != "succeeded" for s in self.state.steps.values()):
+                if commit_blocker(self.state) is not None:
                     raise SagaAborted(f"saga {self.saga_id} changed while committing") from None
         self.state.status = Status.COMMITTED
         project(self.store.store, self.saga_id)

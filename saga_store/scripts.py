@@ -1,88 +1,38 @@
-"""Lua scripts. Redis Lua has no SHA-256, so hashes come from the client and
-the script only compares and sets. Each script touches the keys of one chain,
-all under one hash tag (one Cluster slot).
+"""The Lua scripts, one ``.lua`` file each in ``saga_store/lua/`` with its KEYS
+and ARGV contract at the top. Read once per process; every script touches
+the keys of one hash tag (one Cluster slot).
 
-APPEND
-    KEYS[1] chain log stream     KEYS[2] chain meta hash    KEYS[3] lease key
-    KEYS[4] (optional) a list whose first n items the events came from: trimmed
-            off in the same step (the ledger's pending entries)
-    ARGV[1] expected head seq (-1 for an empty chain)
-    ARGV[2] expected head hash (32 raw bytes; empty for an empty chain)
-    ARGV[3] lease token ('' = no lease check)
-    ARGV[4] lease mode: 'hold'    KEYS[3] must hold the token
-                        'acquire' take KEYS[3] if free or ours, for ARGV[5] ms
-                        'release' KEYS[3] must hold the token; expired after
-    ARGV[5] lease time to live in ms (for 'acquire'; Redis's clock, relative)
-    ARGV[6] phase the meta must be in ('' = any; missing phase = forward); a saga
-            whose phase is 'closed' (it has its final event) takes no append at all
-    ARGV[7] n, the number of events
-    ARGV[8 .. 7+2n] body and hash of each event, in order
-    ARGV[8+2n ..] field/value pairs written to meta after the append
-    returns {1, new head seq, ''}            appended
-            {0, head seq, head hash}         head moved: re-read, decide again
-            {-1, 0, holder}                  lease held by another token (fenced off)
-            {-2, 0, phase}                   saga is in another phase
+    append.lua           compare-and-set a chain's head, lease and phase checks
+    claim.lua            claim an idempotency key
+    release_lease.lua    expire a lease if the token still holds it
+    renew_lease.lua      extend a held lease, or retake it if it lapsed
+    take_over_lease.lua  take a lease from a holder known to be gone
 """
 
 from __future__ import annotations
 
+from functools import cache
+from importlib.resources import files
 from typing import Any
 
 from redis.exceptions import NoScriptError
 
-APPEND = """
-local unpack = unpack or table.unpack
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-local seq, head = -1, ''
-if last[1] then
-  seq = tonumber(string.match(last[1][1], '^0%-(%d+)$') or '0') - 1
-  local f = last[1][2]
-  for i = 1, #f, 2 do
-    if f[i] == 'h' then head = f[i + 1] end
-  end
-end
-if seq ~= tonumber(ARGV[1]) or head ~= ARGV[2] then
-  return {0, seq, head}
-end
-local token, mode = ARGV[3], ARGV[4]
-if token ~= '' then
-  local holder = redis.call('GET', KEYS[3])
-  if mode == 'acquire' then
-    if holder and holder ~= token then return {-1, 0, holder} end
-  elseif holder ~= token then
-    return {-1, 0, holder or ''}
-  end
-end
-local phase = redis.call('HGET', KEYS[2], 'phase') or 'forward'
-if phase == 'closed' or (ARGV[6] ~= '' and phase ~= ARGV[6]) then
-  return {-2, 0, phase}
-end
-local n = tonumber(ARGV[7])
-for i = 0, n - 1 do
-  local a = 8 + 2 * i
-  seq = seq + 1
-  redis.call('XADD', KEYS[1], '0-' .. (seq + 1), 'b', ARGV[a], 'h', ARGV[a + 1])
-end
-if KEYS[4] then
-  redis.call('LTRIM', KEYS[4], n, -1)
-end
-local m = 8 + 2 * n
-if #ARGV >= m then
-  redis.call('HSET', KEYS[2], 'seq', seq, unpack(ARGV, m))
-end
-if token ~= '' then
-  if mode == 'acquire' then
-    redis.call('SET', KEYS[3], token, 'PX', ARGV[5])
-  elseif mode == 'release' then
-    redis.call('PEXPIRE', KEYS[3], 0)  -- expire now: workers need no DEL
-  end
-end
-return {1, seq, ''}
-"""
+
+@cache
+def source(name: str) -> str:
+    """The text of ``lua/<name>.lua``."""
+    return files(__package__).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+
+
+APPEND = source("append")
+CLAIM = source("claim")
+RELEASE_LEASE = source("release_lease")
+RENEW_LEASE = source("renew_lease")
+TAKE_OVER_LEASE = source("take_over_lease")
 
 
 class Scripts:
-    """Registers each script once per client; calls go by SHA (EVALSHA)."""
+    """Registers the append script once per client; calls go by SHA (EVALSHA)."""
 
     def __init__(self, redis: Any) -> None:
         self.append = redis.register_script(APPEND)

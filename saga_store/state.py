@@ -10,29 +10,21 @@ import gc
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
 from .events import EventKind as K
-
-
-class Status(StrEnum):
-    RUNNING = "running"
-    COMPENSATING = "compensating"
-    COMMITTED = "committed"
-    COMPENSATED = "compensated"
-    NEEDS_ATTENTION = "needs_attention"
-    STUCK = "stuck"
-
-
-FINAL = frozenset({Status.COMMITTED, Status.COMPENSATED, Status.NEEDS_ATTENTION})
-
-
-def phase_of(status: Status) -> str:
-    """The phase the append script checks: forward work is refused once unwinding."""
-    if status is Status.RUNNING:
-        return "forward"
-    return "closed" if status in FINAL else "unwinding"
+from .protocol.vocab import (
+    FINAL,
+    FINISHED,
+    SETTLED,
+    Approval,
+    CompStatus,
+    Phase,
+    Reversibility,
+    Status,
+    StepStatus,
+    phase_of,
+)
 
 
 @dataclass
@@ -42,22 +34,23 @@ class StepState:
     tool_call_id: str | None = None
     idem_key: str | None = None
     args: Any = None
-    status: str = "intent"  # intent, started, succeeded, failed, in_doubt, suppressed
+    status: StepStatus = StepStatus.INTENT
     result: Any = None
     error: Any = None
     attempts: int = 0
-    compensation: str | None = None  # intent, succeeded, failed, not_compensable
+    compensation: CompStatus | None = None
     compensation_result: Any = None
     compensation_attempts: int = 0
     intent_seq: int = -1
     resume_base: int = 0  # compensation attempts made before the last resume
-    reversibility: str | None = None
-    approval: str | None = None  # requested, granted, denied
+    reversibility: Reversibility | None = None
+    approval: Approval | None = None
     approval_data: Any = None  # the preview; then who decided, and why
+    resolved_by: Any = None  # who settled the compensation by hand, and their note
 
     @property
     def finished(self) -> bool:
-        return self.status in ("succeeded", "failed", "in_doubt")
+        return self.status in FINISHED
 
 
 @dataclass
@@ -68,7 +61,6 @@ class SagaState:
     status: Status = Status.RUNNING
     steps: dict[int, StepState] = field(default_factory=dict)
     seq: int = -1
-    created_ts: int | None = None
     updated_ts: int | None = None
     reason: Any = None
     invalid_calls: int = 0
@@ -86,7 +78,7 @@ class SagaState:
     @property
     def pending_approvals(self) -> list[int]:
         """Steps waiting for a person's decision."""
-        return [n for n, st in self.steps.items() if st.approval == "requested"]
+        return [n for n, st in self.steps.items() if st.approval is Approval.REQUESTED]
 
     def step_state(self, n: int) -> StepState:
         st = self.steps.get(n)
@@ -102,7 +94,6 @@ class SagaState:
         n = ev.get("step")
         if kind == K.SAGA_STARTED:
             self.agent_id = ev.get("agent_id")
-            self.created_ts = ev.get("ts")
             if isinstance(data, dict):
                 self.conversation_id = data.get("conversation_id")
                 self.plan = bool(data.get("plan"))
@@ -139,27 +130,31 @@ class SagaState:
             st.tool, st.tool_call_id = ev.get("tool"), ev.get("tool_call_id")
             st.idem_key = ev.get("idem_key")
             st.args = data.get("args") if isinstance(data, dict) else None
-            st.reversibility = data.get("reversibility") if isinstance(data, dict) else None
+            rev = data.get("reversibility") if isinstance(data, dict) else None
+            st.reversibility = Reversibility(rev) if rev in _REVERSIBILITIES else None
         elif kind == K.STEP_STARTED:
-            st.status, st.attempts = "started", ev.get("attempt") or st.attempts + 1
+            st.status, st.attempts = StepStatus.STARTED, ev.get("attempt") or st.attempts + 1
         elif kind == K.STEP_SUCCEEDED:
-            st.status, st.result = "succeeded", _get(data, "result")
+            st.status, st.result = StepStatus.SUCCEEDED, _get(data, "result")
         elif kind == K.STEP_FAILED:
-            st.status, st.error = "failed", _get(data, "error")
+            st.status, st.error = StepStatus.FAILED, _get(data, "error")
         elif kind == K.STEP_IN_DOUBT:
-            st.status, st.error = "in_doubt", _get(data, "error")
+            st.status, st.error = StepStatus.IN_DOUBT, _get(data, "error")
         elif kind == K.COMPENSATION_INTENT:
-            st.compensation = "intent"
+            st.compensation = CompStatus.INTENT
             st.compensation_attempts = ev.get("attempt") or st.compensation_attempts + 1
             if self.status is Status.RUNNING:
                 self.status = Status.COMPENSATING
         elif kind == K.COMPENSATION_SUCCEEDED:
-            st.compensation, st.compensation_result = "succeeded", _get(data, "result")
+            st.compensation = CompStatus.SUCCEEDED
+            st.compensation_result = _get(data, "result")
         elif kind == K.COMPENSATION_FAILED:
-            st.compensation = "failed"
+            st.compensation = CompStatus.FAILED
             st.error = _get(data, "error")
+        elif kind == K.COMPENSATION_RESOLVED:
+            st.compensation, st.resolved_by = CompStatus.RESOLVED, data
         elif kind == K.STEP_NOT_COMPENSABLE:
-            st.compensation = "not_compensable"
+            st.compensation = CompStatus.NOT_COMPENSABLE
         elif kind in _APPROVALS:
             st.approval = _APPROVALS[kind]
             st.approval_data = data if kind == K.APPROVAL_REQUESTED else {
@@ -168,19 +163,23 @@ class SagaState:
 
 def unwind_order(state: SagaState, attention: list[str]) -> Iterator[StepState]:
     """The steps an unwind still has to deal with, last first. Steps already
-    settled are skipped; those settled as not compensable are noted in
-    ``attention`` (they are why a saga ends needing a person)."""
+    settled are skipped; those settled as not compensable, or by a person, are
+    noted in ``attention`` (they are why a saga ends needing a person)."""
     for n in sorted(state.steps, reverse=True):
         st = state.steps[n]
-        if st.compensation in ("succeeded", "not_compensable"):
-            if st.compensation == "not_compensable":
+        if st.compensation in SETTLED:
+            if st.compensation is not CompStatus.SUCCEEDED:
                 attention.append(f"step {n} ({st.tool})")
             continue
         yield st
 
 
-_APPROVALS: dict[str, str] = {K.APPROVAL_REQUESTED: "requested", K.APPROVAL_GRANTED: "granted",
-              K.APPROVAL_DENIED: "denied"}
+_APPROVALS: dict[str, Approval] = {K.APPROVAL_REQUESTED: Approval.REQUESTED,
+                                   K.APPROVAL_GRANTED: Approval.GRANTED,
+                                   K.APPROVAL_DENIED: Approval.DENIED}
+_REVERSIBILITIES = frozenset(r.value for r in Reversibility)
+__all__ = ["FINAL", "Phase", "SagaState", "Status", "StepState", "fold", "paused_gc",
+           "phase_of", "unwind_order"]
 
 
 def _get(data: Any, name: str) -> Any:

@@ -16,15 +16,17 @@ import redis
 
 from . import keys
 from .connection import connect
-from .errors import ConflictError, IntegrityError, InvalidInput
+from .errors import ConflictError, IntegrityError, InvalidInput, NoSuchSaga, no_such_saga
 from .events import EventKind as K
 from .events import body_dict
+from .faults import fault
 from .ids import check_id, new_id
-from .ledger import Ledger
-from .log import EMPTY, Head, Lease, PreparedAppend, SagaLog, command
+from .ledger import CLOSE_FLAG, OPEN_FLAG, Ledger
+from .log import EMPTY, Head, Lease, PreparedAppend, SagaLog, command, head_of
 from .pipeline import lean
+from .protocol.vocab import Phase
 from .settings import Settings
-from .state import SagaState, Status, fold, paused_gc, phase_of
+from .state import FINAL, SagaState, Status, fold, paused_gc, phase_of
 
 # The cached projection each kind moves a saga to: (state, phase).
 _META: dict[str, Status] = {
@@ -89,15 +91,56 @@ class Store:
         # the opening events have no context projection: the cursor starts past them
         call = writer.prepare(
             [(K.SAGA_STARTED, {"agent_id": agent_id, "data": payload or None}), *then],
-            meta={"agent_id": agent_id, "state": Status.RUNNING, "phase": "forward",
-                  "ctx_seq": len(then),
+            meta={"agent_id": agent_id, "state": Status.RUNNING, "phase": Phase.FORWARD,
+                  "ctx_seq": len(then), OPEN_FLAG: 0,
                   **({"conversation_id": conversation_id} if conversation_id else {})})
         return Opening(writer, call, agent_id)
 
     def writer(self, saga_id: str) -> ChainWriter:
-        """A writer for an existing saga, positioned at its current head."""
+        """A writer for an existing saga, positioned at its current head; raises
+        :class:`NoSuchSaga` for an id that names no saga."""
         check_id(saga_id, "saga_id")
-        return ChainWriter(self, saga_id, self.log.head(saga_id))
+        head = self.log.head(saga_id)
+        if head.empty:
+            raise NoSuchSaga(no_such_saga(saga_id))
+        return ChainWriter(self, saga_id, head)
+
+    def exists(self, saga_id: str) -> bool:
+        """Whether ``saga_id`` names a saga (its log exists); checks the id first."""
+        check_id(saga_id, "saga_id")
+        return bool(command(self.redis, "EXISTS", keys.saga_log(saga_id)))
+
+    def require(self, saga_id: str) -> None:
+        """Raise :class:`NoSuchSaga` unless ``saga_id`` names a saga; writes nothing."""
+        if not self.exists(saga_id):
+            raise NoSuchSaga(no_such_saga(saga_id))
+
+    def pay_ledger_debts(self, saga_id: str, state: SagaState,
+                         trusted: Callable[[], bool] = lambda: True) -> list[str]:
+        """Push the ledger entries a killed writer owed this saga (see
+        :mod:`saga_store.ledger`), from its log, if ``trusted()`` says its chain
+        verifies (a forged saga is never entered); returns which ("open", "close")."""
+        meta = command(self.redis, "HMGET", keys.saga_meta(saga_id), OPEN_FLAG, CLOSE_FLAG)
+        owed_open, owed_close = (v == b"0" for v in meta)
+        owed_close = owed_close and state.final
+        if not (owed_open or owed_close) or not trusted():
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        thens, paid = [], []
+        if owed_open:
+            first = command(self.log.raw, "XRANGE", keys.saga_log(saga_id), "0-1", "0-1")
+            if first and state.agent_id:
+                thens.append(self.ledger.opened_on(pipe, saga_id, state.agent_id,
+                                                   head_of(first[0]).hash))
+                paid.append("open")
+        if owed_close:
+            thens.append(self.ledger.closed_on(pipe, saga_id, str(state.status),
+                                               self.log.head(saga_id)))
+            paid.append("close")
+        replies = pipe.execute(raise_on_error=False)
+        for then in thens:
+            then(replies)
+        return paid
 
     def state(self, saga_id: str) -> SagaState:
         check_id(saga_id, "saga_id")
@@ -181,12 +224,12 @@ class ChainWriter:
         self.lease = lease  # carried by every append that names no lease of its own
         self._last_kind = ""
 
-    def append(self, kind: str, *, lease: Lease | None = None, phase: str | None = None,
+    def append(self, kind: str, *, lease: Lease | None = None, phase: Phase | None = None,
                meta: Mapping[str, str | int] | None = None, **fields: Any) -> Head:
         return self.append_many([(kind, fields)], lease=lease, phase=phase, meta=meta)
 
     def append_many(self, items: Sequence[tuple[str, Mapping[str, Any]]], *,
-                    lease: Lease | None = None, phase: str | None = None,
+                    lease: Lease | None = None, phase: Phase | None = None,
                     meta: Mapping[str, str | int] | None = None) -> Head:
         """Append events in one CAS. On :class:`ConflictError` the cached head is
         refreshed and the error re-raised: the caller re-reads and decides."""
@@ -194,7 +237,7 @@ class ChainWriter:
         return self.applied(call, call.send(self.store.redis))
 
     def prepare(self, items: Sequence[tuple[str, Mapping[str, Any]]], *,
-                lease: Lease | None = None, phase: str | None = None,
+                lease: Lease | None = None, phase: Phase | None = None,
                 meta: Mapping[str, str | int] | None = None) -> PreparedAppend:
         """Encode an append to send later (alone or in a pipeline); see :meth:`applied`."""
         bodies = [body_dict(self.saga_id, 0, kind, **f) for kind, f in items]
@@ -203,6 +246,8 @@ class ChainWriter:
         if last in _META and "state" not in meta:
             status = _META[last]
             meta.update(state=status, phase=phase_of(status))
+            if status in FINAL:  # its ledger entry is owed until pushed
+                meta[CLOSE_FLAG] = 0
         call = self.store.log.prepare(self.saga_id, bodies, self.head,
                                       lease=lease if lease is not None else self.lease,
                                       phase=phase, meta=meta)
@@ -220,6 +265,7 @@ class ChainWriter:
                 self.head = exc.head
             raise
         if ledger and self.closed:
+            fault("before_ledger_close")  # the sweeper pays what a writer killed here owed
             self.store.ledger.closed(self.saga_id, str(_META[self._last_kind]), self.head)
         return self.head
 
@@ -232,7 +278,7 @@ class ChainWriter:
 
     def append_riding(self, items: Sequence[tuple[str, Mapping[str, Any]]],
                       riders: Callable[[Any], None] | None = None, *,
-                      lease: Lease | None = None, phase: str | None = None,
+                      lease: Lease | None = None, phase: Phase | None = None,
                       ledger: bool = True) -> list[dict[str, Any]]:
         """Append in one round trip on a lean pipeline, after ``riders`` queue their
         commands on it (commands about what is already in the log, such as context

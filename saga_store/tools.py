@@ -18,21 +18,15 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, create_model
 
 from .errors import InvalidInput, StepError
+from .protocol.vocab import Reversibility
 
 SPEC_ATTR = "__saga_tool__"
 CTX_PARAM = "ctx"
-
-
-class Reversibility(StrEnum):
-    READONLY = "readonly"          # no effect to undo
-    COMPENSABLE = "compensable"    # has a declared compensation
-    IRREVERSIBLE = "irreversible"  # cannot be undone: a human decides
 
 
 class RetryableError(StepError):

@@ -19,6 +19,7 @@ and names a reason class:
     rewritten       the saga's head differs from the one the ledger recorded
     saga_deleted    the ledger opened a saga that no longer exists
     unregistered    a saga with events that the ledger never opened
+    ledger_conflict the ledger holds two different openings or closes of the saga
 """
 
 from __future__ import annotations
@@ -193,18 +194,25 @@ class LedgerView:
 
     opened: dict[str, bytes] = field(default_factory=dict)  # saga -> first hash
     closed: dict[str, tuple[int, bytes]] = field(default_factory=dict)  # saga -> (seq, hash)
+    conflicts: dict[str, str] = field(default_factory=dict)  # saga -> what disagrees
 
     def note(self, ev: dict[str, Any]) -> str | None:
-        """Fold one ledger event; returns a reason if it is malformed."""
+        """Fold one ledger event; returns a reason if it is malformed. The same entry
+        twice is one fact (a debt paid twice, see :mod:`saga_store.ledger`); two
+        entries that disagree are a conflict the saga's check reports."""
         data = ev.get("data")
         sid = data.get("saga_id") if isinstance(data, dict) else None
         if not isinstance(data, dict) or not isinstance(sid, str):
             return "ledger entry without a saga_id"
         try:
             if ev["kind"] == K.LEDGER_OPENED:
-                self.opened[sid] = bytes.fromhex(str(data["first"]))
+                first = bytes.fromhex(str(data["first"]))
+                if self.opened.setdefault(sid, first) != first:
+                    self.conflicts[sid] = "the ledger opened this saga twice, differently"
             elif ev["kind"] == K.LEDGER_CLOSED:
-                self.closed[sid] = (int(data["seq"]), bytes.fromhex(str(data["hash"])))
+                end = (int(data["seq"]), bytes.fromhex(str(data["hash"])))
+                if self.closed.setdefault(sid, end) != end:
+                    self.conflicts[sid] = "the ledger closed this saga twice, differently"
         except (KeyError, TypeError, ValueError):
             return f"malformed ledger entry for saga {sid}"
         return None
@@ -214,6 +222,9 @@ def cross_check(rep: ChainReport, view: LedgerView) -> None:
     """Judge a verified saga chain against what the ledger recorded of it."""
     sid = rep.chain_id
     if not rep.ok:
+        return
+    if sid in view.conflicts:
+        rep.fail(0, "ledger_conflict", view.conflicts[sid])
         return
     if rep.events == 0:
         if sid in view.opened:

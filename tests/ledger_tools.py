@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from saga_store import RetryableError, RetryPolicy, Reversibility, StepContext, tool
-from workers.faults import fault
+from saga_store.faults import fault
 
 from .sqlite_ledger import connect
 
@@ -160,3 +160,10 @@ def send_notification(to: str, ctx: StepContext) -> dict[str, Any]:
 def emit_webhook(event: str, ctx: StepContext) -> dict[str, Any]:
     effect("webhook", ctx.idempotency_key, event)
     return {"emitted": event}
+
+
+@tool(compensation=release_inventory, mapping={"reservation_id": "$.output.reservation_id"})
+def reserve_forgetful(sku: str, ctx: StepContext) -> dict[str, Any]:
+    """Reserves, but returns no reservation id: its compensation's mapping cannot resolve."""
+    effect("reserve", ctx.idempotency_key, sku)
+    return {"held": sku}

@@ -182,12 +182,12 @@ def test_a_forward_step_delivered_after_unwinding_began_is_refused(
     """The job of a step that never started, arriving after an abort, does nothing."""
     saga = saga_store.saga(agent_id="agent-f")
     spec = saga_store.registry.get("reserve_inventory")
-    from saga_store.enqueue import intent_fields
-    intent = intent_fields(saga.saga_id, 0, spec, {"sku": "Z", "qty": 1}, "c0")
-    saga.writer.append(K.STEP_INTENT, **intent)
+    from saga_store.enqueue import intent
+    item = intent(saga.saga_id, 0, spec, {"sku": "Z", "qty": 1}, "c0")
+    saga.writer.append_many([item])
     intent_seq = saga.writer.head.seq
     saga.abort("the user cancelled")
-    enqueue_step(client, jobs.STEP_QUEUE, saga.saga_id, 0, intent_seq, intent["idem_key"])
+    enqueue_step(client, jobs.STEP_QUEUE, saga.saga_id, 0, intent_seq, item[1]["idem_key"])
     with workers(worker_env, TOOLS):
         state = saga_store.wait(saga.saga_id, timeout=60)
     assert state.status is Status.COMPENSATED

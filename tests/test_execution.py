@@ -14,7 +14,7 @@ from rq.serializers import JSONSerializer
 
 from saga_store import jobs, keys
 from saga_store.client import SagaStore
-from saga_store.enqueue import enqueue_step, intent_fields
+from saga_store.enqueue import enqueue_step, intent
 from saga_store.errors import InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.state import Status
@@ -73,9 +73,9 @@ def test_duplicate_delivery_gives_exactly_one_effect_per_step(
     for i in range(100):
         w = saga_store.store.open("agent-dup")
         args = {"sku": f"S{i}", "qty": 1}
-        intent = intent_fields(w.saga_id, 0, spec, args, f"c{i}")
-        w.append(K.STEP_INTENT, **intent)
-        planned.append((w.saga_id, w.head.seq, intent["idem_key"]))
+        item = intent(w.saga_id, 0, spec, args, f"c{i}")
+        w.append_many([item])
+        planned.append((w.saga_id, w.head.seq, item[1]["idem_key"]))
 
     def push_copies() -> None:
         pipe = client.pipeline(transaction=False)

@@ -14,13 +14,14 @@ import signal
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
 
 from saga_store.canonical import check_json
 from saga_store.errors import InvalidInput, StepError
+from saga_store.protocol.outcome import Outcome
+from saga_store.protocol.vocab import OutcomeKind
 from saga_store.secrets import scrub
 from saga_store.tools import StepContext, ToolSpec
 
@@ -28,16 +29,6 @@ from saga_store.tools import StepContext, ToolSpec
 class StepTimeout(BaseException):
     """Raised inside a tool that ran past its timeout (BaseException: a tool's
     ``except Exception`` must not swallow it)."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    kind: str  # succeeded, failed, in_doubt
-    result: dict[str, Any] | None = None
-    error: str | None = None
-    retryable: bool = False
-    tries: int = 1
-    postcondition_failed: str | None = None
 
 
 class Invoker:
@@ -51,31 +42,31 @@ class Invoker:
         kwargs = spec.kwargs(args)
         for pre in spec.preconditions:
             if not _holds(pre, args):
-                return Outcome("failed", error=f"precondition {_name(pre)} does not hold")
+                return Outcome.failed(f"precondition {_name(pre)} does not hold")
         tries = 0
         while True:
             tries += 1
             try:
                 raw = self._call(spec, kwargs, ctx)
             except StepTimeout:
-                return Outcome("in_doubt", error=f"timed out after {spec.timeout:g} s; "
-                               "the call may or may not have taken effect", tries=tries)
+                return Outcome(OutcomeKind.IN_DOUBT, error=f"timed out after {spec.timeout:g} "
+                               "s; the call may or may not have taken effect", tries=tries)
             except Exception as exc:  # any exception fails the step (contract)
                 retryable = isinstance(exc, StepError) and exc.retryable
                 if retryable and tries < spec.retry.max_attempts:
                     time.sleep(spec.retry.backoff(tries))
                     continue
                 error = scrub(f"{type(exc).__name__}: {exc}", secrets)[:2000]
-                return Outcome("failed", error=error, retryable=retryable, tries=tries)
+                return Outcome.failed(error, retryable=retryable, tries=tries)
             try:
                 result = as_result(raw)
             except InvalidInput as exc:
-                return Outcome("failed", error=str(exc), tries=tries)
+                return Outcome.failed(str(exc), tries=tries)
             for post in spec.postconditions:
                 if not _holds(post, args, result):
-                    return Outcome("succeeded", result, tries=tries,
-                                   postcondition_failed=_name(post))
-            return Outcome("succeeded", result, tries=tries)
+                    return Outcome.succeeded(result, tries=tries,
+                                             postcondition_failed=_name(post))
+            return Outcome.succeeded(result, tries=tries)
 
     def _call(self, spec: ToolSpec, kwargs: dict[str, Any], ctx: StepContext) -> Any:
         if spec.takes_ctx:

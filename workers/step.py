@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,19 +24,24 @@ import orjson
 from saga_store import approvals, keys
 from saga_store.client import SagaStore
 from saga_store.context import project, tell
-from saga_store.enqueue import enqueue_compensation, enqueue_step, intent_fields
+from saga_store.enqueue import enqueue_compensation, enqueue_step, intent
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.events import EventKind as K
+from saga_store.faults import fault
 from saga_store.ids import check_id
 from saga_store.log import Head, Lease, body_and_hash
 from saga_store.pipeline import execute, lean
 from saga_store.policy import Decision, Policy, Verdict
+from saga_store.protocol import build
+from saga_store.protocol.build import Item
+from saga_store.protocol.forward import outcome_events
+from saga_store.protocol.outcome import Outcome
+from saga_store.protocol.vocab import Follow, LeaseMode, OutcomeKind, Phase
 from saga_store.registry import UnknownTool
 from saga_store.store import ChainWriter
 from saga_store.tools import StepContext, ToolSpec
 
-from .faults import fault
-from .invoke import Invoker, Outcome
+from .invoke import Invoker
 
 log = logging.getLogger("saga_store.worker")
 _APPROVAL_KINDS = frozenset({K.APPROVAL_REQUESTED, K.APPROVAL_GRANTED, K.APPROVAL_DENIED})
@@ -164,8 +169,7 @@ class StepRunner:
                 metrics.dedupe_hits.labels("duplicate_delivery").inc()
             # a note only, and refused by the append script once the saga is closed
             with contextlib.suppress(ConflictError):
-                writer.append(K.STEP_DUPLICATE_SUPPRESSED, step=step,
-                              data={"outcome": view.outcome["kind"]})
+                writer.append_many([build.duplicate_suppressed(step, view.outcome["kind"])])
             self._ack(extra)
             return "duplicate"
         if view.unwinding and view.started == 0:
@@ -176,27 +180,26 @@ class StepRunner:
             spec = self.store.registry.get(view.intent["tool"])
         except UnknownTool as exc:
             return self._finish(writer, saga_id, step, view, token, extra,
-                                Outcome("failed", error=f"{exc} (in this worker)"), None,
+                                Outcome.failed(f"{exc} (in this worker)"), None,
                                 acquire=self.store.settings.lease_ms)
         ttl = int(spec.timeout * 1000) + self.store.settings.lease_ms
         if view.started >= spec.retry.max_deliveries:
-            return self._finish(writer, saga_id, step, view, token, extra, Outcome(
-                "failed", error=f"dead-lettered: {view.started} deliveries never finished "
+            return self._finish(writer, saga_id, step, view, token, extra, Outcome.failed(
+                f"dead-lettered: {view.started} deliveries never finished "
                 "(the step keeps killing its worker)"), spec, acquire=ttl)
         if not view.started:  # a step that started once had passed its gate
             gated = self._gate(writer, saga_id, step, view, spec, token, extra, ttl)
             if gated is not None:
                 return gated
-        if view.started and spec.after_crash == "in_doubt":
-            return self._finish(writer, saga_id, step, view, token, extra, Outcome(
-                "in_doubt", error=f"attempt {view.started} never finished; its outcome is "
+        if view.started and spec.after_crash == OutcomeKind.IN_DOUBT:
+            return self._finish(writer, saga_id, step, view, token, extra, Outcome.in_doubt(
+                f"attempt {view.started} never finished; its outcome is "
                 "unknown"), spec, acquire=ttl)
         data: dict[str, Any] = {"worker": self.name}
         if view.started:
             data["after_unfinished_attempts"] = view.started
-        call = writer.prepare([(K.STEP_STARTED, {"step": step, "attempt": view.started + 1,
-                                                  "data": data})],
-                              lease=Lease(token, "acquire", ttl), phase="forward")
+        call = writer.prepare([build.step_started(step, view.started + 1, **data)],
+                              lease=Lease(token, LeaseMode.ACQUIRE, ttl), phase=Phase.FORWARD)
         pipe = lean(self.store.redis)
         call.send(pipe)
         # events already in the log (the previous step's outcome, say) ride along
@@ -204,12 +207,11 @@ class StepRunner:
         try:
             writer.applied(call, pipe.execute(raise_on_error=False)[0])
         except FencedOff as exc:
-            if "lease" in str(exc):  # another worker is running it: this copy is a duplicate
+            if exc.lease_lost:  # another worker is running it: this copy is a duplicate
                 if metrics is not None:
                     metrics.dedupe_hits.labels("in_flight").inc()
                 with contextlib.suppress(ConflictError):
-                    writer.append(K.STEP_DUPLICATE_SUPPRESSED, step=step,
-                                  data={"outcome": "running elsewhere"})
+                    writer.append_many([build.duplicate_suppressed(step, "running elsewhere")])
             self._ack(extra)
             return "busy"
         except ConflictError:
@@ -235,7 +237,7 @@ class StepRunner:
         try:
             outcome = self.invoker.invoke(spec, args, ctx, secrets)
         except InvalidInput as exc:  # the logged args no longer fit the tool
-            outcome = Outcome("failed", error=str(exc))
+            outcome = Outcome.failed(str(exc))
         if metrics is not None:
             self._child(metrics.step_seconds, spec.name).observe(time.perf_counter() - began)
         return self._finish(writer, saga_id, step, view, token, extra, outcome, spec)
@@ -247,18 +249,18 @@ class StepRunner:
         keeping it for the plan's next step when this worker runs that one too."""
         for _ in range(MAX_REDECIDE):
             items, follow = self._outcome_events(saga_id, step, view, outcome)
-            if follow == "compensate" and self.eager and self.keep_going():
-                follow = "unwind"  # by this worker, right after the append (not queued)
-            lease = Lease(token, "acquire", acquire) if acquire else Lease(token, "release")
+            if follow is Follow.COMPENSATE and self.eager and self.keep_going():
+                follow = Follow.UNWIND  # by this worker, right after the append (not queued)
+            lease = Lease(token, LeaseMode.ACQUIRE, acquire) if acquire else \
+                Lease(token, LeaseMode.RELEASE)
             claim = None if acquire else self._claimable(step, view, follow)
             if claim is not None:
-                follow = "eager"
-                items.append((K.STEP_STARTED, {"step": step + 1, "attempt": 1,
-                                                "data": {"worker": self.name}}))
-                lease = Lease(token, "acquire", claim[1])
+                follow = Follow.EAGER
+                items.append(build.step_started(step + 1, 1, worker=self.name))
+                lease = Lease(token, LeaseMode.ACQUIRE, claim[1])
             call = writer.prepare(items, lease=lease)
             fault("after_tool")
-            if follow in ("next", "eager") and not acquire:
+            if follow in (Follow.NEXT, Follow.EAGER) and not acquire:
                 # plan: outcome, next job (or the claim of the next step), dedupe record
                 # and acknowledgement in one round trip; if the append loses, a queued
                 # next job finds no intent at its seq and is dropped. The projection of
@@ -267,7 +269,7 @@ class StepRunner:
                 call.send(pipe)
                 self._after_outcome(pipe, saga_id, step, view, outcome, spec, follow, extra,
                                     items, writer.head.seq + len(items))
-                if follow == "eager":  # events already in the log: safe to project now
+                if follow is Follow.EAGER:  # events already in the log: safe to project now
                     self._project_known(pipe, saga_id, view, view.events)
                 reply = pipe.execute(raise_on_error=False)[0]
             else:
@@ -293,7 +295,7 @@ class StepRunner:
         metrics = self.store.metrics
         if metrics is not None:
             self._child(metrics.steps, spec.name if spec else "unknown", outcome.kind).inc()
-            if follow == "committed":
+            if follow is Follow.COMMITTED:
                 metrics.sagas_finished.labels("committed").inc()
         if claim is not None:
             appended = writer.appended(items)
@@ -301,7 +303,7 @@ class StepRunner:
                 intent=appended[-2], head=writer.head, plan=view.plan,
                 agent_id=view.agent_id, conversation_id=view.conversation_id,
                 events=appended, ctx_seq=view.ctx_seq), token, claim[0])
-        self._unwind = follow == "unwind"
+        self._unwind = follow is Follow.UNWIND
         if reply is not None:
             return outcome.kind  # all sent with the append
         pipe = lean(self.store.redis)
@@ -310,12 +312,12 @@ class StepRunner:
                             writer.head.seq)
         inline = self._project_known(pipe, saga_id, view, writer.appended(items))
         # ss:active is the sweeper's cue to project: leave it only once that is done
-        if follow == "committed" and inline:
+        if follow is Follow.COMMITTED and inline:
             self._closed(pipe, saga_id)
         execute(pipe, *([settle] if settle else []))
         if not inline:
             project(self.store.store, saga_id)
-            if follow == "committed":
+            if follow is Follow.COMMITTED:
                 done = lean(self.store.redis)
                 self._closed(done, saga_id)
                 done.execute()
@@ -334,12 +336,13 @@ class StepRunner:
         pipe.zrem(keys.ACTIVE, saga_id)
         pipe.pexpire(keys.saga_secrets(saga_id), 0)  # secret values: no longer needed
 
-    def _claimable(self, step: int, view: StepView, follow: str | None,
+    def _claimable(self, step: int, view: StepView, follow: Follow,
                    ) -> tuple[ToolSpec, int] | None:
         """The next step's tool and lease time when this worker may run it at once:
         eager steps on, not asked to stop, the tool registered here, and the policy
         letting it run without a person (else the step goes through the queue)."""
-        if follow != "next" or not self.eager or view.plan is None or not self.keep_going():
+        if follow is not Follow.NEXT or not self.eager or view.plan is None \
+                or not self.keep_going():
             return None
         nxt = view.plan[step + 1]
         try:
@@ -358,8 +361,8 @@ class StepRunner:
             if kind == K.APPROVAL_GRANTED:
                 return None
             if kind == K.APPROVAL_DENIED:
-                return self._finish(writer, saga_id, step, view, token, extra, Outcome(
-                    "failed", error=approvals.denial(data)), spec, acquire=ttl)
+                return self._finish(writer, saga_id, step, view, token, extra, Outcome.failed(
+                    approvals.denial(data)), spec, acquire=ttl)
             self._ack(extra)  # requested and not decided yet: nothing to do until it is
             return "awaiting_approval"
         assert view.intent is not None
@@ -369,14 +372,14 @@ class StepRunner:
         if verdict.decision is Decision.ALLOW:
             return None
         if verdict.decision is Decision.DENY:
-            return self._finish(writer, saga_id, step, view, token, extra, Outcome(
-                "failed", error=f"denied by policy ({verdict.reason})"), spec, acquire=ttl)
+            return self._finish(writer, saga_id, step, view, token, extra, Outcome.failed(
+                f"denied by policy ({verdict.reason})"), spec, acquire=ttl)
         undo = ({"tool": spec.compensation, "mapping": dict(spec.mapping)}
                 if spec.compensation else None)
         data = approvals.preview(spec.name, args, str(spec.reversibility), undo, verdict,
                                  policy.approval_timeout_s)
-        call = writer.prepare([(K.APPROVAL_REQUESTED, {"step": step, "tool": spec.name,
-                                                       "data": data})], phase="forward")
+        call = writer.prepare([build.approval_requested(step, spec.name, data)],
+                              phase=Phase.FORWARD)
         pipe = lean(self.store.redis)
         call.send(pipe)
         pipe.zadd(keys.APPROVALS, {approvals.member(saga_id, step):
@@ -395,15 +398,15 @@ class StepRunner:
         return "awaiting_approval"
 
     def _after_outcome(self, pipe: Any, saga_id: str, step: int, view: StepView,
-                       outcome: Outcome, spec: ToolSpec | None, follow: str | None,
-                       extra: Any, items: list[tuple[str, dict[str, Any]]],
+                       outcome: Outcome, spec: ToolSpec | None, follow: Follow,
+                       extra: Any, items: list[Item],
                        head_seq: int) -> None:
         """Queue what follows an outcome: the next job or the unwind, the dedupe
         record of an explicit key, and the job's acknowledgement."""
-        if follow == "next":
+        if follow is Follow.NEXT:
             enqueue_step(pipe, self.store.queue, saga_id, step + 1, head_seq,
                          items[-1][1]["idem_key"])
-        elif follow == "compensate":
+        elif follow is Follow.COMPENSATE:
             enqueue_compensation(pipe, saga_id)
         intent = view.intent or {}
         if (intent.get("data") or {}).get("keyed"):
@@ -413,41 +416,12 @@ class StepRunner:
             extra(pipe)
 
     def _outcome_events(self, saga_id: str, step: int, view: StepView, outcome: Outcome,
-                        ) -> tuple[list[tuple[str, dict[str, Any]]], str | None]:
-        if outcome.kind == "succeeded":
-            data: dict[str, Any] = {"result": outcome.result}
-            if outcome.tries > 1:
-                data["tries"] = outcome.tries
-            if outcome.postcondition_failed:
-                data["postcondition_failed"] = outcome.postcondition_failed
-            intent = view.intent or {}
-            items: list[tuple[str, dict[str, Any]]] = [
-                (K.STEP_SUCCEEDED, {"step": step, "tool": intent.get("tool"),
-                                    "tool_call_id": intent.get("tool_call_id"), "data": data})]
-        else:
-            kind = K.STEP_FAILED if outcome.kind == "failed" else K.STEP_IN_DOUBT
-            err: dict[str, Any] = {"error": outcome.error}
-            if outcome.retryable:
-                err["retryable"] = True
-            items = [(kind, {"step": step, "data": err})]
-        if view.unwinding:
-            # a late outcome is a fact the unwind needs; the compensator may have
-            # stepped back while this worker held the lease, so queue it again
-            return items, "compensate"
-        if outcome.kind != "succeeded" or outcome.postcondition_failed:
-            why = outcome.error or f"postcondition {outcome.postcondition_failed} failed"
-            items.append((K.SAGA_FAILED, {"data": {"reason": f"step {step}: {why}"}}))
-            return items, "compensate"
-        if view.plan is None:
-            return items, None  # the caller drives the next step
-        if step + 1 < len(view.plan):
-            nxt = view.plan[step + 1]
-            spec = self.store.registry.get(nxt["tool"])
-            items.append((K.STEP_INTENT, intent_fields(saga_id, step + 1, spec, nxt["args"],
-                                                       nxt.get("tool_call_id"))))
-            return items, "next"
-        items.append((K.SAGA_COMMITTED, {}))
-        return items, "committed"
+                        ) -> tuple[list[Item], Follow]:
+        def next_intent(n: int, planned: Mapping[str, Any]) -> Item:
+            spec = self.store.registry.get(planned["tool"])
+            return intent(saga_id, n, spec, planned["args"], planned.get("tool_call_id"))
+        return outcome_events(step, view.intent or {}, outcome, unwinding=view.unwinding,
+                              plan=view.plan, next_intent=next_intent)
 
     def _project_known(self, pipe: Any, saga_id: str, view: StepView,
                        events: list[dict[str, Any]]) -> bool:

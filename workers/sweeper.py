@@ -69,9 +69,16 @@ class Sweeper:
     def _look_at(self, sid: str, now_ms: int) -> int:
         r, lease_ms = self.store.redis, self.store.settings.lease_ms
         state = fold(sid, self.store.store.log.bodies(sid))
+        verdict: list[bool] = []
+        if state.seq >= 0:  # ledger entries a writer killed mid-way owed, from the log
+            paid = self.store.store.pay_ledger_debts(sid, state, lambda: self._verifies(sid,
+                                                                                  verdict))
+            if paid:
+                log.warning("sweeper %s: saga %s: wrote the ledger entries its writer owed "
+                            "(%s)", self.name, sid, ", ".join(paid))
         if state.final or state.seq < 0:
             project(self.store.store, sid)  # a closer that died may not have
-            if state.final and not Verifier(self.store.store.log, jobs=1).check(sid).ok:
+            if state.final and not self._verifies(sid, verdict):
                 log.error("saga %s: its chain does not verify; run 'saga verify --saga %s'",
                           sid, sid)
                 if self.store.metrics is not None:
@@ -100,3 +107,9 @@ class Sweeper:
         if queued:
             log.info("sweeper %s: redelivered %d job(s) of saga %s", self.name, queued, sid)
         return queued
+
+    def _verifies(self, sid: str, verdict: list[bool]) -> bool:
+        """Whether the saga's chain verifies, checked once per look (``verdict``)."""
+        if not verdict:
+            verdict.append(Verifier(self.store.store.log, jobs=1).check(sid).ok)
+        return verdict[0]

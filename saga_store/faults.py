@@ -9,8 +9,12 @@ worker runs on. Forward points: ``after_dequeue``, ``after_started``,
 step already claimed when this worker runs it too); tools may call
 ``fault("in_tool")`` after their effect. Compensator points: ``comp_after_dequeue``,
 ``comp_after_intent``, ``comp_after_tool``, ``comp_after_outcome``,
-``comp_before_close``, and ``in_comp_tool`` in compensation tools. Off unless
-both variables are set.
+``comp_before_close``, ``comp_after_close`` (the close appended, its ledger
+entry not yet pushed), and ``in_comp_tool`` in compensation tools. Client
+points: ``submit_between`` (a plan's opening appended, its ledger entry and
+first job not yet pushed) and ``before_ledger_close`` (any writer that closes a
+saga itself: appended, its ledger entry not yet pushed). Off unless both
+variables are set.
 """
 
 from __future__ import annotations
@@ -35,4 +39,4 @@ def fault(point: str) -> None:
         os.unlink(flag)
     except FileNotFoundError:
         return
-    os.kill(os.getpid(), signal.SIGKILL)  # a step worker does not fork: this is all of it
+    os.kill(os.getpid(), signal.SIGKILL)  # workers do not fork: this is all of the process

@@ -1,0 +1,64 @@
+"""The forward path, decided without I/O: what an outcome leads to, and when a
+saga may commit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ..state import SagaState
+from . import build
+from .build import Item
+from .outcome import Outcome
+from .vocab import Follow, OutcomeKind, Reversibility, StepStatus
+
+
+def commit_blocker(state: SagaState) -> str | None:
+    """The one commit rule: every step succeeded, except reads that failed (they
+    changed nothing). Returns why the saga may not commit, or None."""
+    for n in sorted(state.steps):
+        st = state.steps[n]
+        if st.status is StepStatus.SUCCEEDED:
+            continue
+        if st.status is StepStatus.FAILED and st.reversibility is Reversibility.READONLY:
+            continue
+        return f"step {n} ({st.tool}) is {st.status}, not succeeded"
+    return None
+
+
+def outcome_events(step: int, intent: Mapping[str, Any], outcome: Outcome, *,
+                   unwinding: bool, plan: Sequence[Mapping[str, Any]] | None,
+                   next_intent: Callable[[int, Mapping[str, Any]], Item],
+                   ) -> tuple[list[Item], Follow]:
+    """The events that record ``outcome`` for ``step``, and what follows them: the
+    plan's next intent, the saga's commit, or its failure. ``next_intent`` builds
+    the intent of a plan step from its entry (the driver knows the tools)."""
+    extra: dict[str, Any] = {}
+    if outcome.kind is OutcomeKind.SUCCEEDED:
+        if outcome.tries > 1:
+            extra["tries"] = outcome.tries
+        if outcome.postcondition_failed:
+            extra["postcondition_failed"] = outcome.postcondition_failed
+        item = build.step_outcome(step, outcome.kind, result=outcome.result,
+                                  tool=intent.get("tool"),
+                                  tool_call_id=intent.get("tool_call_id"), **extra)
+    else:
+        if outcome.retryable:
+            extra["retryable"] = True
+        item = build.step_outcome(step, outcome.kind, error=outcome.error, **extra)
+    items = [item]
+    if unwinding:
+        # a late outcome is a fact the unwind needs; the compensator may have
+        # stepped back while this worker held the lease, so it is queued again
+        return items, Follow.COMPENSATE
+    if not outcome.ok or outcome.postcondition_failed:
+        why = outcome.error or f"postcondition {outcome.postcondition_failed} failed"
+        items.append(build.saga_failed(f"step {step}: {why}"))
+        return items, Follow.COMPENSATE
+    if plan is None:
+        return items, Follow.NONE  # the caller drives the next step
+    if step + 1 < len(plan):
+        items.append(next_intent(step + 1, plan[step + 1]))
+        return items, Follow.NEXT
+    items.append(build.saga_committed())
+    return items, Follow.COMMITTED
