@@ -22,7 +22,7 @@ import random
 import time
 from typing import Any
 
-from saga_store import keys
+from saga_store import keys, notify
 from saga_store.client import SagaStore
 from saga_store.context import project, tell
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
@@ -136,6 +136,7 @@ class Compensator:
         pipe.zrem(keys.ACTIVE, saga_id)
         pipe.pexpire(keys.saga_secrets(saga_id), 0)
         execute(pipe, settle)
+        notify.needs_attention(saga_id, state.agent_id, attention)
         return "compensated" if not attention else "needs_attention"
 
     def _settle(self, writer: Writer, state: SagaState, st: StepState,
