@@ -44,19 +44,20 @@ def mask(value: Any) -> Any:
 
 
 def mask_messages(messages: Any) -> Any:
-    """A rebuilt history, masked: also inside OpenAI's JSON-encoded ``arguments``."""
+    """A rebuilt history, masked: also inside JSON carried as text (OpenAI's
+    ``arguments``, a tool result's ``content``)."""
     if isinstance(messages, list):
         return [mask_messages(m) for m in messages]
     if not isinstance(messages, dict):
         return messages
     out = {}
     for k, v in messages.items():
-        if k == "arguments" and isinstance(v, str):
+        if k in ("arguments", "content") and isinstance(v, str) and v[:1] in "{[":
             try:
                 out[k] = orjson.dumps(mask(orjson.loads(v))).decode()
             except orjson.JSONDecodeError:
                 out[k] = v
-        elif k in ("input", "args") and isinstance(v, dict):
+        elif k in ("input", "args", "result") and isinstance(v, dict | list):
             out[k] = mask(v)
         else:
             out[k] = mask_messages(v)

@@ -135,7 +135,9 @@ class Guard:
         if self.config.user_header is not None and not self.config.tokens:
             return PlainTextResponse(f"authentication required: the {self.config.user_header} "
                                      "header names nobody", status_code=401)
-        if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+        # a browser is sent to sign in; a program that presented a token is told no
+        if request.method == "GET" and "authorization" not in request.headers and \
+                "text/html" in request.headers.get("accept", ""):
             return RedirectResponse(f"/login?next={quote(request.url.path)}", status_code=303)
         return PlainTextResponse("authentication required (Authorization: Bearer TOKEN, or "
                                  "sign in at /login)", status_code=401,
