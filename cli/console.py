@@ -45,7 +45,6 @@ def console(ctx: Context, host: str, port: int, by: str | None,
             raise InvalidInput(f"saga console needs the console extra ({exc.name} is "
                                "missing): pip install 'saga-store[console]'") from None
         import dataclasses
-        import os
 
         config = ConsoleConfig.from_env(host, port, operator(by))
         if anchor_file:
@@ -56,8 +55,6 @@ def console(ctx: Context, host: str, port: int, by: str | None,
                 f"the {config.user_header} header" if config.user_header else
                 f"no sign-in (acting as {config.operator})")
         click.echo(f"saga console on http://{host}:{port}/ ({auth})", err=True)
-        if not os.environ.get("SAGA_CONSOLE_URL"):
-            os.environ["SAGA_CONSOLE_URL"] = f"http://{host}:{port}"
         uvicorn.run(app, host=host, port=port, log_level="warning",
                     timeout_graceful_shutdown=3, proxy_headers=bool(config.user_header))
 

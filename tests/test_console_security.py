@@ -4,6 +4,13 @@ a page."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
 import pytest
 from click.testing import CliRunner
 
@@ -12,6 +19,7 @@ from saga_store import SagaStore
 from saga_store.console import ConsoleConfig
 from saga_store.errors import InvalidInput
 from saga_store.events import EventKind as K
+from saga_store.testing import assert_eventually, free_port
 
 from .console_helpers import console, csrf_of, post_form
 from .helpers import committed_saga
@@ -117,3 +125,32 @@ def test_pages_escape_what_agents_wrote_and_mask_secrets(saga_store: SagaStore) 
     err = tc.get("/sagas?since=%3Cscript%3E")
     assert err.status_code == 400
     assert "<script>" not in err.text
+
+
+def test_saga_console_serves_until_stopped(redis_url: str) -> None:
+    """The command itself: uvicorn on the given port, the token asked for."""
+    port = free_port()
+    root = str(Path(__file__).resolve().parent.parent)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "--redis-url", redis_url, "console", "--port",
+         str(port)], cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": root, "SAGA_CONSOLE_TOKEN": "ops:" + "t" * 20})
+    try:
+        def get(path: str, token: str | None = None) -> int:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+            if token:
+                req.add_header("Authorization", f"Bearer {token}")
+            try:
+                with urllib.request.urlopen(req, timeout=5) as resp:  # noqa: S310
+                    return int(resp.status)
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        assert_eventually(lambda: get("/healthz") == 200, timeout=30,
+                          what="saga console to answer", swallow=(OSError,))
+        assert get("/sagas") == 401
+        assert get("/sagas", "t" * 20) == 200
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=15)
+    assert b"saga console on http://127.0.0.1:" in err

@@ -75,8 +75,9 @@ def _saga_id(request: Request) -> str:
     return sid
 
 
-def live_context(store: SagaStore, saga_id: str) -> dict[str, Any]:
-    """Everything the live part of a saga page shows, from one read of its log."""
+def live_context(store: SagaStore, saga_id: str, fmt: str) -> dict[str, Any]:
+    """Everything the live part of a saga page shows (state, timeline, the history
+    the agent sees in ``fmt``), from one read of its log."""
     bodies, head = store.store.log.bodies_and_head(saga_id)
     if not bodies:
         raise HTTPException(404, f"no saga {saga_id}")
@@ -85,19 +86,21 @@ def live_context(store: SagaStore, saga_id: str) -> dict[str, Any]:
     created = st.created_ts or now
     took = (st.updated_ts or now) - created if st.final else now - created
     return {"saga": st, "seq": head.seq, "tl": timeline.build(bodies, now, st.final),
-            "took": took, "live": not st.final}
+            "took": took, "live": not st.final, "fmt": fmt, "formats": FORMATS,
+            "history": mask_messages(rebuild_history([st], fmt))}
 
 
-async def saga_page(request: Request) -> Response:
-    sid = _saga_id(request)
+def _format(request: Request) -> str:
     fmt = request.query_params.get("format", "openai")
     if fmt not in FORMATS:
         raise HTTPException(400, f"format: one of {', '.join(FORMATS)}")
-    store = _store(request)
-    ctx = await run_in_threadpool(live_context, store, sid)
-    history = mask_messages(rebuild_history([ctx["saga"]], fmt))
-    return page(request, "saga.html", {**ctx, "history": history, "fmt": fmt,
-                                       "formats": FORMATS})
+    return fmt
+
+
+async def saga_page(request: Request) -> Response:
+    sid, fmt = _saga_id(request), _format(request)
+    ctx = await run_in_threadpool(live_context, _store(request), sid, fmt)
+    return page(request, "saga.html", ctx)
 
 
 async def saga_export(request: Request) -> Response:
@@ -120,7 +123,7 @@ async def saga_export(request: Request) -> Response:
 async def saga_live(request: Request) -> Response:
     """Server-Sent Events: the saga page's live part, re-rendered whenever events
     land (XREAD BLOCK on the saga's stream, in a thread, never on the loop)."""
-    sid = _saga_id(request)
+    sid, fmt = _saga_id(request), _format(request)
     after_text = request.query_params.get("after", "-1")
     after = int(after_text) if after_text.lstrip("-").isdigit() else -1
     store = _store(request)
@@ -136,7 +139,7 @@ async def saga_live(request: Request) -> Response:
             if not got:
                 yield ": idle\n\n"  # a comment: keeps proxies from closing the stream
                 continue
-            ctx = await run_in_threadpool(live_context, store, sid)
+            ctx = await run_in_threadpool(live_context, store, sid, fmt)
             seq = ctx["seq"]
             html = fragment(request, "_live.html", ctx)
             data = orjson.dumps({"seq": seq, "state": str(ctx["saga"].status),

@@ -18,7 +18,7 @@ from ..events import EventKind as K
 from .masking import short_json
 
 WIDTH, LABEL_W, ROW_H, TOP = 960, 230, 26, 22
-CHART_W = WIDTH - LABEL_W - 10
+CHART_W = WIDTH - LABEL_W - 40  # room for the last tick's label
 
 
 @dataclass

@@ -4,7 +4,8 @@
   "use strict";
   function follow(box) {
     if (box.dataset.live !== "1" || !window.EventSource) { return; }
-    var src = box.dataset.src + "?after=" + encodeURIComponent(box.dataset.seq);
+    var src = box.dataset.src + (box.dataset.src.indexOf("?") < 0 ? "?" : "&") +
+      "after=" + encodeURIComponent(box.dataset.seq);
     var stream = new EventSource(src);
     stream.addEventListener("update", function (ev) {
       var msg = JSON.parse(ev.data);
