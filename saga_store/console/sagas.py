@@ -9,6 +9,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import orjson
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
@@ -26,6 +28,7 @@ from .masking import mask_messages
 from .render import fragment, page
 
 STATES = [s.value for s in Status]
+LIVE_THREADS = 32
 
 
 def _store(request: Request) -> SagaStore:
@@ -120,6 +123,15 @@ async def saga_export(request: Request) -> Response:
         "content-disposition": f'attachment; filename="saga-{sid}.jsonl"'})
 
 
+def _live_limiter(request: Request) -> anyio.CapacityLimiter:
+    """Threads for live pages' blocking reads, apart from the pool every other
+    request uses: many open live pages delay each other's updates, not the pages."""
+    limiter: anyio.CapacityLimiter | None = getattr(request.app.state, "live_limiter", None)
+    if limiter is None:
+        limiter = request.app.state.live_limiter = anyio.CapacityLimiter(LIVE_THREADS)
+    return limiter
+
+
 async def saga_live(request: Request) -> Response:
     """Server-Sent Events: the saga page's live part, re-rendered whenever events
     land (XREAD BLOCK on the saga's stream, in a thread, never on the loop)."""
@@ -128,12 +140,14 @@ async def saga_live(request: Request) -> Response:
     after = int(after_text) if after_text.lstrip("-").isdigit() else -1
     store = _store(request)
     block_ms: int = request.app.state.config.live_block_ms
+    limiter = _live_limiter(request)
 
     async def events() -> AsyncIterator[str]:
         seq = after
         yield "retry: 2000\n\n"
         while True:
-            got = await run_in_threadpool(store.store.log.wait, sid, seq, block_ms)
+            got = await anyio.to_thread.run_sync(store.store.log.wait, sid, seq, block_ms,
+                                                 limiter=limiter)
             if await request.is_disconnected():
                 return
             if not got:
