@@ -4,6 +4,7 @@ are retried with backoff; a receiver that hangs never holds up the sender."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -11,14 +12,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.to_thread
 import orjson
 import pytest
+import redis
 
-from saga_store import SagaStore, approvals
+from saga_store import Registry, SagaStore, approvals
 from saga_store.notify import Notifier, payload
 from saga_store.state import Status
 from saga_store.testing import assert_eventually
 from saga_store.testing_workers import workers
+
+from .test_mcp_gateway import POLICY, ROOT, TOOLS_MAP, _session
 
 
 class Receiver:
@@ -140,3 +146,37 @@ def test_a_hanging_receiver_never_holds_the_sender() -> None:
     finally:
         release.set()
         stuck.close()
+
+
+@pytest.mark.real_redis
+def test_the_gateway_notifies_when_a_call_waits_for_approval(
+        redis_url: str, client: redis.Redis, tmp_path: Path, receiver: Receiver) -> None:
+    (tmp_path / "tools.toml").write_text(TOOLS_MAP)
+    (tmp_path / "policy.toml").write_text(POLICY)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RECORDS_LEDGER": str(tmp_path / "l.db"),
+           "SAGA_REDIS_URL": redis_url, "SAGA_NOTIFY_URL": receiver.url}
+    gw = {"env": env, "args": ["-m", "cli.main", "mcp-guard", "--policy",
+                               str(tmp_path / "policy.toml"), "--tools-map",
+                               str(tmp_path / "tools.toml")]}
+    store = SagaStore(client, Registry())
+
+    def asked() -> list[dict[str, Any]]:
+        return [b for b in receiver.bodies if b["event"] == "approval_requested"]
+
+    async def go() -> Any:
+        async with _session(gw) as s, anyio.create_task_group() as tg:
+            out: list[Any] = []
+
+            async def wire() -> None:
+                out.append(await s.call_tool("wire_funds", {"amount_cents": 5, "to": "a"}))
+            tg.start_soon(wire)
+            got = await anyio.to_thread.run_sync(lambda: assert_eventually(
+                asked, timeout=30, what="the gateway's approval notification"))
+            approvals.decide(store, got[0]["saga_id"], got[0]["step"], grant=False, by="bob",
+                             reason="not now")
+        return out[0]
+
+    assert anyio.run(go).is_error
+    [body] = asked()
+    assert (body["tool"], body["agent_id"], body["step"]) == ("wire_funds", "mcp-client", 0)
+    assert '"to"' not in orjson.dumps(body).decode()  # no arguments
