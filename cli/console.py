@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import click
 
-from saga_store.client import SagaStore
-from saga_store.errors import InvalidInput
-from saga_store.registry import Registry
+from saga_store import InvalidInput, Registry, SagaStore
 
 from .common import Context, errors_to_exit, operator, pass_ctx
 

@@ -15,9 +15,8 @@ import pytest
 import redis
 
 from cli.main import cli
-from saga_store import SagaStore, keys
+from saga_store import SagaStore, Status, keys
 from saga_store.events import EventKind as K
-from saga_store.state import Status
 from saga_store.testing import assert_eventually
 from saga_store.testing_workers import workers
 

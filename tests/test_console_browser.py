@@ -20,11 +20,9 @@ import pytest
 import redis
 import uvicorn
 
-from saga_store import Registry, SagaStore, approvals
+from saga_store import Registry, SagaStore, Settings, Status, approvals
 from saga_store.console import ConsoleConfig, create_app
 from saga_store.events import EventKind as K
-from saga_store.settings import Settings
-from saga_store.state import Status
 from saga_store.testing import assert_eventually, free_port
 from saga_store.testing_workers import workers
 

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from saga_store import SagaStore, approvals, keys
+from saga_store import SagaStore, Status, approvals, keys
 from saga_store.events import EventKind as K
-from saga_store.state import Status
 from saga_store.testing import assert_eventually
 from saga_store.testing_workers import workers
 from saga_store.verify import Verifier

@@ -15,9 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from saga_store import SagaStore
+from saga_store import InvalidInput, SagaStore
 from saga_store.console import ConsoleConfig
-from saga_store.errors import InvalidInput
 from saga_store.events import EventKind as K
 from saga_store.testing import assert_eventually, free_port
 

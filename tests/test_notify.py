@@ -18,9 +18,8 @@ import orjson
 import pytest
 import redis
 
-from saga_store import Registry, SagaStore, approvals
+from saga_store import Registry, SagaStore, Status, approvals
 from saga_store.notify import Notifier, payload
-from saga_store.state import Status
 from saga_store.testing import assert_eventually
 from saga_store.testing_workers import workers
 

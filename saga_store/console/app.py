@@ -11,8 +11,7 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..client import SagaStore
-from ..errors import SagaError, StoreUnavailable
+from .. import SagaError, SagaStore, StoreUnavailable
 from . import ops, sagas
 from .config import ConsoleConfig
 from .render import make_templates, page

@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ..errors import InvalidInput
+from .. import InvalidInput
 
 MAX_NAME = 128
 

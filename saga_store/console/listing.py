@@ -16,10 +16,9 @@ from typing import Any
 
 import orjson
 
-from .. import keys
+from .. import SagaState, keys
 from ..events import EventKind as K
 from ..log import body_and_hash, command
-from ..state import SagaState
 from ..store import Store
 
 CHUNK = 200

@@ -13,10 +13,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from .. import approvals
+from .. import ConflictError, InvalidInput, SagaStore, approvals
 from ..attention import acknowledge, needing_attention
-from ..client import SagaStore
-from ..errors import ConflictError, InvalidInput
 from ..ids import valid_id
 from .masking import mask
 from .render import page

@@ -17,11 +17,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from ..client import SagaStore
+from .. import SagaStore, Status
 from ..context import FORMATS, rebuild_history
 from ..export import export
 from ..ids import valid_id
-from ..state import Status, fold
+from ..state import fold
 from . import timeline
 from .listing import Filters, list_page
 from .masking import mask_messages

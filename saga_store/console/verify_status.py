@@ -17,8 +17,8 @@ from typing import Any
 
 import redis
 
-from .. import keys
-from ..errors import AnchorMismatch, SagaError
+from .. import SagaError, keys
+from ..errors import AnchorMismatch
 from ..ledger import read_anchor
 from ..store import Store
 from ..verify import Verifier
