@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import time
-from typing import Any
-
 import click
 
-from saga_store import keys
-from saga_store.errors import InvalidInput
-from saga_store.state import Status, fold
+from saga_store.attention import acknowledge, needing_attention
 
 from .common import Context, emit_json, errors_to_exit, operator, pass_ctx
 
@@ -32,30 +27,12 @@ def attention(ctx: Context, ack: str | None, by: str | None, note: str,
     stays as it is."""
     with errors_to_exit():
         store = ctx.store()
-        r = store.redis
         if ack is not None:
-            store.require(ack)
-            if not r.sismember(keys.NEEDS_ATTENTION, ack):
-                raise InvalidInput(f"saga {ack} is not waiting for attention; "
-                                   "'saga attention' lists those that are")
             who = operator(by)
-            pipe = r.pipeline(transaction=True)
-            pipe.xadd(keys.ATTENTION_ACKS, {"saga_id": ack, "by": who, "note": note[:2000],
-                                            "at_ms": str(int(time.time() * 1000))})
-            pipe.srem(keys.NEEDS_ATTENTION, ack)
-            pipe.execute()
+            acknowledge(store.redis, ack, who, note)
             click.echo(f"saga {ack}: acknowledged by {who}")
             return
-        members: set[bytes] = r.smembers(keys.NEEDS_ATTENTION)  # type: ignore[assignment]
-        rows: list[dict[str, Any]] = []
-        for sid in sorted(m.decode() for m in members):
-            st = fold(sid, store.log.bodies(sid))
-            if st.status is not Status.NEEDS_ATTENTION:
-                continue
-            reason = st.reason if isinstance(st.reason, dict) else {}
-            rows.append({"saga_id": sid, "agent_id": st.agent_id,
-                         "needs_attention": reason.get("needs_attention") or [],
-                         "updated_ts": st.updated_ts})
+        rows = [row.to_dict() for row in needing_attention(store.log)]
         if as_json:
             emit_json(rows)
             return

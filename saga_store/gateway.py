@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from . import approvals, keys
+from . import approvals, keys, notify
 from .argcheck import Check, compile_check
 from .canonical import canonical
 from .context import project, tell
@@ -509,6 +509,8 @@ class Gateway:
         self.store.redis.zadd(keys.APPROVALS, {approvals.member(writer.saga_id, step):
                                                approvals.deadline(timeout_s)})
         self._project(writer)
+        notify.approval_requested(writer.saga_id, step, name, self.session.agent_id,
+                                  verdict.reason)
         log.warning("saga %s step %d (%s) waits for approval: saga approve %s %d",
                     writer.saga_id, step, name, writer.saga_id, step)
         import anyio
@@ -589,6 +591,7 @@ class Gateway:
                 if act.attention:
                     self.store.redis.sadd(keys.NEEDS_ATTENTION, writer.saga_id)
                 self._close(writer)
+                notify.needs_attention(writer.saga_id, st.agent_id, act.attention)
                 return ("needs attention" if act.attention else "compensated"), undone
             elif isinstance(act, unwind.Done):
                 self._project(writer)

@@ -61,6 +61,7 @@ class SagaState:
     status: Status = Status.RUNNING
     steps: dict[int, StepState] = field(default_factory=dict)
     seq: int = -1
+    created_ts: int | None = None  # when saga_started was written (the console shows it)
     updated_ts: int | None = None
     reason: Any = None
     invalid_calls: int = 0
@@ -94,6 +95,7 @@ class SagaState:
         n = ev.get("step")
         if kind == K.SAGA_STARTED:
             self.agent_id = ev.get("agent_id")
+            self.created_ts = ev.get("ts")
             if isinstance(data, dict):
                 self.conversation_id = data.get("conversation_id")
                 self.plan = bool(data.get("plan"))

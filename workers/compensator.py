@@ -17,7 +17,7 @@ import random
 import time
 from typing import Any
 
-from saga_store import keys
+from saga_store import keys, notify
 from saga_store.client import SagaStore
 from saga_store.context import project, tell
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
@@ -181,6 +181,7 @@ class Compensator:
         pipe.zrem(keys.ACTIVE, state.saga_id)
         pipe.pexpire(keys.saga_secrets(state.saga_id), 0)
         execute(pipe, settle)
+        notify.needs_attention(state.saga_id, state.agent_id, act.attention)
         return ended
 
     def _count(self, tool: str, outcome: Outcome) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 import orjson
 
-from saga_store import approvals, keys
+from saga_store import approvals, keys, notify
 from saga_store.client import SagaStore
 from saga_store.context import project, tell
 from saga_store.enqueue import enqueue_compensation, enqueue_step, intent
@@ -393,6 +393,7 @@ class StepRunner:
             return "conflict"
         self._ack(extra)
         project(self.store.store, saga_id)
+        notify.approval_requested(saga_id, step, spec.name, view.agent_id, verdict.reason)
         log.info("saga %s step %d (%s) waits for approval: %s", saga_id, step, spec.name,
                  verdict.reason)
         return "awaiting_approval"

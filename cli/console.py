@@ -1,0 +1,60 @@
+"""``saga console``: the operator web console (needs the ``console`` extra)."""
+
+from __future__ import annotations
+
+import click
+
+from saga_store import InvalidInput, Registry, SagaStore
+
+from .common import Context, errors_to_exit, operator, pass_ctx
+
+
+@click.command("console")
+@click.option("--host", default="127.0.0.1", show_default=True, envvar="SAGA_CONSOLE_HOST",
+              help="Address to listen on. Anything but loopback needs SAGA_CONSOLE_TOKEN "
+                   "or SAGA_CONSOLE_USER_HEADER.")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535),
+              envvar="SAGA_CONSOLE_PORT", help="Port to listen on.")
+@click.option("--by", default=None, envvar="SAGA_OPERATOR",
+              help="Who decides, when no token name or proxy header names the person "
+                   "(default: the login name).")
+@click.option("--anchor", "anchor_file", default=None, envvar="SAGA_ANCHOR",
+              type=click.Path(dir_okay=False),
+              help="An anchor file (saga anchor --out) the verify page checks the ledger "
+                   "against.")
+@pass_ctx
+def console(ctx: Context, host: str, port: int, by: str | None,
+            anchor_file: str | None) -> None:
+    """Serve the operator console: sagas, live timelines, approvals, attention and
+    verification, in a browser.
+
+    Security: it binds 127.0.0.1 by default, where whoever reaches the port acts
+    as --by. SAGA_CONSOLE_TOKEN (a token, or name:token pairs separated by
+    commas) asks for a bearer token or a sign-in; SAGA_CONSOLE_USER_HEADER
+    trusts a reverse proxy's header naming the user. Every form carries a CSRF
+    token.
+    """
+    with errors_to_exit():
+        try:
+            import uvicorn
+
+            from saga_store.console import ConsoleConfig, create_app
+        except ImportError as exc:
+            raise InvalidInput(f"saga console needs the console extra ({exc.name} is "
+                               "missing): pip install 'saga-store[console]'") from None
+        import dataclasses
+
+        config = ConsoleConfig.from_env(host, port, operator(by))
+        if anchor_file:
+            config = dataclasses.replace(config, anchor_file=anchor_file)
+        store = SagaStore(ctx.store().redis, Registry(), ctx.settings)
+        app = create_app(store, config)
+        auth = ("a token" if config.tokens else
+                f"the {config.user_header} header" if config.user_header else
+                f"no sign-in (acting as {config.operator})")
+        click.echo(f"saga console on http://{host}:{port}/ ({auth})", err=True)
+        uvicorn.run(app, host=host, port=port, log_level="warning",
+                    timeout_graceful_shutdown=3, proxy_headers=bool(config.user_header))
+
+
+COMMANDS = [console]

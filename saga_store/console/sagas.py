@@ -1,0 +1,167 @@
+"""Pages about sagas: the list, one saga (timeline, history, export), and the
+live feed that keeps a running saga's page current."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import orjson
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from .. import SagaStore, Status
+from ..context import FORMATS, rebuild_history
+from ..export import export
+from ..ids import valid_id
+from ..state import fold
+from . import timeline
+from .listing import Filters, list_page
+from .masking import mask_messages
+from .render import fragment, page
+
+STATES = [s.value for s in Status]
+LIVE_THREADS = 32
+
+
+def _store(request: Request) -> SagaStore:
+    store: SagaStore = request.app.state.saga_store
+    return store
+
+
+def _time(text: str | None, what: str) -> int | None:
+    """A form's UTC date-time (``2026-12-01T09:30``) as epoch ms."""
+    if not text:
+        return None
+    try:
+        t = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise HTTPException(400, f"{what}: not a date and time (YYYY-MM-DDTHH:MM)") from None
+    return int(t.replace(tzinfo=t.tzinfo or dt.UTC).timestamp() * 1000)
+
+
+def _filters(request: Request) -> tuple[Filters, dict[str, str]]:
+    q = request.query_params
+    raw = {k: q.get(k, "").strip() for k in ("state", "agent", "since", "until")}
+    if raw["state"] and raw["state"] not in STATES:
+        raise HTTPException(400, f"state: one of {', '.join(STATES)}")
+    if raw["agent"] and not valid_id(raw["agent"]):
+        raise HTTPException(400, "agent: not a valid agent id")
+    return Filters(raw["state"] or None, raw["agent"] or None,
+                   _time(raw["since"], "since"), _time(raw["until"], "until")), raw
+
+
+async def sagas_list(request: Request) -> Response:
+    filters, raw = _filters(request)
+    cursor_text = request.query_params.get("cursor", "")
+    if cursor_text and not cursor_text.isdigit():
+        raise HTTPException(400, "cursor: not a page cursor")
+    cursor = int(cursor_text) if cursor_text else None
+    size = request.app.state.config.page_size
+    result = await run_in_threadpool(list_page, _store(request).store, filters, cursor, size)
+    keep = {k: v for k, v in raw.items() if v}
+    return page(request, "sagas.html", {"page": result, "filters": raw, "states": STATES,
+                                        "keep": keep, "first": cursor is None})
+
+
+def _saga_id(request: Request) -> str:
+    sid: str = request.path_params["saga_id"]
+    if not valid_id(sid):
+        raise HTTPException(404, "no such saga")
+    return sid
+
+
+def live_context(store: SagaStore, saga_id: str, fmt: str) -> dict[str, Any]:
+    """Everything the live part of a saga page shows (state, timeline, the history
+    the agent sees in ``fmt``), from one read of its log."""
+    bodies, head = store.store.log.bodies_and_head(saga_id)
+    if not bodies:
+        raise HTTPException(404, f"no saga {saga_id}")
+    st = fold(saga_id, bodies)
+    now = time.time_ns() // 1_000_000
+    created = st.created_ts or now
+    took = (st.updated_ts or now) - created if st.final else now - created
+    return {"saga": st, "seq": head.seq, "tl": timeline.build(bodies, now, st.final),
+            "took": took, "live": not st.final, "fmt": fmt, "formats": FORMATS,
+            "history": mask_messages(rebuild_history([st], fmt))}
+
+
+def _format(request: Request) -> str:
+    fmt = request.query_params.get("format", "openai")
+    if fmt not in FORMATS:
+        raise HTTPException(400, f"format: one of {', '.join(FORMATS)}")
+    return fmt
+
+
+async def saga_page(request: Request) -> Response:
+    sid, fmt = _saga_id(request), _format(request)
+    ctx = await run_in_threadpool(live_context, _store(request), sid, fmt)
+    return page(request, "saga.html", ctx)
+
+
+async def saga_export(request: Request) -> Response:
+    """The saga and the ledger as JSONL, which ``saga verify --file`` accepts."""
+    sid = _saga_id(request)
+    store = _store(request)
+    if (await run_in_threadpool(store.store.log.head, sid)).empty:
+        raise HTTPException(404, f"no saga {sid}")
+
+    def write() -> bytes:
+        out = io.BytesIO()
+        export(store.store.log, out, [sid])
+        return out.getvalue()
+
+    body = await run_in_threadpool(write)
+    return Response(body, media_type="application/x-ndjson", headers={
+        "content-disposition": f'attachment; filename="saga-{sid}.jsonl"'})
+
+
+def _live_limiter(request: Request) -> anyio.CapacityLimiter:
+    """Threads for live pages' blocking reads, apart from the pool every other
+    request uses: many open live pages delay each other's updates, not the pages."""
+    limiter: anyio.CapacityLimiter | None = getattr(request.app.state, "live_limiter", None)
+    if limiter is None:
+        limiter = request.app.state.live_limiter = anyio.CapacityLimiter(LIVE_THREADS)
+    return limiter
+
+
+async def saga_live(request: Request) -> Response:
+    """Server-Sent Events: the saga page's live part, re-rendered whenever events
+    land (XREAD BLOCK on the saga's stream, in a thread, never on the loop)."""
+    sid, fmt = _saga_id(request), _format(request)
+    after_text = request.query_params.get("after", "-1")
+    after = int(after_text) if after_text.lstrip("-").isdigit() else -1
+    store = _store(request)
+    block_ms: int = request.app.state.config.live_block_ms
+    limiter = _live_limiter(request)
+
+    async def events() -> AsyncIterator[str]:
+        seq = after
+        yield "retry: 2000\n\n"
+        while True:
+            got = await anyio.to_thread.run_sync(store.store.log.wait, sid, seq, block_ms,
+                                                 limiter=limiter)
+            if await request.is_disconnected():
+                return
+            if not got:
+                yield ": idle\n\n"  # a comment: keeps proxies from closing the stream
+                continue
+            ctx = await run_in_threadpool(live_context, store, sid, fmt)
+            seq = ctx["seq"]
+            html = fragment(request, "_live.html", ctx)
+            data = orjson.dumps({"seq": seq, "state": str(ctx["saga"].status),
+                                 "final": not ctx["live"], "html": html}).decode()
+            yield f"event: update\nid: {seq}\ndata: {data}\n\n"
+            if not ctx["live"]:
+                yield "event: end\ndata: {}\n\n"
+                return
+
+    return StreamingResponse(events(), media_type="text/event-stream",
+                             headers={"x-accel-buffering": "no"})
