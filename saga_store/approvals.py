@@ -20,8 +20,20 @@ from .errors import ConflictError, FencedOff, InvalidInput, NoSuchSaga, no_such_
 from .ids import check_id
 from .log import command
 from .protocol import build
+from .protocol.delivery import denial
 from .protocol.vocab import Approval, Phase
 from .state import Status
+
+__all__ = [
+    "Pending",
+    "deadline",
+    "decide",
+    "denial",
+    "expire_due",
+    "member",
+    "pending",
+    "preview",
+]
 
 if TYPE_CHECKING:
     from .client import SagaStore
@@ -57,13 +69,6 @@ def preview(tool: str, logged_args: dict[str, Any], reversibility: str,
     if timeout_s:
         out["timeout_s"] = timeout_s
     return out
-
-
-def denial(decision: Any) -> str:
-    """The error a denied step fails with: who denied it, and why."""
-    d = decision if isinstance(decision, dict) else {}
-    why = f": {d['reason']}" if d.get("reason") else ""
-    return f"denied by {d.get('by', 'someone')}{why}"
 
 
 def member(saga_id: str, step: int) -> str:

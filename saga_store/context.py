@@ -25,7 +25,10 @@ import orjson
 
 from . import keys
 from .events import EventKind as K
+from .protocol.vocab import CompStatus, StepStatus
 from .state import SagaState, Status, StepState, paused_gc
+
+UNDONE = frozenset({CompStatus.SUCCEEDED, CompStatus.RESOLVED})  # the agent sees them rolled back
 
 FORMATS = ("openai", "anthropic", "plain")
 
@@ -104,8 +107,9 @@ def step_views(state: SagaState) -> list[dict[str, Any]]:
 def closing_note(state: SagaState) -> str | None:
     """The current truth in one paragraph, once the saga has unwound or ended."""
     undone = [s for s in (state.steps[n] for n in sorted(state.steps))
-              if s.compensation == "succeeded"]
-    stuck = [s for s in state.steps.values() if s.compensation in ("not_compensable", "failed")]
+              if s.compensation in UNDONE]
+    stuck = [s for s in state.steps.values()
+             if s.compensation in (CompStatus.NOT_COMPENSABLE, CompStatus.FAILED)]
     if state.status is Status.RUNNING or (state.status is Status.COMMITTED and not undone):
         return None
     parts = [f"Saga {state.saga_id} is {state.status}."]
@@ -162,7 +166,7 @@ def _anthropic(views: list[dict[str, Any]], note: str | None) -> list[dict[str, 
             "type": "tool_use", "id": v["tool_call_id"], "name": v["tool"], "input": v["args"]}]})
         block: dict[str, Any] = {"type": "tool_result", "tool_use_id": v["tool_call_id"],
                                  "content": v["result"]}
-        if v["status"] in ("failed", "in_doubt"):
+        if v["status"] in (StepStatus.FAILED, StepStatus.IN_DOUBT):
             block["is_error"] = True
         out.append({"role": "user", "content": [block]})
     if note:
@@ -174,22 +178,26 @@ def _anthropic(views: list[dict[str, Any]], note: str | None) -> list[dict[str, 
 
 
 def _belief(st: StepState) -> str:
-    if st.compensation == "succeeded":
+    if st.compensation in UNDONE:
         return "retracted"
-    return {"succeeded": "observed", "failed": "failed", "in_doubt": "in_doubt"}.get(
-        st.status, "pending")
+    return {StepStatus.SUCCEEDED: "observed", StepStatus.FAILED: "failed",
+            StepStatus.IN_DOUBT: "in_doubt"}.get(st.status, "pending")
 
 
 def _result_text(st: StepState) -> str:
-    if st.compensation == "succeeded":
+    if st.compensation is CompStatus.RESOLVED:
+        note = (st.resolved_by or {}).get("note") if isinstance(st.resolved_by, dict) else None
+        return f"rolled back: this call was undone by hand ({_short(note)}). " \
+               "Its earlier result no longer holds."
+    if st.compensation is CompStatus.SUCCEEDED:
         undo = f": {_short(st.compensation_result)}" if st.compensation_result else ""
         return f"rolled back: this call was undone by its compensation{undo}. " \
                "Its earlier result no longer holds."
-    if st.status == "succeeded":
+    if st.status is StepStatus.SUCCEEDED:
         return orjson.dumps(st.result or {}).decode()
-    if st.status == "failed":
+    if st.status is StepStatus.FAILED:
         return f"error: {_short(st.error)}"
-    if st.status == "in_doubt":
+    if st.status is StepStatus.IN_DOUBT:
         return f"outcome unknown: {_short(st.error)}"
     return "in progress"
 

@@ -316,7 +316,7 @@ class Gateway:
             return None
         sid = s.writer.saga_id
         if not (isinstance(exc, FencedOff) or self.leases.lost(sid)
-                or self.store.meta(sid).get("phase") == "closed"):
+                or self.store.meta(sid).get("phase") == Phase.CLOSED):
             return None
         self.leases.held.discard(sid)
         s.writer, s.state = None, None
@@ -398,7 +398,7 @@ class Gateway:
             except KeyReuseError as exc:
                 return CallOutcome(False, None, str(exc))
             if claim.status == "exists":
-                return CallOutcome(claim.state == "succeeded", (claim.result or {}).get(
+                return CallOutcome(claim.state == OutcomeKind.SUCCEEDED, (claim.result or {}).get(
                     "structuredContent"), f"(repeated call, recorded answer) "
                     f"{(claim.result or {}).get('text', '')}")
         step = st.next_step

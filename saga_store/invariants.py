@@ -16,6 +16,7 @@ from typing import Any
 
 from .events import TERMINAL_KINDS
 from .events import EventKind as K
+from .protocol.vocab import Reversibility
 
 _UNWIND_STARTS = frozenset({K.SAGA_FAILED, K.COMPENSATION_INTENT, K.STEP_NOT_COMPENSABLE})
 
@@ -49,7 +50,7 @@ class Invariants:
             if step in self.outcome:
                 return f"step {step} has a second intent"
             self.outcome[step] = None
-            if isinstance(data, dict) and data.get("reversibility") == "readonly":
+            if isinstance(data, dict) and data.get("reversibility") == Reversibility.READONLY:
                 self.readonly.add(step)
             return None
         if step not in self.outcome:

@@ -26,6 +26,9 @@ from typing import Any
 from .errors import InvalidInput, MappingError
 from .policy import read_config
 from .protocol.mapping import parts_of
+from .protocol.vocab import Reversibility
+
+REVERSIBILITIES = frozenset(r.value for r in Reversibility)
 
 log = logging.getLogger("saga_store.gateway")
 META_COMPENSATE = "dev.chronomcp/compensate"
@@ -55,11 +58,11 @@ class Classification:
         return self.reversibility != "readonly"
 
     def label(self) -> str:
-        if self.reversibility == "readonly":
+        if self.reversibility == Reversibility.READONLY:
             return "read-only" + (" (server's claim)" if self.server_readonly else "")
         if self.compensation is not None:
             return f"compensable: undone by {self.compensation.tool} if a later call fails"
-        if self.reversibility == "irreversible":
+        if self.reversibility == Reversibility.IRREVERSIBLE:
             return "IRREVERSIBLE: cannot be undone"
         return "unclassified: treated as mutating and not undoable"
 
@@ -75,7 +78,7 @@ def load_tools_map(path: str | Path) -> dict[str, Classification]:
             raise InvalidInput(f"{where} must be a table")
         comp = entry.get("compensation")
         rev = entry.get("reversibility", "compensable" if comp else None)
-        if rev not in ("readonly", "compensable", "irreversible"):
+        if rev not in REVERSIBILITIES:
             raise InvalidInput(f"{where}: reversibility must be readonly, compensable or "
                                "irreversible")
         secret = entry.get("secret") or []

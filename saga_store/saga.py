@@ -25,7 +25,7 @@ from .ids import check_id
 from .log import Head
 from .protocol import build
 from .protocol.forward import commit_blocker
-from .protocol.vocab import Phase, StepStatus
+from .protocol.vocab import OutcomeKind, Phase, StepStatus
 from .state import SagaState, Status
 from .store import ChainWriter
 from .tools import ToolSpec
@@ -158,14 +158,14 @@ class Saga:
 
     def _elsewhere(self, claim: Any, timeout: float) -> dict[str, Any]:
         """An explicit key already used by (claim.saga_id, claim.step): same answer."""
-        if claim.state == "succeeded":
+        if claim.state == OutcomeKind.SUCCEEDED:
             return dict(claim.result or {})
         other = self.store.store.state(claim.saga_id)
         if claim.step not in other.steps:
             raise StepPending("that idempotency key is in progress; try again shortly")
         sub = self.store.follow(other, lambda s: s.steps[claim.step].finished, timeout)
         st = sub.steps[claim.step]
-        if st.status == "succeeded":
+        if st.status is StepStatus.SUCCEEDED:
             return dict(st.result or {})
         raise StepError(f"the call with that idempotency key ended {st.status}: {st.error}")
 

@@ -16,7 +16,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -34,9 +34,10 @@ from saga_store.pipeline import execute, lean
 from saga_store.policy import Decision, Policy, Verdict
 from saga_store.protocol import build
 from saga_store.protocol.build import Item
+from saga_store.protocol.delivery import Act, StepView, ToolFacts, on_delivery
 from saga_store.protocol.forward import outcome_events
 from saga_store.protocol.outcome import Outcome
-from saga_store.protocol.vocab import Follow, LeaseMode, OutcomeKind, Phase
+from saga_store.protocol.vocab import Follow, LeaseMode, Phase
 from saga_store.registry import UnknownTool
 from saga_store.store import ChainWriter
 from saga_store.tools import StepContext, ToolSpec
@@ -46,23 +47,6 @@ from .invoke import Invoker
 log = logging.getLogger("saga_store.worker")
 _APPROVAL_KINDS = frozenset({K.APPROVAL_REQUESTED, K.APPROVAL_GRANTED, K.APPROVAL_DENIED})
 MAX_REDECIDE = 50
-
-
-@dataclass
-class StepView:
-    """What the log says about one step, read from its intent on."""
-
-    intent: dict[str, Any] | None = None
-    started: int = 0
-    outcome: dict[str, Any] | None = None
-    unwinding: bool = False
-    approval: tuple[str, Any] | None = None  # the step's last approval event (kind, data)
-    head: Head = field(default_factory=lambda: Head(-1, b""))
-    plan: list[dict[str, Any]] | None = None
-    agent_id: str | None = None
-    conversation_id: str | None = None
-    events: list[dict[str, Any]] = field(default_factory=list)  # from the intent on
-    ctx_seq: int = -1  # how far the context projection has got
 
 
 @dataclass
@@ -159,12 +143,18 @@ class StepRunner:
 
     def _decide(self, saga_id: str, step: int, intent_seq: int, view: StepView,
                 extra: Any) -> str:
-        if view.intent is None:
-            self._ack(extra)
-            return "stale"
         writer = ChainWriter(self.store.store, saga_id, view.head)
+        spec, unknown = self._spec(view)
+        facts = None if spec is None else ToolFacts(
+            spec.retry.max_deliveries, spec.after_crash != "in_doubt",
+            lambda: _verdict(self.store.policy, spec, (view.intent or {})["data"]["args"]))
+        decided = on_delivery(view, facts, unknown)
         metrics = self.store.metrics
-        if view.outcome is not None:
+        if decided.act in (Act.STALE, Act.CANCELLED, Act.AWAIT):
+            self._ack(extra)
+            return str(decided.act)
+        if decided.act is Act.DUPLICATE:
+            assert view.outcome is not None
             if metrics is not None:
                 metrics.dedupe_hits.labels("duplicate_delivery").inc()
             # a note only, and refused by the append script once the saga is closed
@@ -172,29 +162,17 @@ class StepRunner:
                 writer.append_many([build.duplicate_suppressed(step, view.outcome["kind"])])
             self._ack(extra)
             return "duplicate"
-        if view.unwinding and view.started == 0:
-            self._ack(extra)
-            return "cancelled"  # never started, and now it never will
         token = f"{self.name}:{os.urandom(6).hex()}"
-        try:
-            spec = self.store.registry.get(view.intent["tool"])
-        except UnknownTool as exc:
-            return self._finish(writer, saga_id, step, view, token, extra,
-                                Outcome.failed(f"{exc} (in this worker)"), None,
-                                acquire=self.store.settings.lease_ms)
-        ttl = int(spec.timeout * 1000) + self.store.settings.lease_ms
-        if view.started >= spec.retry.max_deliveries:
-            return self._finish(writer, saga_id, step, view, token, extra, Outcome.failed(
-                f"dead-lettered: {view.started} deliveries never finished "
-                "(the step keeps killing its worker)"), spec, acquire=ttl)
-        if not view.started:  # a step that started once had passed its gate
-            gated = self._gate(writer, saga_id, step, view, spec, token, extra, ttl)
-            if gated is not None:
-                return gated
-        if view.started and spec.after_crash == OutcomeKind.IN_DOUBT:
-            return self._finish(writer, saga_id, step, view, token, extra, Outcome.in_doubt(
-                f"attempt {view.started} never finished; its outcome is "
-                "unknown"), spec, acquire=ttl)
+        ttl = self.store.settings.lease_ms + (int(spec.timeout * 1000) if spec else 0)
+        if decided.act is Act.FAIL:
+            assert decided.outcome is not None
+            return self._finish(writer, saga_id, step, view, token, extra, decided.outcome,
+                                spec, acquire=ttl)
+        assert spec is not None
+        if decided.act is Act.GATE:
+            assert decided.verdict is not None
+            return self._request_approval(writer, saga_id, step, view, spec, decided.verdict,
+                                          extra)
         data: dict[str, Any] = {"worker": self.name}
         if view.started:
             data["after_unfinished_attempts"] = view.started
@@ -353,27 +331,21 @@ class StepRunner:
             return None
         return spec, int(spec.timeout * 1000) + self.store.settings.lease_ms
 
-    def _gate(self, writer: ChainWriter, saga_id: str, step: int, view: StepView,
-              spec: ToolSpec, token: str, extra: Any, ttl: int) -> str | None:
-        """The approval gate: None to run the step now; else what happened instead."""
-        if view.approval is not None:
-            kind, data = view.approval
-            if kind == K.APPROVAL_GRANTED:
-                return None
-            if kind == K.APPROVAL_DENIED:
-                return self._finish(writer, saga_id, step, view, token, extra, Outcome.failed(
-                    approvals.denial(data)), spec, acquire=ttl)
-            self._ack(extra)  # requested and not decided yet: nothing to do until it is
-            return "awaiting_approval"
+    def _spec(self, view: StepView) -> tuple[ToolSpec | None, str]:
+        """The step's tool in this worker's registry, or None and why not."""
+        try:
+            return self.store.registry.get((view.intent or {}).get("tool") or ""), ""
+        except UnknownTool as exc:
+            return None, str(exc)
+
+    def _request_approval(self, writer: ChainWriter, saga_id: str, step: int,
+                          view: StepView, spec: ToolSpec, verdict: Verdict,
+                          extra: Any) -> str:
+        """The gate asked for a person: record the request with its preview and leave
+        the step in ss:approvals until someone decides."""
         assert view.intent is not None
         args = view.intent["data"]["args"]
         policy = self.store.policy
-        verdict = _verdict(policy, spec, args)
-        if verdict.decision is Decision.ALLOW:
-            return None
-        if verdict.decision is Decision.DENY:
-            return self._finish(writer, saga_id, step, view, token, extra, Outcome.failed(
-                f"denied by policy ({verdict.reason})"), spec, acquire=ttl)
         undo = ({"tool": spec.compensation, "mapping": dict(spec.mapping)}
                 if spec.compensation else None)
         data = approvals.preview(spec.name, args, str(spec.reversibility), undo, verdict,

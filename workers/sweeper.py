@@ -18,7 +18,8 @@ from saga_store.client import SagaStore
 from saga_store.context import project
 from saga_store.enqueue import enqueue_compensation, enqueue_step
 from saga_store.log import command
-from saga_store.state import Status, fold
+from saga_store.protocol.sweep import Sweep, on_sweep
+from saga_store.state import fold
 from saga_store.verify import Verifier
 
 log = logging.getLogger("saga_store.sweeper")
@@ -76,7 +77,9 @@ class Sweeper:
             if paid:
                 log.warning("sweeper %s: saga %s: wrote the ledger entries its writer owed "
                             "(%s)", self.name, sid, ", ".join(paid))
-        if state.final or state.seq < 0:
+        left_ms = r.pttl(keys.saga_lease(sid)) if state.seq >= 0 and not state.final else 0
+        swept = on_sweep(state, left_ms)
+        if swept.what is Sweep.RETIRE:
             project(self.store.store, sid)  # a closer that died may not have
             if state.final and not self._verifies(sid, verdict):
                 log.error("saga %s: its chain does not verify; run 'saga verify --saga %s'",
@@ -86,24 +89,18 @@ class Sweeper:
             r.zrem(keys.ACTIVE, sid)
             return 0
         pipe: Any = r.pipeline(transaction=False)
-        pipe.zadd(keys.ACTIVE, {sid: now_ms + lease_ms})
-        left_ms = r.pttl(keys.saga_lease(sid))
-        if left_ms > 0:  # someone is working on it: look again the moment the lease ends
+        if swept.what is Sweep.WAIT:  # someone is working on it: look when the lease ends
             pipe.zadd(keys.ACTIVE, {sid: now_ms + left_ms + LOOK_AFTER_MS})
-            pipe.execute()
-            return 0
-        queued = 0
-        if state.status is Status.COMPENSATING:
+        elif swept.what is Sweep.IDLE:  # waiting on its agent or a person: much later
+            pipe.zadd(keys.ACTIVE, {sid: now_ms + 60 * lease_ms})
+        else:
+            pipe.zadd(keys.ACTIVE, {sid: now_ms + lease_ms})
+        if swept.what is Sweep.UNWIND:
             enqueue_compensation(pipe, sid)
-            queued = 1
-        elif state.status is Status.RUNNING:
-            for st in state.steps.values():
-                if not st.finished and st.idem_key and st.approval != "requested":
-                    enqueue_step(pipe, self.store.queue, sid, st.step, st.intent_seq, st.idem_key)
-                    queued += 1
-            if not queued:  # waiting on its agent or a person: look again much later
-                pipe.zadd(keys.ACTIVE, {sid: now_ms + 60 * lease_ms})
+        for step, intent_seq, key in swept.steps:
+            enqueue_step(pipe, self.store.queue, sid, step, intent_seq, key)
         pipe.execute()
+        queued = len(swept.steps) + (swept.what is Sweep.UNWIND)
         if queued:
             log.info("sweeper %s: redelivered %d job(s) of saga %s", self.name, queued, sid)
         return queued
