@@ -587,9 +587,9 @@ class Gateway:
                 elif retry_in is not None:
                     await anyio.sleep(retry_in)
             elif isinstance(act, unwind.Close):
-                self._apply(writer, st, [act.item])
-                if act.attention:
+                if act.attention:  # listed before the close is visible (see the compensator)
                     self.store.redis.sadd(keys.NEEDS_ATTENTION, writer.saga_id)
+                self._apply(writer, st, [act.item])
                 self._close(writer)
                 notify.needs_attention(writer.saga_id, st.agent_id, act.attention)
                 return ("needs attention" if act.attention else "compensated"), undone

@@ -164,6 +164,8 @@ class Compensator:
 
     def _close(self, writer: Writer, state: SagaState, act: unwind.Close, token: str) -> str:
         fault("comp_before_close")
+        if act.attention:  # listed before the close is visible: whoever sees it can ack it
+            self.store.redis.sadd(keys.NEEDS_ATTENTION, state.saga_id)
         writer.append([act.item], Lease(token, LeaseMode.RELEASE))
         self._released = True
         fault("comp_after_close")
@@ -176,8 +178,6 @@ class Compensator:
         pipe = lean(self.store.redis)
         writer.tell(pipe)  # the saga's close, before it leaves ss:active: the sweeper's cue
         settle = writer.chain.close_on(pipe)  # the ledger's closing entry, in the same trip
-        if act.attention:
-            pipe.sadd(keys.NEEDS_ATTENTION, state.saga_id)
         pipe.zrem(keys.ACTIVE, state.saga_id)
         pipe.pexpire(keys.saga_secrets(state.saga_id), 0)
         execute(pipe, settle)
