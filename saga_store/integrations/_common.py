@@ -342,10 +342,11 @@ def rewrite(results: Sequence[tuple[str | None, str | None]], states: Iterable[S
 
     A result of a saga's call gets the text :func:`rebuild_history` gives it (a
     rolled-back call says so; its pair is kept), and each saga's closing note goes
-    after the last of its results in the history, unless ``present_notes`` has it.
+    after the last of its results in the history, unless one of ``present_notes``
+    (the history's system texts, which a framework may have framed) holds it already.
     """
     plan = Rewrite()
-    present = set(present_notes)
+    present = list(present_notes)
     for truth in truths(states):
         last = None
         for i, (fid, text) in enumerate(results):
@@ -357,7 +358,7 @@ def rewrite(results: Sequence[tuple[str | None, str | None]], states: Iterable[S
                 plan.texts[i] = truth.results[cid]
             if cid in truth.errors:
                 plan.errors.add(i)
-        if truth.note and last is not None and truth.note not in present:
+        if truth.note and last is not None and not any(truth.note in p for p in present):
             plan.notes_after.setdefault(last, []).append(truth.note)
-            present.add(truth.note)
+            present.append(truth.note)
     return plan
