@@ -14,29 +14,29 @@ import pytest
 pytest.importorskip("langgraph", reason="the langgraph extra is not installed: "
                                         "pip install 'saga-store[langgraph]'")
 
-import redis  # noqa: E402
-from langchain_core.language_models.fake_chat_models import GenericFakeChatModel  # noqa: E402
-from langchain_core.messages import (  # noqa: E402
+import redis
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import (
     AIMessage,
     BaseMessage,
     HumanMessage,
     SystemMessage,
     ToolMessage,
 )
-from langchain_core.outputs import ChatResult  # noqa: E402
-from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
-from langgraph.graph import START, MessagesState, StateGraph  # noqa: E402
-from langgraph.prebuilt import tools_condition  # noqa: E402
-from langgraph.types import Command  # noqa: E402
-from pydantic import Field  # noqa: E402
+from langchain_core.outputs import ChatResult
+from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.prebuilt import tools_condition
+from langgraph.types import Command
+from pydantic import Field
 
-from saga_store import Saga, SagaStore, Status  # noqa: E402
-from saga_store.context import rebuild_history  # noqa: E402
-from saga_store.events import EventKind as K  # noqa: E402
-from saga_store.integrations.langgraph import rebuild, saga_tool_node  # noqa: E402
-from saga_store.testing_workers import workers  # noqa: E402
+from saga_store import Saga, SagaStore, Status
+from saga_store.context import rebuild_history
+from saga_store.events import EventKind as K
+from saga_store.integrations.langgraph import rebuild, saga_tool_node
+from saga_store.testing_workers import workers
 
-from .integration_support import (  # noqa: E402
+from .integration_support import (
     CHARGE,
     CRM_FAILS,
     INVOICE,
@@ -48,7 +48,7 @@ from .integration_support import (  # noqa: E402
     final,
     saga_store_for,
 )
-from .ledger_tools import effects  # noqa: E402
+from .ledger_tools import effects
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
 
@@ -119,8 +119,10 @@ def test_the_order_story_unwinds_and_the_next_model_call_sees_it(
     seen = model.received[3]  # the model call right after the failure
     texts = tool_texts(seen)
     assert texts["call_1"].startswith("rolled back:")
-    assert texts["call_2"].startswith("rolled back:") and "refund" in texts["call_2"]
-    assert texts["call_3"].startswith("error:") and "CRM unavailable" in texts["call_3"]
+    assert texts["call_2"].startswith("rolled back:")
+    assert "refund" in texts["call_2"]
+    assert texts["call_3"].startswith("error:")
+    assert "CRM unavailable" in texts["call_3"]
     # replaced in place, by id: still one result per call, each right after its call
     assert [type(m).__name__ for m in seen] == [
         "HumanMessage", "AIMessage", "ToolMessage", "AIMessage", "ToolMessage",
@@ -133,8 +135,7 @@ def test_the_order_story_unwinds_and_the_next_model_call_sees_it(
                                       if m["role"] == "system"]
     assert rebuild(out["messages"], [state]) == []
     # a stored history from before the unwind gets the replacements, and runs again
-    stale = model.received[3][:5] + [ToolMessage(content="{}", tool_call_id="call_2",
-                                                 id="tm-2")]
+    stale = [*model.received[3][:5], ToolMessage(content="{}", tool_call_id="call_2", id="tm-2")]
     fixed = rebuild(stale, [state])
     assert {m.tool_call_id: m.content for m in fixed if isinstance(m, ToolMessage)} == \
         {"call_2": expected["call_2"]}

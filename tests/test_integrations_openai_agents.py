@@ -14,23 +14,23 @@ import pytest
 pytest.importorskip("agents", reason="the openai-agents extra is not installed: "
                                      "pip install 'saga-store[openai-agents]'")
 
-import redis  # noqa: E402
-from agents import Agent, RunConfig, Runner, set_tracing_disabled  # noqa: E402
-from agents.testing import ModelCall, ScriptedModel, assistant_message, function_call  # noqa: E402
+import redis
+from agents import Agent, RunConfig, Runner, set_tracing_disabled
+from agents.testing import ModelCall, ScriptedModel, assistant_message, function_call
 
-from saga_store import SagaStore, Status  # noqa: E402
-from saga_store.context import rebuild_history  # noqa: E402
-from saga_store.events import EventKind as K  # noqa: E402
-from saga_store.integrations.openai_agents import (  # noqa: E402
+from saga_store import SagaStore, Status
+from saga_store.context import rebuild_history
+from saga_store.events import EventKind as K
+from saga_store.integrations.openai_agents import (
     approve,
     rebuild,
     reject,
     saga_input_filter,
     saga_tools,
 )
-from saga_store.testing_workers import workers  # noqa: E402
+from saga_store.testing_workers import workers
 
-from .integration_support import (  # noqa: E402
+from .integration_support import (
     CHARGE,
     CRM_FAILS,
     INVOICE,
@@ -42,7 +42,7 @@ from .integration_support import (  # noqa: E402
     final,
     saga_store_for,
 )
-from .ledger_tools import effects  # noqa: E402
+from .ledger_tools import effects
 
 set_tracing_disabled(True)  # offline: no trace export
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
@@ -88,9 +88,11 @@ def test_the_order_story_unwinds_and_the_next_model_call_sees_it(
     assert seen["call_1"].startswith("rolled back:")
     assert seen["call_2"].startswith("rolled back:")
     assert "refund" in seen["call_2"]
-    assert seen["call_3"].startswith("error:") and "CRM unavailable" in seen["call_3"]
+    assert seen["call_3"].startswith("error:")
+    assert "CRM unavailable" in seen["call_3"]
     note = system_notes(model.calls[3].input)
-    assert len(note) == 1 and "Rolled back, latest first: charge_payment" in note[0]
+    assert len(note) == 1
+    assert "Rolled back, latest first: charge_payment" in note[0]
     # the rebuilt history says what rebuild_history says, for a later turn
     items = rebuild(result.to_input_list(), [state])
     expected = {m["tool_call_id"]: m["content"] for m in rebuild_history([state], "openai")
@@ -121,7 +123,8 @@ def test_an_invalid_call_goes_back_to_the_model_to_repair(
         sid = saga.saga_id
     assert result.final_output == "Reserved."
     repair = outputs(model.calls[1])["call_bad"]
-    assert "invalid arguments for reserve_inventory" in repair and "qty" in repair
+    assert "invalid arguments for reserve_inventory" in repair
+    assert "qty" in repair
     assert final(store, sid).status is Status.COMMITTED
     assert [k for k, _, _ in effects()] == ["reserve"]
 

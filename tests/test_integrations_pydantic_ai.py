@@ -15,10 +15,10 @@ import pytest
 pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installed: "
                                           "pip install 'saga-store[pydantic-ai]'")
 
-import redis  # noqa: E402
-from pydantic_ai import Agent, DeferredToolRequests  # noqa: E402
-from pydantic_ai.capabilities import ProcessHistory  # noqa: E402
-from pydantic_ai.messages import (  # noqa: E402
+import redis
+from pydantic_ai import Agent, DeferredToolRequests
+from pydantic_ai.capabilities import ProcessHistory
+from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
     ModelResponse,
@@ -29,19 +29,19 @@ from pydantic_ai.messages import (  # noqa: E402
     ToolReturnPart,
     UserPromptPart,
 )
-from pydantic_ai.models.function import AgentInfo, FunctionModel  # noqa: E402
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from saga_store import SagaStore, Status  # noqa: E402
-from saga_store.context import rebuild_history  # noqa: E402
-from saga_store.events import EventKind as K  # noqa: E402
-from saga_store.integrations.pydantic_ai import (  # noqa: E402
+from saga_store import SagaStore, Status
+from saga_store.context import rebuild_history
+from saga_store.events import EventKind as K
+from saga_store.integrations.pydantic_ai import (
     SagaToolset,
     rebuild,
     saga_history_processor,
 )
-from saga_store.testing_workers import workers  # noqa: E402
+from saga_store.testing_workers import workers
 
-from .integration_support import (  # noqa: E402
+from .integration_support import (
     CHARGE,
     CRM_FAILS,
     INVOICE,
@@ -53,7 +53,7 @@ from .integration_support import (  # noqa: E402
     final,
     saga_store_for,
 )
-from .ledger_tools import effects  # noqa: E402
+from .ledger_tools import effects
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
 Turn = ModelResponse | Callable[[list[ModelMessage]], ModelResponse]
@@ -123,8 +123,10 @@ def test_the_order_story_unwinds_and_the_next_request_sees_it(
     assert "payment confirmed" in returns(script.received[2])["call_2"]
     seen = returns(script.received[3])  # the request right after the failure
     assert seen["call_1"].startswith("rolled back:")
-    assert seen["call_2"].startswith("rolled back:") and "refund" in seen["call_2"]
-    assert seen["call_3"].startswith("error:") and "CRM unavailable" in seen["call_3"]
+    assert seen["call_2"].startswith("rolled back:")
+    assert "refund" in seen["call_2"]
+    assert seen["call_3"].startswith("error:")
+    assert "CRM unavailable" in seen["call_3"]
     assert len(notes(script.received[3])) == 1
     # a later turn: the same texts as rebuild_history, and Pydantic AI runs on it
     history = rebuild(result.all_messages(), [state])
@@ -152,7 +154,8 @@ def test_an_invalid_call_is_a_model_retry(
     # Pydantic AI 2 sends a ModelRetry back as a result marked as retried
     retry = [p for m in script.received[1] if isinstance(m, ModelRequest) for p in m.parts
              if isinstance(p, ToolReturnPart | RetryPromptPart) and p.tool_call_id == "call_bad"]
-    assert len(retry) == 1 and getattr(retry[0], "outcome", "retried") == "retried"
+    assert len(retry) == 1
+    assert getattr(retry[0], "outcome", "retried") == "retried"
     assert "invalid arguments for reserve_inventory" in str(retry[0].content)
     assert final(store, sid).status is Status.COMMITTED
     assert [k for k, _, _ in effects()] == ["reserve"]

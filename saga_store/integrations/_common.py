@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +48,7 @@ log = logging.getLogger("saga_store.integrations")
 
 FAILURE_MODES = ("result", "raise")
 DEFAULT_UNWIND_WAIT_S = 300.0
+APPROVAL_WAIT_S = 24 * 3600.0  # a gate with no deadline: how long a call waits for a person
 
 
 @dataclass(frozen=True)
@@ -169,25 +170,36 @@ class SagaCalls:
     # -- running calls -----------------------------------------------------
 
     def run(self, tool: str, args: Any, framework_call_id: str | None,
-            approval: Approval | None = None) -> Outcome:
+            approval: Approval | None = None, *, approved_by_framework: bool = False,
+            ) -> Outcome:
         """Run one model tool call as the saga's next step (blocking).
 
-        ``approval``: the person's decision on a gated call; it is recorded in the
-        chain (``approval_granted``/``approval_denied``, with who) as soon as the
-        worker's gate asks. Invalid arguments come back as ``retry``; a failed or
-        in-doubt step (or a saga no longer going forward) waits for the unwind and
-        comes back as a result saying what failed and what was rolled back, or is
-        raised with ``on_failure="raise"``.
+        ``approval``: the person's decision on a gated call (else one given to
+        :meth:`decide_ahead`); it is recorded in the chain (``approval_granted`` /
+        ``approval_denied``, with who) as soon as the worker's gate asks.
+        ``approved_by_framework``: the framework ran the call only after its own
+        approval, so with no decision on record it counts as granted by
+        :func:`operator`. A gated call with no decision waits for one made elsewhere
+        (``saga approve``), up to the policy's approval timeout.
+
+        Invalid arguments come back as ``retry``; a failed or in-doubt step (or a
+        saga no longer going forward) waits for the unwind and comes back as a
+        result saying what failed and what was rolled back, or is raised with
+        ``on_failure="raise"``.
         """
         cid = step_call_id(framework_call_id)
         if approval is None and cid is not None:
             approval = self.approvals.pop(cid, None)
+        timeout = None
         if approval is None and self.gated(tool, args) is not None:
-            approval = Approval(True, operator())  # the framework let a gated call through
+            if approved_by_framework:
+                approval = Approval(True, operator())
+            else:  # a person decides elsewhere: wait as long as the gate does
+                timeout = self.store.policy.approval_timeout_s or APPROVAL_WAIT_S
+                timeout += self.store.registry.get(tool).timeout + 30
         try:
             if approval is None:
-                result = self.saga.call(tool, args if isinstance(args, Mapping) else args,
-                                        tool_call_id=cid)
+                result = self.saga.call(tool, args, tool_call_id=cid, timeout=timeout)
             else:
                 result = self._call_deciding(tool, args, cid, approval)
         except InvalidInput as exc:  # InvalidToolCall, an unknown tool: nothing was written
@@ -200,9 +212,11 @@ class SagaCalls:
         return Outcome(text=orjson.dumps(result).decode(), ok=True, result=result)
 
     async def arun(self, tool: str, args: Any, framework_call_id: str | None,
-                   approval: Approval | None = None) -> Outcome:
+                   approval: Approval | None = None, *, approved_by_framework: bool = False,
+                   ) -> Outcome:
         """:meth:`run` on a worker thread, so the event loop is never stalled."""
-        return await asyncio.to_thread(self.run, tool, args, framework_call_id, approval)
+        return await asyncio.to_thread(self.run, tool, args, framework_call_id, approval,
+                                       approved_by_framework=approved_by_framework)
 
     def settle(self) -> SagaState:
         """Wait for the unwind to finish (``store.wait``) and keep the final state."""

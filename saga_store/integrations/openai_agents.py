@@ -50,7 +50,9 @@ def _function_tool(calls: SagaCalls, d: dict[str, Any]) -> FunctionTool:
     name = d["name"]
 
     async def invoke(ctx: ToolContext[Any], arguments: str) -> str:
-        outcome = await calls.arun(name, _parse(arguments), ctx.tool_call_id)
+        # the SDK invokes a call that needs approval only once it was approved
+        outcome = await calls.arun(name, _parse(arguments), ctx.tool_call_id,
+                                   approved_by_framework=True)
         return outcome.text  # a refused call's text asks the model to repair it
 
     async def needs_approval(ctx: RunContextWrapper[Any], params: dict[str, Any],
@@ -125,8 +127,8 @@ def rebuild(items: Sequence[Any], states: Iterable[SagaState]) -> list[Any]:
     notes = []
     for item in items:
         if isinstance(item, dict) and item.get("type") == "function_call_output":
-            out = item.get("output")
-            results.append((item.get("call_id"), out if isinstance(out, str) else None))
+            text = item.get("output")
+            results.append((item.get("call_id"), text if isinstance(text, str) else None))
             continue
         if isinstance(item, dict) and item.get("role") == "system" \
                 and isinstance(item.get("content"), str):

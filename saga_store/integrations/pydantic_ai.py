@@ -63,7 +63,7 @@ class SagaToolset(AbstractToolset[Any]):
     toolset whose every call is a step of ``saga``."""
 
     def __init__(self, saga: Saga | AsyncSaga, names: Iterable[str] | None = None, *,
-                 on_failure: str = "result", id: str | None = None,  # noqa: A002
+                 on_failure: str = "result", id: str | None = None,
                  max_retries: int = 2) -> None:
         self.calls = calls_for(saga, on_failure=on_failure)
         self._defs = tool_defs(self.calls.store.registry,
@@ -118,8 +118,9 @@ class SagaToolset(AbstractToolset[Any]):
 
 def saga_history_processor(saga: Saga | AsyncSaga) -> Any:
     """A history processor (``ProcessHistory(...)`` in ``Agent(capabilities=[...])``,
-    or ``Agent(history_processors=[...])`` before Pydantic AI 2): before each model request, the results
-    of this saga's rolled-back calls say so, and its closing note follows them."""
+    or ``Agent(history_processors=[...])`` before Pydantic AI 2): before each model
+    request, the results of this saga's rolled-back calls say so, and its closing
+    note follows them."""
     calls = calls_for(saga)
 
     async def processor(messages: list[ModelMessage]) -> list[ModelMessage]:
