@@ -44,7 +44,7 @@ async def main() -> None:
     with saga_store() as store:
         with store.saga(agent_id="shop-agent", conversation_id="example") as saga:
             agent = Agent(name="shop", instructions="You place orders with the tools.",
-                          model=model, tools=saga_tools(saga))
+                          model=model, tools=[*saga_tools(saga)])
             config = RunConfig(call_model_input_filter=saga_input_filter(saga))
             result = await Runner.run(agent, PROMPT, run_config=config)
             sid = saga.saga_id

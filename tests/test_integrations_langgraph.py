@@ -196,3 +196,21 @@ def test_a_gated_call_interrupts_and_the_decision_is_in_the_chain(
         assert texts["call_1"].startswith("rolled back:")
         assert "denied by bob: wrong address" in texts["call_inv"]
     assert_verified(store)
+
+
+def test_calls_of_one_reply_run_one_at_a_time_as_steps(
+        store: SagaStore, running: None) -> None:
+    """ToolNode runs a reply's calls on threads at once; the saga takes them in turn."""
+    model = script(calls((RESERVE, "call_1"), (CHARGE, "call_2")),
+                   calls((CRM_FAILS, "call_3")), AIMessage(content="Rolled back."))
+    with store.saga(agent_id="shop") as saga:
+        graph(model, saga).invoke({"messages": [HumanMessage("Order")]})
+        sid = saga.saga_id
+    state = final(store, sid)
+    assert state.status is Status.COMPENSATED
+    assert sorted(s.tool_call_id or "" for s in state.steps.values()) == [
+        "call_1", "call_2", "call_3"]
+    texts = tool_texts(model.received[2])
+    assert texts["call_1"].startswith("rolled back:")
+    assert texts["call_2"].startswith("rolled back:")
+    assert sorted(k for k, _, _ in effects()) == ["charge", "refund", "release", "reserve"]

@@ -132,6 +132,9 @@ class SagaCalls:
         self.on_failure, self.unwind_wait_s = on_failure, unwind_wait_s
         self.final: SagaState | None = None  # the saga's state once it stopped going forward
         self.approvals: dict[str, Approval] = {}  # step call id -> a decision made ahead
+        # frameworks run a reply's calls concurrently (threads, tasks); a Saga is
+        # driven by one caller at a time, and its steps run one at a time anyway
+        self._turn = threading.Lock()
 
     @property
     def saga_id(self) -> str:
@@ -187,7 +190,12 @@ class SagaCalls:
         result saying what failed and what was rolled back, or is raised with
         ``on_failure="raise"``.
         """
-        cid = step_call_id(framework_call_id)
+        with self._turn:
+            return self._run(tool, args, step_call_id(framework_call_id), approval,
+                             approved_by_framework)
+
+    def _run(self, tool: str, args: Any, cid: str | None, approval: Approval | None,
+             approved_by_framework: bool) -> Outcome:
         if approval is None and cid is not None:
             approval = self.approvals.pop(cid, None)
         timeout = None

@@ -27,7 +27,6 @@ from typing import Any
 import orjson
 from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
 from agents.run_config import CallModelData, ModelInputData
-from agents.tool import Tool
 from agents.tool_context import ToolContext
 
 from saga_store import AsyncSaga, Saga, SagaState
@@ -38,7 +37,7 @@ __all__ = ["approve", "areject", "rebuild", "reject", "saga_input_filter", "saga
 
 
 def saga_tools(saga: Saga | AsyncSaga, names: Iterable[str] | None = None, *,
-               on_failure: str = "result") -> list[Tool]:
+               on_failure: str = "result") -> list[FunctionTool]:
     """One ``FunctionTool`` per tool the model may call (``names``, or every tool that
     is not a compensation or a probe). ``on_failure="raise"`` fails the run instead
     of returning a failed step's result."""
