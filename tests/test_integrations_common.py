@@ -126,3 +126,22 @@ def test_an_asyncio_saga_runs_its_calls_off_the_event_loop(
     assert ticks > 1  # the loop kept running while the step ran on a worker
     assert store.state(sid).status is Status.COMMITTED
     assert [k for k, _, _ in effects()] == ["reserve"]
+
+
+@pytest.mark.real_redis
+def test_the_second_invalid_call_ends_the_repair_and_unwinds(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    bad = ("reserve_inventory", {"sku": "LAPTOP-15", "qty": "many"})
+    with workers(worker_env, TOOLS), store.saga(agent_id="shop") as saga:
+        calls = calls_for(saga)
+        assert calls.run(*RESERVE, "c1").ok
+        first = calls.run(*bad, "c2")
+        assert first.retry  # the one repair the saga allows
+        second = calls.run(*bad, "c3")
+        sid = saga.saga_id
+    assert not second.retry
+    assert not second.ok
+    assert "aborted after 2 invalid calls" in second.text
+    assert "reserve_inventory was undone" in second.text
+    assert store.state(sid).status is Status.COMPENSATED
+    assert [k for k, _, _ in effects()] == ["reserve", "release"]

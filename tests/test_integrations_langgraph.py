@@ -30,7 +30,7 @@ from langgraph.prebuilt import tools_condition
 from langgraph.types import Command
 from pydantic import Field
 
-from saga_store import Saga, SagaStore, Status
+from saga_store import Saga, SagaStore, Status, StepError
 from saga_store.context import rebuild_history
 from saga_store.events import EventKind as K
 from saga_store.integrations.langgraph import rebuild, saga_tool_node
@@ -214,3 +214,24 @@ def test_calls_of_one_reply_run_one_at_a_time_as_steps(
     assert texts["call_1"].startswith("rolled back:")
     assert texts["call_2"].startswith("rolled back:")
     assert sorted(k for k, _, _ in effects()) == ["charge", "refund", "release", "reserve"]
+
+
+def test_on_failure_raise_ends_the_graph_with_the_steps_error(
+        store: SagaStore, running: None) -> None:
+    model = script(calls((RESERVE, "call_1")), calls((CRM_FAILS, "call_2")))
+
+    def agent(state: MessagesState) -> dict[str, Any]:
+        return {"messages": [model.invoke(state["messages"])]}
+
+    with store.saga(agent_id="shop") as saga:
+        g = StateGraph(MessagesState)
+        g.add_node("agent", agent)
+        g.add_node("tools", saga_tool_node(saga, on_failure="raise"))
+        g.add_edge(START, "agent")
+        g.add_conditional_edges("agent", tools_condition)
+        g.add_edge("tools", "agent")
+        with pytest.raises(StepError, match="CRM unavailable"):
+            g.compile().invoke({"messages": [HumanMessage("Order")]})
+        sid = saga.saga_id
+    assert final(store, sid).status is Status.COMPENSATED
+    assert [k for k, _, _ in effects()] == ["reserve", "release"]
