@@ -47,7 +47,7 @@ from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
-from saga_store import AsyncSaga, Saga, SagaState
+from saga_store import AsyncSaga, InvalidInput, Saga, SagaState
 
 from ._common import Approval, calls_for, exposed, operator, rewrite, tool_defs
 
@@ -99,14 +99,19 @@ class SagaToolset(AbstractToolset[Any]):
     async def decide(self, requests: DeferredToolRequests, approved: Mapping[str, bool], *,
                      by: str | None = None, reason: str = "") -> DeferredToolResults:
         """The ``DeferredToolResults`` for a person's decisions (tool call id ->
-        approved). A grant is recorded, with ``by``, when the step reaches its gate
-        in the next run; a denial is recorded now (the step is logged, denied at its
-        gate, and the saga unwinds), and the model is told what was rolled back."""
+        approved, one for each call in ``requests.approvals``). A grant is recorded,
+        with ``by``, when the step reaches its gate in the next run; a denial is
+        recorded now (the step is logged, denied at its gate, and the saga unwinds),
+        and the model is told what was rolled back."""
         who = by or operator()
+        missing = [p.tool_call_id for p in requests.approvals if p.tool_call_id not in approved]
+        if missing:  # an unanswered call is not a denial: say which ones need an answer
+            raise InvalidInput(f"no decision for tool call(s) {', '.join(missing)}",
+                               field="approved")
         results = DeferredToolResults()
         for part in requests.approvals:
             cid = part.tool_call_id
-            if approved.get(cid):
+            if approved[cid]:
                 results.approvals[cid] = True
                 results.metadata[cid] = {"by": who, "reason": reason}
                 continue
