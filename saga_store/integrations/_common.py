@@ -33,6 +33,7 @@ from saga_store import (
     Registry,
     Saga,
     SagaAborted,
+    SagaError,
     SagaState,
     Status,
     StepError,
@@ -275,7 +276,7 @@ class SagaCalls:
             try:
                 _approvals.decide(self.store, self.saga_id, step, grant=approval.grant,
                                   by=approval.by, reason=approval.reason)
-            except InvalidInput as exc:  # decided meanwhile, or unwinding: nothing to record
+            except SagaError as exc:  # decided meanwhile, unwinding, or the log kept moving
                 log.warning("saga %s step %d: the decision was not recorded: %s",
                             self.saga_id, step, exc)
             return
