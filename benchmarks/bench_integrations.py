@@ -9,9 +9,10 @@ from round to round, so the machine's drifting speed hits every variant alike:
 * ``openai_agents``: what the SDK calls per tool call of ``saga_tools``
   (``needs_approval``, then ``on_invoke_tool``), on an event loop;
 * ``pydantic_ai``: ``SagaToolset.call_tool``, on an event loop;
-* ``langgraph``: ``saga_tool_node(...).invoke`` with one tool call, against a
-  ``ToolNode`` whose plain tool calls ``saga.call`` itself (``langgraph_plain``),
-  so the framework's own cost cancels out;
+* ``langgraph``: a graph of just ``saga_tool_node(...)`` invoked with one tool
+  call, against the same graph around a ``ToolNode`` whose plain tool calls
+  ``saga.call`` itself (``langgraph_plain``), so the framework's own cost
+  cancels out;
 * ``anthropic``: ``run_tool_uses`` on a reply with one ``tool_use``.
 
 Per variant: the median over rounds of the per-call time of its block, the
@@ -47,6 +48,7 @@ def _variants(store: SagaStore, loop: asyncio.AbstractEventLoop,
     from agents.tool_context import ToolContext
     from langchain_core.messages import AIMessage
     from langchain_core.tools import tool as lc_tool
+    from langgraph.graph import END, START, MessagesState, StateGraph
     from langgraph.prebuilt import ToolNode
     from pydantic_ai import RunContext
     from pydantic_ai.models.test import TestModel
@@ -116,15 +118,23 @@ def _variants(store: SagaStore, loop: asyncio.AbstractEventLoop,
         return {"messages": [AIMessage(content="", tool_calls=[
             {"name": "noop", "args": {"n": i}, "id": f"call_{i}", "type": "tool_call"}])]}
 
-    def plain_node(saga: Any) -> ToolNode:
+    def in_graph(tool_node: ToolNode) -> Any:
+        """A ToolNode runs inside a graph (it needs the graph's runtime)."""
+        g = StateGraph(MessagesState)
+        g.add_node("tools", tool_node)
+        g.add_edge(START, "tools")
+        g.add_edge("tools", END)
+        return g.compile()
+
+    def plain_node(saga: Any) -> Any:
         @lc_tool
         def noop(n: int) -> str:
             """No-op."""
             return json.dumps(saga.call("noop", {"n": n}, tool_call_id=f"call_{n}"))
-        return ToolNode([noop])
+        return in_graph(ToolNode([noop]))
 
-    def node(tool_node: Any, i: int) -> None:
-        tool_node.invoke(one_call(i))
+    def node(graph: Any, i: int) -> None:
+        graph.invoke(one_call(i))
 
     def anthropic(saga: Any, i: int) -> None:
         run_tool_uses(saga, {"role": "assistant", "content": [
@@ -133,7 +143,7 @@ def _variants(store: SagaStore, loop: asyncio.AbstractEventLoop,
     return {"bare": timed(same, bare), "core": timed(same, core),
             "openai_agents": timed_async(lambda s: saga_tools(s, ["noop"])[0], openai_agents),
             "pydantic_ai": timed_async(toolset, pydantic_ai),
-            "langgraph": timed(lambda s: saga_tool_node(s, ["noop"]), node),
+            "langgraph": timed(lambda s: in_graph(saga_tool_node(s, ["noop"])), node),
             "langgraph_plain": timed(plain_node, node),
             "anthropic": timed(same, anthropic)}
 
