@@ -42,8 +42,10 @@ from .integration_support import (  # noqa: E402
 )
 from .ledger_tools import effects  # noqa: E402
 
-# the SDK's HTTP layer: httpx, or its successor httpx2 in the SDK's newer releases
-httpx = pytest.importorskip("httpx2" if anthropic.__version__ >= "2" else "httpx")
+try:  # the SDK's HTTP layer: httpx2 in its newer releases, httpx before
+    import httpx2 as httpx
+except ImportError:
+    import httpx  # type: ignore[no-redef]
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
 _ids = itertools.count(1)
 
