@@ -5,7 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real test-parity lint typecheck bench chaos clean
+.PHONY: demo test test-real test-parity lint typecheck bench chaos clean \
+	example-openai-agents example-pydantic-ai example-langgraph example-anthropic
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -15,6 +16,21 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/saga demo
+
+# one agent per framework, its tool calls a saga; a scripted model offline, a real
+# one when its API key is set (OPENAI_API_KEY / ANTHROPIC_API_KEY). The embedded
+# store unless SAGA_REDIS_URL names a Redis (then with a worker process).
+example-openai-agents: $(STAMP)
+	$(BIN)/python -m examples.openai_agents_shop
+
+example-pydantic-ai: $(STAMP)
+	$(BIN)/python -m examples.pydantic_ai_shop
+
+example-langgraph: $(STAMP)
+	$(BIN)/python -m examples.langgraph_shop
+
+example-anthropic: $(STAMP)
+	$(BIN)/python -m examples.anthropic_shop
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -rf -p no:cacheprovider

@@ -1,0 +1,113 @@
+"""What the framework examples share: a store to run on, and printing the story.
+
+With ``SAGA_REDIS_URL`` set, the examples use that Redis and start real worker
+processes (``saga worker``). Without it they use the embedded in-process store
+and run the same step and compensation code on a thread of their own, as
+``saga demo`` does, so they need no Redis at all.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from saga_store import Registry, SagaState, SagaStore
+from saga_store.context import rebuild_history
+
+TOOLS = "examples.order_tools"
+CARD = "tok_visa_4242"
+# the order story: stock, payment, then a CRM call that hangs (and is in doubt)
+ORDER: list[tuple[str, dict[str, Any], str]] = [
+    ("reserve_inventory", {"sku": "LAPTOP-15", "qty": 1}, "call_reserve"),
+    ("charge_payment", {"amount_cents": 1_200_000, "card_token": CARD}, "call_charge"),
+    ("update_crm", {"customer": "ana", "note": "slow order"}, "call_crm")]
+PROMPT = ("Order one LAPTOP-15 for customer ana: reserve it, charge 1200000 cents to card "
+          f"{CARD}, then note the order on her CRM record with the note 'slow order'.")
+
+
+@contextlib.contextmanager
+def saga_store() -> Iterator[SagaStore]:
+    """A store with someone to run its steps: worker processes on the Redis at
+    ``SAGA_REDIS_URL``, or a thread over the embedded store."""
+    url = os.environ.get("SAGA_REDIS_URL")
+    registry = Registry.from_modules(TOOLS)
+    if url:
+        store = SagaStore.from_url(url, registry)
+        env = {**os.environ, "SAGA_REDIS_URL": url}
+        proc = subprocess.Popen(  # noqa: S603  our own argv, no shell
+            [sys.executable, "-m", "cli.main", "worker", "--tools", TOOLS, "--log-level",
+             "WARNING"], env=env, start_new_session=True)
+        print(f"on the Redis at SAGA_REDIS_URL, with a worker process (pid {proc.pid})")
+        try:
+            yield store
+        finally:
+            proc.terminate()
+            proc.wait(30)
+        return
+    from saga_store.connection import embedded
+    store = SagaStore(embedded(), registry)
+    print("on the embedded in-process store (set SAGA_REDIS_URL to use a Redis and workers)")
+    stop = threading.Event()
+    runner = threading.Thread(target=_run_jobs, args=(store, stop), daemon=True)
+    runner.start()
+    try:
+        yield store
+    finally:
+        stop.set()
+        runner.join()
+
+
+def _run_jobs(store: SagaStore, stop: threading.Event) -> None:
+    """The embedded store lives in this process: run its queued steps and unwinds
+    here, in order, with the workers' own code."""
+    from saga_store import jobs
+    from saga_store.log import command
+    from workers.compensator import Compensator
+    from workers.step import StepRunner
+    steps, unwinds = StepRunner(store, "example"), Compensator(store, "example")
+    while not stop.is_set():
+        raw = command(store.redis, "LPOP", jobs.queue_key(jobs.STEP_QUEUE)) or \
+            command(store.redis, "LPOP", jobs.queue_key(jobs.COMPENSATION_QUEUE))
+        if raw is None:
+            time.sleep(0.005)  # an embedded list cannot block across threads
+            continue
+        decoded = jobs.decode(command(store.redis, "HGET", jobs.job_key(raw.decode()), "data"))
+        if decoded is None:
+            continue
+        func, args = decoded
+        if func == jobs.STEP_FUNC:
+            steps.run(str(args[0]), int(args[1]), int(args[2]))
+        else:
+            unwinds.run(str(args[0]))
+
+
+def real_model(*names: str) -> str | None:
+    """The first of these environment variables that is set (an API key), if any."""
+    return next((n for n in names if os.environ.get(n)), None)
+
+
+def show(store: SagaStore, saga_id: str) -> SagaState:
+    """Print what happened in the saga and what the agent should now believe."""
+    state = store.wait(saga_id, timeout=60)
+    print(f"\nsaga {saga_id} is {state.status}")
+    for view in rebuild_history([state], "plain")[0]["calls"]:
+        print(f"  {view['tool']:<18} {view['status']:<10} {view['result'][:90]}")
+    note = rebuild_history([state], "plain")[0]["note"]
+    if note:
+        print(f"  note: {note}")
+    return state
+
+
+def heading(text: str) -> None:
+    print(f"\n== {text}")
+
+
+def short(value: Any, limit: int = 100) -> str:
+    text = str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,14 @@
+"""Adapters that make an agent framework's tool calls steps of a saga.
+
+One module per framework, each behind its own extra:
+
+* :mod:`saga_store.integrations.openai_agents` (``saga-store[openai-agents]``)
+* :mod:`saga_store.integrations.pydantic_ai` (``saga-store[pydantic-ai]``)
+* :mod:`saga_store.integrations.langgraph` (``saga-store[langgraph]``)
+* :mod:`saga_store.integrations.anthropic` (``saga-store[anthropic]``)
+
+They share :mod:`saga_store.integrations._common`: which tools the model sees,
+their schemas, running a call as a step, what a failure tells the model, and
+the rollback-aware rewrite of the history. Importing this package imports no
+framework.
+"""

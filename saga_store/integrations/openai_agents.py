@@ -1,0 +1,142 @@
+"""OpenAI Agents SDK: the model's tool calls as steps of a saga.
+
+>>> tools = saga_tools(saga)                                       # doctest: +SKIP
+>>> agent = Agent(name="shop", tools=tools)                        # doctest: +SKIP
+>>> config = RunConfig(call_model_input_filter=saga_input_filter(saga))  # doctest: +SKIP
+>>> result = await Runner.run(agent, "order a laptop", run_config=config)  # doctest: +SKIP
+
+* Each call runs as ``saga.call(tool, args, tool_call_id=<the SDK's call_id>)``.
+* A call the saga's policy gates has ``needs_approval``: the run stops with an
+  interruption; decide it with :func:`approve` / :func:`reject` (they call
+  ``RunState.approve`` / ``RunState.reject`` and record who decided in the
+  chain), then resume the run with the state.
+* A failed step's result says what failed and what was rolled back, and
+  :func:`saga_input_filter` rewrites the earlier calls' results to "rolled
+  back" before the next model call. :func:`rebuild` does the same for
+  ``RunResult.to_input_list()`` items in a later turn.
+
+Needs ``pip install 'saga-store[openai-agents]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
+from agents.run_config import CallModelData, ModelInputData
+from agents.tool_context import ToolContext
+
+from saga_store import AsyncSaga, Saga, SagaState
+
+from ._common import Approval, SagaCalls, calls_for, exposed, operator, rewrite, tool_defs
+
+__all__ = ["approve", "areject", "rebuild", "reject", "saga_input_filter", "saga_tools"]
+
+
+def saga_tools(saga: Saga | AsyncSaga, names: Iterable[str] | None = None, *,
+               on_failure: str = "result") -> list[FunctionTool]:
+    """One ``FunctionTool`` per tool the model may call (``names``, or every tool that
+    is not a compensation or a probe). ``on_failure="raise"`` fails the run instead
+    of returning a failed step's result."""
+    calls = calls_for(saga, on_failure=on_failure)
+    specs = exposed(calls.store.registry, names)
+    return [_function_tool(calls, d) for d in tool_defs(calls.store.registry, specs)]
+
+
+def _function_tool(calls: SagaCalls, d: dict[str, Any]) -> FunctionTool:
+    name = d["name"]
+
+    async def invoke(ctx: ToolContext[Any], arguments: str) -> str:
+        # the SDK invokes a call that needs approval only once it was approved
+        outcome = await calls.arun(name, _parse(arguments), ctx.tool_call_id,
+                                   approved_by_framework=True)
+        return outcome.text  # a refused call's text asks the model to repair it
+
+    async def needs_approval(ctx: RunContextWrapper[Any], params: dict[str, Any],
+                             call_id: str) -> bool:
+        return calls.gated(name, params) is not None
+
+    # the registry's schema is not in OpenAI's strict subset (defaults, optional
+    # fields); the saga validates every call anyway, before anything is written
+    return FunctionTool(name=name, description=d["description"],
+                        params_json_schema=d["parameters"], on_invoke_tool=invoke,
+                        strict_json_schema=False, needs_approval=needs_approval)
+
+
+def _parse(arguments: str) -> Any:
+    try:
+        return orjson.loads(arguments or "{}")
+    except orjson.JSONDecodeError:
+        return arguments  # not an object: the saga refuses it as an invalid call
+
+
+def approve(saga: Saga | AsyncSaga, state: RunState[Any], item: ToolApprovalItem, *,
+            by: str | None = None, reason: str = "") -> None:
+    """``state.approve(item)``, and the grant is recorded in the chain, with ``by``
+    (default ``SAGA_OPERATOR`` or the login name), when the step reaches its gate."""
+    if item.call_id is not None:
+        calls_for(saga).decide_ahead(item.call_id, Approval(True, by or operator(), reason))
+    state.approve(item)
+
+
+def reject(saga: Saga | AsyncSaga, state: RunState[Any], item: ToolApprovalItem, *,
+           by: str | None = None, reason: str = "") -> str:
+    """Deny a gated call: the step is logged, its gate records ``approval_denied``
+    (with ``by`` and ``reason``), so it never runs and the saga unwinds what ran, as
+    ``saga deny`` does. Then ``state.reject(item)`` with a message that says so,
+    which the model reads when the run resumes; returns that message. Blocks until
+    the unwind is done (:func:`areject` from a coroutine)."""
+    calls = calls_for(saga)
+    outcome = calls.run(item.name or "", _parse(item.arguments or "{}"), item.call_id,
+                        Approval(False, by or operator(), reason))
+    state.reject(item, rejection_message=outcome.text)
+    return outcome.text
+
+
+async def areject(saga: Saga | AsyncSaga, state: RunState[Any], item: ToolApprovalItem, *,
+                  by: str | None = None, reason: str = "") -> str:
+    """:func:`reject` on a worker thread."""
+    return await asyncio.to_thread(reject, saga, state, item, by=by, reason=reason)
+
+
+def saga_input_filter(saga: Saga | AsyncSaga) -> Any:
+    """A ``RunConfig(call_model_input_filter=...)``: before each model call, the results
+    of this saga's rolled-back calls say so (their pairs are kept), and the saga's
+    closing note follows them."""
+    calls = calls_for(saga)
+
+    async def input_filter(data: CallModelData[Any]) -> ModelInputData:
+        states = await asyncio.to_thread(calls.states)
+        if not states:
+            return data.model_data
+        return ModelInputData(input=rebuild(data.model_data.input, states),
+                              instructions=data.model_data.instructions)
+
+    return input_filter
+
+
+def rebuild(items: Sequence[Any], states: Iterable[SagaState]) -> list[Any]:
+    """Input items (``RunResult.to_input_list()``) rewritten from the sagas' logs: each
+    call's output is what ``rebuild_history`` says of it, and each saga's closing
+    note follows its last output as a system message. Other items are unchanged."""
+    items = list(items)
+    results: list[tuple[str | None, str | None]] = []
+    notes = []
+    for item in items:
+        if isinstance(item, dict) and item.get("type") == "function_call_output":
+            text = item.get("output")
+            results.append((item.get("call_id"), text if isinstance(text, str) else None))
+            continue
+        if isinstance(item, dict) and item.get("role") == "system" \
+                and isinstance(item.get("content"), str):
+            notes.append(item["content"])
+        results.append((None, None))
+    plan = rewrite(results, states, notes)
+    out: list[Any] = []
+    for i, item in enumerate(items):
+        out.append({**item, "output": plan.texts[i]} if i in plan.texts else item)
+        out.extend({"role": "system", "content": note} for note in plan.notes_after.get(i, []))
+    return out

@@ -1,0 +1,175 @@
+"""Pydantic AI: the model's tool calls as steps of a saga.
+
+>>> toolset = SagaToolset(saga)                                     # doctest: +SKIP
+>>> agent = Agent(model, toolsets=[toolset], output_type=[str, DeferredToolRequests],
+...               capabilities=[ProcessHistory(saga_history_processor(saga))])  # doctest: +SKIP
+
+(Pydantic AI 2 takes history processors as the ``ProcessHistory`` capability;
+before it, the same function went in ``Agent(history_processors=[...])``.)
+
+* Each call runs as ``saga.call(tool, args, tool_call_id=<Pydantic AI's id>)``;
+  arguments the saga refuses come back as ``ModelRetry``.
+* A call the saga's policy gates raises ``ApprovalRequired`` (the impact
+  preview is its metadata): the run ends with ``DeferredToolRequests``.
+  :meth:`SagaToolset.decide` turns a person's decisions into the
+  ``DeferredToolResults`` of the next run and records who decided in the
+  chain (a denial fails the step, so the saga unwinds what ran).
+* A failed step's result says what failed and what was rolled back, and
+  :func:`saga_history_processor` rewrites the earlier results before the next
+  model request; :func:`rebuild` does the same for a stored history.
+
+Needs ``pip install 'saga-store[pydantic-ai]'``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from pydantic_ai import (
+    ApprovalRequired,
+    DeferredToolRequests,
+    DeferredToolResults,
+    ModelRetry,
+    RunContext,
+    ToolDenied,
+)
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    SystemPromptPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
+from pydantic_core import SchemaValidator, core_schema
+
+from saga_store import AsyncSaga, InvalidInput, Saga, SagaState
+
+from ._common import Approval, calls_for, exposed, operator, rewrite, tool_defs
+
+__all__ = ["SagaToolset", "rebuild", "saga_history_processor"]
+
+# the saga validates every call (and counts the invalid ones) before anything is
+# written: Pydantic AI passes the arguments through as they came
+_AS_GIVEN = SchemaValidator(schema=core_schema.dict_schema())
+
+
+class SagaToolset(AbstractToolset[Any]):
+    """The registry's tools (``names``, or all but compensations and probes) as a
+    toolset whose every call is a step of ``saga``."""
+
+    def __init__(self, saga: Saga | AsyncSaga, names: Iterable[str] | None = None, *,
+                 on_failure: str = "result", id: str | None = None,
+                 max_retries: int = 2) -> None:
+        self.calls = calls_for(saga, on_failure=on_failure)
+        self._defs = tool_defs(self.calls.store.registry,
+                               exposed(self.calls.store.registry, names))
+        self._id, self.max_retries = id, max_retries
+
+    @property
+    def id(self) -> str | None:
+        return self._id
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        return {d["name"]: ToolsetTool(
+            toolset=self, max_retries=self.max_retries, args_validator=_AS_GIVEN,
+            tool_def=ToolDefinition(name=d["name"], description=d["description"],
+                                    parameters_json_schema=d["parameters"]))
+            for d in self._defs}
+
+    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
+                        tool: ToolsetTool[Any]) -> Any:
+        approval = None
+        preview = self.calls.gated(name, tool_args)
+        if preview is not None:
+            if not ctx.tool_call_approved:
+                raise ApprovalRequired(metadata=preview)
+            meta = ctx.tool_call_metadata if isinstance(ctx.tool_call_metadata, dict) else {}
+            approval = Approval(True, str(meta.get("by") or operator()),
+                                str(meta.get("reason") or ""))
+        outcome = await self.calls.arun(name, tool_args, ctx.tool_call_id, approval)
+        if outcome.retry:
+            raise ModelRetry(outcome.text)
+        return outcome.text
+
+    async def decide(self, requests: DeferredToolRequests, approved: Mapping[str, bool], *,
+                     by: str | None = None, reason: str = "") -> DeferredToolResults:
+        """The ``DeferredToolResults`` for a person's decisions (tool call id ->
+        approved, one for each call in ``requests.approvals``). A grant is recorded,
+        with ``by``, when the step reaches its gate in the next run; a denial is
+        recorded now (the step is logged, denied at its gate, and the saga unwinds),
+        and the model is told what was rolled back."""
+        who = by or operator()
+        missing = [p.tool_call_id for p in requests.approvals if p.tool_call_id not in approved]
+        if missing:  # an unanswered call is not a denial: say which ones need an answer
+            raise InvalidInput(f"no decision for tool call(s) {', '.join(missing)}",
+                               field="approved")
+        results = DeferredToolResults()
+        for part in requests.approvals:
+            cid = part.tool_call_id
+            if approved[cid]:
+                results.approvals[cid] = True
+                results.metadata[cid] = {"by": who, "reason": reason}
+                continue
+            outcome = await self.calls.arun(part.tool_name, part.args_as_dict(), cid,
+                                            Approval(False, who, reason))
+            results.approvals[cid] = ToolDenied(outcome.text)
+        return results
+
+
+def saga_history_processor(saga: Saga | AsyncSaga) -> Any:
+    """A history processor (``ProcessHistory(...)`` in ``Agent(capabilities=[...])``,
+    or ``Agent(history_processors=[...])`` before Pydantic AI 2): before each model
+    request, the results of this saga's rolled-back calls say so, and its closing
+    note follows them."""
+    calls = calls_for(saga)
+
+    async def processor(messages: list[ModelMessage]) -> list[ModelMessage]:
+        states = await asyncio.to_thread(calls.states)
+        return rebuild(messages, states) if states else messages
+
+    return processor
+
+
+def rebuild(messages: Sequence[ModelMessage], states: Iterable[SagaState],
+            ) -> list[ModelMessage]:
+    """``messages`` rewritten from the sagas' logs: each call's ``ToolReturnPart`` says
+    what ``rebuild_history`` says of it, and each saga's closing note follows its last
+    result as a ``SystemPromptPart`` in the same request. The rest is unchanged."""
+    where: list[tuple[int, int]] = []
+    results: list[tuple[str | None, str | None]] = []
+    notes: list[str] = []
+    for m, msg in enumerate(messages):
+        if not isinstance(msg, ModelRequest):
+            continue
+        for p, part in enumerate(msg.parts):
+            # a note may come back framed as a user part (``<system>...</system>``)
+            if isinstance(part, SystemPromptPart | UserPromptPart) and \
+                    isinstance(part.content, str):
+                notes.append(part.content)
+            if isinstance(part, ToolReturnPart):
+                where.append((m, p))
+                results.append((part.tool_call_id,
+                                part.content if isinstance(part.content, str) else None))
+    plan = rewrite(results, states, notes)
+    if not plan:
+        return list(messages)
+    out = list(messages)
+    changes: dict[int, dict[int, tuple[Any, list[str]]]] = {}
+    for i, (m, p) in enumerate(where):
+        if i in plan.texts or i in plan.notes_after:
+            changes.setdefault(m, {})[p] = (plan.texts.get(i), plan.notes_after.get(i, []))
+    for m, by_part in changes.items():
+        request = out[m]
+        assert isinstance(request, ModelRequest)
+        parts: list[Any] = []
+        for p, part in enumerate(request.parts):
+            text, after = by_part.get(p, (None, []))
+            parts.append(part if text is None else replace(part, content=text))
+            parts.extend(SystemPromptPart(content=note) for note in after)
+        out[m] = replace(request, parts=parts)
+    return out
