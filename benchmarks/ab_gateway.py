@@ -35,7 +35,7 @@ SERVER = [sys.executable, str(Path(__file__).resolve().parent / "mcp_kv_server.p
 def _gateway(root: str, url: str, name: str) -> StdioServerParameters:
     return StdioServerParameters(
         command=sys.executable, cwd=root, env={**os.environ, "PYTHONPATH": root},
-        args=["-m", "cli.main", "--redis-url", url, "mcp-guard", "--gateway-id", name,
+        args=["-m", "saga_store.cli.main", "--redis-url", url, "mcp-guard", "--gateway-id", name,
               "--", *SERVER])
 
 

@@ -17,9 +17,9 @@ from typing import Any
 import redis
 
 from saga_store import Registry, SagaStore, Settings
-from saga_store.context import rebuild_history
-from saga_store.events import EventKind as K
-from saga_store.testing_workers import WorkerProcess, kill_at
+from saga_store.client.context import rebuild_history
+from saga_store.log.events import EventKind as K
+from saga_store.testing.workers import WorkerProcess, kill_at
 
 from .common import bench_redis, machine, percentile
 
@@ -30,7 +30,7 @@ PLAN = [{"tool": "do_noop", "args": {"n": i}} for i in range(3)] + [
 
 
 def lag_ms(store: SagaStore, sid: str) -> float:
-    evs = store.store.log.events(sid)
+    evs = store.events.log.events(sid)
     failed = next(e["ts"] for e in evs if e["kind"] == K.STEP_FAILED)
     done = next(e["ts"] for e in evs if e["kind"] == K.SAGA_COMPENSATED)
     return float(done - failed)
@@ -64,7 +64,7 @@ def recovery_s(store: SagaStore, env: dict[str, str]) -> float:
 
 
 def rebuild_ms(store: SagaStore, steps: int = 1000, runs: int = 20) -> list[float]:
-    w = store.store.open("bench-history", conversation_id="c")
+    w = store.events.open("bench-history", conversation_id="c")
     batch = []
     for n in range(steps):
         batch += [(K.STEP_INTENT, {"step": n, "tool": "noop", "tool_call_id": f"call_{n}",

@@ -23,9 +23,9 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from saga_store import Registry, SagaStore
-from saga_store.connection import connect
-from saga_store.mcp_guarded import GuardedSession
-from saga_store.policy import Policy
+from saga_store.approval.policy import Policy
+from saga_store.mcp.guarded import GuardedSession
+from saga_store.ops.connection import connect
 
 from .common import bench_redis, machine, percentile
 
@@ -46,7 +46,7 @@ def _params(command: list[str], url: str | None = None,
         return StdioServerParameters(command=command[0], args=command[1:], env=env)
     return StdioServerParameters(
         command=sys.executable, env=env,
-        args=["-m", "cli.main", "--redis-url", url, "mcp-guard", "--", *command])
+        args=["-m", "saga_store.cli.main", "--redis-url", url, "mcp-guard", "--", *command])
 
 
 async def _measure(url: str, side_by_side: int, depth: int) -> dict[str, Any]:

@@ -14,19 +14,19 @@ from typing import Any
 
 import redis
 
-from saga_store.canonical import canonical
-from saga_store.chain import Chain
-from saga_store.events import EventKind as K
-from saga_store.export import export, verify_file
-from saga_store.store import Store
-from saga_store.verify import Verifier
+from saga_store.log.canonical import canonical
+from saga_store.log.chain import Chain
+from saga_store.log.events import EventKind as K
+from saga_store.log.store import EventStore
+from saga_store.verify.checker import Verifier
+from saga_store.verify.export import export, verify_file
 
 from .common import PAYLOAD_300, bench_redis, machine, median_of
 
 assert len(canonical(PAYLOAD_300)) == 300
 
 
-def append_one_at_a_time(store: Store, n: int) -> float:
+def append_one_at_a_time(store: EventStore, n: int) -> float:
     w = store.open("bench")
     t = time.perf_counter()
     for i in range(n):
@@ -34,7 +34,7 @@ def append_one_at_a_time(store: Store, n: int) -> float:
     return n / (time.perf_counter() - t)
 
 
-def append_batched(store: Store, n: int, batch: int = 100) -> float:
+def append_batched(store: EventStore, n: int, batch: int = 100) -> float:
     w = store.open("bench")
     items = [(K.STEP_SUCCEEDED, {"step": i, "data": PAYLOAD_300}) for i in range(batch)]
     t = time.perf_counter()
@@ -43,7 +43,7 @@ def append_batched(store: Store, n: int, batch: int = 100) -> float:
     return n / (time.perf_counter() - t)
 
 
-def append_cost_short_vs_long(store: Store, long_seq: int = 100_000, samples: int = 3000,
+def append_cost_short_vs_long(store: EventStore, long_seq: int = 100_000, samples: int = 3000,
                               ) -> tuple[float, float]:
     """Median microseconds of one append at seq ~10 and at seq ~``long_seq``, measured
     interleaved so both see the same machine noise."""
@@ -69,7 +69,7 @@ def append_cost_short_vs_long(store: Store, long_seq: int = 100_000, samples: in
     return statistics.median(short_t) * 1e6, statistics.median(long_t) * 1e6
 
 
-def memory_per_event(client: redis.Redis, store: Store, sagas: int = 100, per: int = 1000,
+def memory_per_event(client: redis.Redis, store: EventStore, sagas: int = 100, per: int = 1000,
                      ) -> float:
     client.flushdb()
     before = int(client.info("memory")["used_memory"])
@@ -84,7 +84,7 @@ def memory_per_event(client: redis.Redis, store: Store, sagas: int = 100, per: i
     return (after - before) / (sagas * (per + 1))
 
 
-def fill(store: Store, events: int, per_saga: int = 1000) -> None:
+def fill(store: EventStore, events: int, per_saga: int = 1000) -> None:
     """Sagas of intent/outcome pairs (valid for the invariants), events of ~300 bytes."""
     for _ in range(events // per_saga):
         w = store.open("agent-1")
@@ -108,7 +108,7 @@ def run(events: int = 1_000_000, runs: int = 3) -> dict[str, Any]:
     srv = bench_redis()
     try:
         client = redis.Redis.from_url(srv.url)
-        store = Store(client)
+        store = EventStore(client)
         out["append_one_per_s"], out["append_one_runs"] = median_of(
             runs, lambda: append_one_at_a_time(store, 10_000))
         out["append_batched_per_s"], out["append_batched_runs"] = median_of(

@@ -33,7 +33,8 @@ TOOLS = "benchmarks.bench_tools"
 
 def start_saga_workers(url: str, n: int) -> list[subprocess.Popen[bytes]]:
     env = {**os.environ, "SAGA_REDIS_URL": url, "PYTHONPATH": ROOT}
-    return [subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--tools", TOOLS,
+    return [subprocess.Popen([sys.executable, "-m", "saga_store.cli.main", "worker", "--tools",
+                              TOOLS,
                               "--log-level", "WARNING"], env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for _ in range(n)]
@@ -107,7 +108,7 @@ def saga_throughput(r: redis.Redis, store: SagaStore, url: str, workers: int,
             store.wait(sid, timeout=600)
         first, last = 1e20, 0.0
         for sid in ids:
-            evs = store.store.log.events(sid)
+            evs = store.events.log.events(sid)
             first = min(first, next(e["ts"] for e in evs if e["kind"] == "step_started"))
             last = max(last, evs[-1]["ts"])
         rss = [rss_mb(p.pid) for p in procs]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from saga_store import acl
+from saga_store.ops import acl
 
 from .common import errors_to_exit
 

@@ -7,11 +7,11 @@ from typing import Any
 
 import click
 
-from saga_store import approvals
-from saga_store.client import SagaStore
+from saga_store.approval import requests as approvals
+from saga_store.client.api import SagaStore
 from saga_store.errors import InvalidInput
-from saga_store.registry import Registry
-from saga_store.state import SagaState
+from saga_store.protocol.state import SagaState
+from saga_store.tools.registry import Registry
 
 from .common import Context, emit_json, errors_to_exit, operator, pass_ctx
 

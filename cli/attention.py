@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from saga_store.attention import acknowledge, needing_attention
+from saga_store.approval.attention import acknowledge, needing_attention
 
 from .common import Context, emit_json, errors_to_exit, operator, pass_ctx
 

@@ -16,10 +16,10 @@ import click
 import orjson
 import redis
 
-from saga_store.connection import connect, connect_or_embedded
 from saga_store.errors import CannotVerify, InvalidInput, SagaError, StoreUnavailable
+from saga_store.log.store import EventStore
+from saga_store.ops.connection import connect, connect_or_embedded
 from saga_store.settings import Settings
-from saga_store.store import Store
 
 EXIT_OK, EXIT_INTEGRITY, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -28,18 +28,18 @@ EXIT_OK, EXIT_INTEGRITY, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 class Context:
     redis_url: str | None
     settings: Settings
-    _store: Store | None = field(default=None, repr=False)
+    _store: EventStore | None = field(default=None, repr=False)
 
-    def store(self) -> Store:
+    def store(self) -> EventStore:
         """A store on ``--redis-url`` (default address when unset); never embedded."""
         if self._store is None:
             url = self.redis_url or "redis://127.0.0.1:6379/0"
-            self._store = Store(connect(url), self.settings)
+            self._store = EventStore(connect(url), self.settings)
         return self._store
 
-    def store_or_embedded(self) -> tuple[Store, bool]:
+    def store_or_embedded(self) -> tuple[EventStore, bool]:
         client, is_embedded = connect_or_embedded(self.redis_url)
-        self._store = Store(client, self.settings)
+        self._store = EventStore(client, self.settings)
         return self._store, is_embedded
 
 

@@ -14,13 +14,13 @@ from typing import Any
 import click
 import orjson
 
-from saga_store import jobs
-from saga_store.client import SagaStore
-from saga_store.context import rebuild_history
-from saga_store.log import command
-from saga_store.registry import Registry
-from saga_store.state import SagaState
-from saga_store.verify import Verifier
+from saga_store.client.api import SagaStore
+from saga_store.client.context import rebuild_history
+from saga_store.execution import jobs
+from saga_store.log.stream import command
+from saga_store.protocol.state import SagaState
+from saga_store.tools.registry import Registry
+from saga_store.verify.checker import Verifier
 
 from .common import Context, errors_to_exit, pass_ctx
 
@@ -65,8 +65,8 @@ def demo(ctx: Context, n: int) -> None:
             _believe(second)
         finally:
             _stop_workers(procs)
-        store.store.ledger.flush()  # as `saga verify` does: chain what is pending first
-        verdict = Verifier(store.store.log).verify()
+        store.events.ledger.flush()  # as `saga verify` does: chain what is pending first
+        verdict = Verifier(store.events.log).verify()
         click.echo(f"saga verify: {'intact' if verdict.ok else 'INTEGRITY FAILURE'} "
                    f"({verdict.events} events in {len(verdict.chains)} chains, "
                    f"ledger included) in {time.monotonic() - began:.1f} s")
@@ -76,8 +76,9 @@ def demo(ctx: Context, n: int) -> None:
 def _start_workers(ctx: Context, n: int) -> list[subprocess.Popen[bytes]]:
     """Worker processes, each in a process group of its own (with the job it forks)."""
     env = {**os.environ, "SAGA_REDIS_URL": ctx.redis_url or "redis://127.0.0.1:6379/0"}
-    return [subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--tools", TOOLS,  # noqa: S603
-                              "--log-level", "WARNING"], env=env, start_new_session=True,
+    cmd = [sys.executable, "-m", "saga_store.cli.main", "worker", "--tools", TOOLS,
+           "--log-level", "WARNING"]
+    return [subprocess.Popen(cmd, env=env, start_new_session=True,  # noqa: S603  # our argv
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for _ in range(n)]
 
@@ -103,7 +104,7 @@ def _run(store: SagaStore, embedded: bool, title: str, steps: list[dict[str, Any
     if embedded:
         _drain(store)
     state = store.wait(sid, timeout=60)
-    for ev in store.store.log.bodies(sid):
+    for ev in store.events.log.bodies(sid):
         line = _describe(ev)
         if line:
             click.echo(f"  {line}")
@@ -113,8 +114,8 @@ def _run(store: SagaStore, embedded: bool, title: str, steps: list[dict[str, Any
 
 def _drain(store: SagaStore) -> None:
     """The embedded store lives in this process: run its jobs here, in order."""
-    from workers.compensator import Compensator
-    from workers.step import StepRunner
+    from saga_store.workers.compensator import Compensator
+    from saga_store.workers.step import StepRunner
     runner, comp = StepRunner(store, "demo"), Compensator(store, "demo")
     while True:
         raw = command(store.redis, "LPOP", jobs.queue_key(jobs.STEP_QUEUE)) or \

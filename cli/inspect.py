@@ -8,9 +8,9 @@ from typing import Any
 import click
 import orjson
 
-from saga_store.context import FORMATS, agent_states, rebuild_history
+from saga_store.client.context import FORMATS, agent_states, rebuild_history
 from saga_store.ids import check_id
-from saga_store.state import Status
+from saga_store.protocol.state import Status
 
 from .common import Context, emit_json, errors_to_exit, pass_ctx
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from saga_store.chain import load_key
+from saga_store.log.chain import load_key
 from saga_store.settings import Settings
 
 from . import acl, approvals, attention, console, demo, inspect, mcp_guard, verify, workers

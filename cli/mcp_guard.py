@@ -15,9 +15,9 @@ from typing import Any
 
 import click
 
-from saga_store.client import SagaStore
+from saga_store.client.api import SagaStore
 from saga_store.errors import InvalidInput
-from saga_store.registry import Registry
+from saga_store.tools.registry import Registry
 
 from .common import Context, errors_to_exit, pass_ctx
 
@@ -64,13 +64,13 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
                                "not both or neither")
         try:
             import anyio
-            import mcp  # noqa: F401
+            import mcp  # noqa: F401  # imported only to check it is installed
         except ImportError:
             raise InvalidInput("the MCP gateway needs the mcp package: "
                                "pip install 'saga-store[mcp]'") from None
-        from saga_store.gateway import gateway_id
-        from saga_store.mcp_tools import load_tools_map
-        from saga_store.policy import Policy
+        from saga_store.approval.policy import Policy
+        from saga_store.mcp.classify import load_tools_map
+        from saga_store.mcp.gateway import gateway_id
         policy = Policy.load(policy_file) if policy_file else Policy.safe()
         tools_map = load_tools_map(tools_map_file) if tools_map_file else {}
         store = SagaStore(ctx.store().redis, Registry(), ctx.settings, policy=policy)
@@ -80,7 +80,7 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
 
 @asynccontextmanager
 async def _downstream(command: list[str], url: str | None) -> AsyncIterator[Any]:
-    from saga_store.mcp_downstream import PipeDownstream, SdkDownstream
+    from saga_store.mcp.downstream import PipeDownstream, SdkDownstream
     if url:
         from mcp.client.streamable_http import streamable_http_client
         async with streamable_http_client(url) as streams:
@@ -95,8 +95,8 @@ async def _downstream(command: list[str], url: str | None) -> AsyncIterator[Any]
 
 async def _serve(store: SagaStore, policy: Any, tools_map: Any, gid: str, agent_id: str,
                  command: list[str], url: str | None) -> None:
-    from saga_store.gateway import CallFn, Gateway
-    from saga_store.mcp_relay import ClientPipe, Relay
+    from saga_store.mcp.gateway import CallFn, Gateway
+    from saga_store.mcp.relay import ClientPipe, Relay
 
     def gateway(call: CallFn) -> Gateway:
         return Gateway(store, policy, tools_map, call, gid, agent_id=agent_id,

@@ -8,14 +8,14 @@ from pathlib import Path
 import click
 
 from saga_store import keys
-from saga_store.chain import Chain
 from saga_store.errors import AnchorMismatch
-from saga_store.export import export as export_log
-from saga_store.export import verify_file
 from saga_store.ids import check_id
-from saga_store.ledger import read_anchor
-from saga_store.store import Store
-from saga_store.verify import Verifier, VerifyResult
+from saga_store.log.chain import Chain
+from saga_store.log.ledger import read_anchor
+from saga_store.log.store import EventStore
+from saga_store.verify.checker import Verifier, VerifyResult
+from saga_store.verify.export import export as export_log
+from saga_store.verify.export import verify_file
 
 from .common import (
     EXIT_INTEGRITY,
@@ -93,7 +93,7 @@ def _count_lines(path: str) -> int:
         return sum(1 for _ in fh) - 1
 
 
-def _count_events(store: Store, saga_id: str | None) -> int:
+def _count_events(store: EventStore, saga_id: str | None) -> int:
     ids = [saga_id] if saga_id else list(store.log.chain_ids())
     pipe = store.redis.pipeline(transaction=False)
     for sid in [*ids, keys.LEDGER_ID]:
@@ -138,7 +138,7 @@ def _finish(result: VerifyResult, anchor: dict[str, object] | None, as_json: boo
 def anchor(ctx: Context, out: str | None) -> None:
     """Print the ledger head (seq, hash, time; HMAC-signed with a key) to keep outside Redis."""
     with errors_to_exit():
-        from saga_store.canonical import canonical
+        from saga_store.log.canonical import canonical
         doc = canonical(ctx.store().ledger.anchor())
         if out:
             Path(out).write_bytes(doc + b"\n")

@@ -13,11 +13,11 @@ import click
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from saga_store import jobs
-from saga_store.client import SagaStore
+from saga_store.client.api import SagaStore
 from saga_store.errors import InvalidInput
+from saga_store.execution import jobs
 from saga_store.ids import check_id
-from saga_store.registry import Registry
+from saga_store.tools.registry import Registry
 
 from .common import (
     EXIT_UNAVAILABLE,
@@ -81,17 +81,17 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
     if metrics_port is not None and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         # must be set before prometheus_client is first imported, in every worker
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="saga-metrics-")
-    from workers.worker import configured
+    from saga_store.workers.worker import configured
     with errors_to_exit():
         Registry.from_modules(*tools)  # fail here, not in every forked worker
         if policy_file:
             import dataclasses
 
-            from saga_store.policy import Policy
+            from saga_store.approval.policy import Policy
             Policy.load(policy_file)  # a bad policy is a usage error now, not in each worker
             ctx.settings = dataclasses.replace(ctx.settings, policy_file=policy_file)
         store = ctx.store()
-        from saga_store.doctor import examine, persistent
+        from saga_store.ops.doctor import examine, persistent
         findings = examine(store.redis)
         if not persistent(findings):
             for f in findings:
@@ -102,7 +102,7 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
                            "see 'saga doctor'", err=True)
                 sys.exit(EXIT_UNAVAILABLE)
         # a worker outlives any outage: it backs off (capped, jittered) and carries on
-        from saga_store.connection import set_retry_window
+        from saga_store.ops.connection import set_retry_window
         set_retry_window(store.redis, None)
         worker_class = configured(tools, ctx.settings)
         names = list(queues) or QUEUES
@@ -126,12 +126,13 @@ def serve_metrics(client: Any, port: int, host: str, *, multiprocess: bool) -> N
     process's counters when ``multiprocess``."""
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from saga_store.connection import fail_fast
-    from saga_store.metrics import RedisCollector
+    from saga_store.ops.connection import fail_fast
+    from saga_store.ops.metrics import RedisCollector
     client = fail_fast(client)  # a scrape answers now, also while Redis is down
     registry = CollectorRegistry()
     if multiprocess:
         from prometheus_client import multiprocess as mp
+        # no-untyped-call: the library leaves it untyped
         mp.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     registry.register(RedisCollector(client))
     start_http_server(port, addr=host, registry=registry)
@@ -149,7 +150,7 @@ def metrics(ctx: Context, port: int, host: str, once: bool) -> None:
         if once:
             from prometheus_client import CollectorRegistry, generate_latest
 
-            from saga_store.metrics import RedisCollector
+            from saga_store.ops.metrics import RedisCollector
             registry = CollectorRegistry()
             registry.register(RedisCollector(store.redis))
             click.echo(generate_latest(registry).decode(), nl=False)
@@ -274,7 +275,7 @@ def doctor(ctx: Context, as_json: bool) -> None:
 
     Exit codes: 0 all good, 1 something to change, 3 Redis unreachable.
     """
-    from saga_store.doctor import examine
+    from saga_store.ops.doctor import examine
     with errors_to_exit():
         findings = examine(ctx.store().redis)
         if as_json:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from saga_store import Registry, SagaState, SagaStore
-from saga_store.context import rebuild_history
+from saga_store.client.context import rebuild_history
 
 TOOLS = "examples.order_tools"
 CARD = "tok_visa_4242"
@@ -41,7 +41,7 @@ def saga_store() -> Iterator[SagaStore]:
         store = SagaStore.from_url(url, registry)
         env = {**os.environ, "SAGA_REDIS_URL": url}
         proc = subprocess.Popen(  # noqa: S603  our own argv, no shell
-            [sys.executable, "-m", "cli.main", "worker", "--tools", TOOLS, "--log-level",
+            [sys.executable, "-m", "saga_store.cli.main", "worker", "--tools", TOOLS, "--log-level",
              "WARNING"], env=env, start_new_session=True)
         print(f"on the Redis at SAGA_REDIS_URL, with a worker process (pid {proc.pid})")
         try:
@@ -50,7 +50,7 @@ def saga_store() -> Iterator[SagaStore]:
             proc.terminate()
             proc.wait(30)
         return
-    from saga_store.connection import embedded
+    from saga_store.ops.connection import embedded
     store = SagaStore(embedded(), registry)
     print("on the embedded in-process store (set SAGA_REDIS_URL to use a Redis and workers)")
     stop = threading.Event()
@@ -66,10 +66,11 @@ def saga_store() -> Iterator[SagaStore]:
 def _run_jobs(store: SagaStore, stop: threading.Event) -> None:
     """The embedded store lives in this process: run its queued steps and unwinds
     here, in order, with the workers' own code."""
-    from saga_store import jobs
-    from saga_store.log import command
-    from workers.compensator import Compensator
-    from workers.step import StepRunner
+    from saga_store.workers.compensator import Compensator
+    from saga_store.workers.step import StepRunner
+
+    from saga_store.execution import jobs
+    from saga_store.log.stream import command
     steps, unwinds = StepRunner(store, "example"), Compensator(store, "example")
     while not stop.is_set():
         raw = command(store.redis, "LPOP", jobs.queue_key(jobs.STEP_QUEUE)) or \

@@ -22,7 +22,7 @@ from .agent_runtime import ORDER, PROMPT, heading, real_model, saga_store, short
 try:  # the SDK's HTTP layer: httpx2 in its newer releases, httpx before
     import httpx2 as httpx
 except ImportError:  # pragma: no cover
-    import httpx  # type: ignore[no-redef]
+    import httpx  # type: ignore[no-redef]  # whichever httpx the SDK uses
 
 
 def scripted_client() -> anthropic.Anthropic:

@@ -32,10 +32,10 @@ def scripted() -> Any:
 
 def live_model(key: str, node: ToolNode) -> Any:
     if key == "ANTHROPIC_API_KEY":
-        from langchain_anthropic import ChatAnthropic  # type: ignore[import-not-found]
+        from langchain_anthropic import ChatAnthropic  # type: ignore[import-not-found]  # optional, real-model mode only
         chat = ChatAnthropic(model=os.environ.get("SAGA_EXAMPLE_MODEL", "claude-sonnet-4-5"))
     else:
-        from langchain_openai import ChatOpenAI  # type: ignore[import-not-found]
+        from langchain_openai import ChatOpenAI  # type: ignore[import-not-found]  # optional, real-model mode only
         chat = ChatOpenAI(model=os.environ.get("SAGA_EXAMPLE_MODEL", "gpt-4.1-mini"))
     return chat.bind_tools(list(node.tools_by_name.values()))
 

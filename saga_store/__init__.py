@@ -1,16 +1,19 @@
-"""Saga Store: durable, verifiable sagas for AI agent tool calls.
+"""Saga EventStore: durable, verifiable sagas for AI agent tool calls.
 
 >>> from saga_store import tool, Reversibility
 """
 
-from .client import AsyncSaga, Saga, SagaStore
-from .errors import (
-    CompensationError,
+from saga_store.client.api import AsyncSaga, Saga, SagaStore
+from saga_store.errors import (
     ConflictError,
     IdempotencyError,
     IntegrityError,
     InvalidInput,
+    InvalidToolCall,
     KeyReuseError,
+    MappingError,
+    NoSuchSaga,
+    RetryableError,
     SagaAborted,
     SagaError,
     StepError,
@@ -18,22 +21,16 @@ from .errors import (
     StepPending,
     StoreUnavailable,
 )
-from .protocol.vocab import Reversibility
-from .registry import Registry
-from .settings import Settings
-from .state import SagaState, Status
-from .tools import (
-    InvalidToolCall,
-    RetryableError,
-    RetryPolicy,
-    StepContext,
-    tool,
-)
+from saga_store.protocol.state import SagaState, Status
+from saga_store.protocol.vocab import Reversibility
+from saga_store.settings import Settings
+from saga_store.tools.registry import Registry
+from saga_store.tools.spec import RetryPolicy, StepContext, tool
 
 __all__ = [
-    "AsyncSaga", "CompensationError", "ConflictError", "IdempotencyError", "IntegrityError",
-    "InvalidInput", "InvalidToolCall", "KeyReuseError", "Registry", "RetryPolicy",
-    "RetryableError", "Reversibility", "Saga", "SagaAborted", "SagaError", "SagaState",
-    "SagaStore", "Settings", "Status", "StepContext", "StepError", "StepInDoubt",
+    "AsyncSaga", "ConflictError", "IdempotencyError", "IntegrityError", "InvalidInput",
+    "InvalidToolCall", "KeyReuseError", "MappingError", "NoSuchSaga", "Registry",
+    "RetryPolicy", "RetryableError", "Reversibility", "Saga", "SagaAborted", "SagaError",
+    "SagaState", "SagaStore", "Settings", "Status", "StepContext", "StepError", "StepInDoubt",
     "StepPending", "StoreUnavailable", "tool",
 ]

@@ -2,13 +2,16 @@
 
     SagaError
     ├── InvalidInput          bad ids, arguments, payloads: nothing was written
+    │   ├── InvalidToolCall   a call's arguments do not fit its tool (the agent repairs)
+    │   ├── UnknownTool       no tool of that name is registered
     │   ├── NoSuchSaga        the saga id names no saga
     │   └── MappingError      a compensation's mapping did not resolve
     ├── IntegrityError        the log does not verify (tamper, anchor mismatch)
     ├── ConflictError         a compare-and-set lost; re-read and decide again
     ├── IdempotencyError      a key reused with other arguments, or in progress
     ├── StepError             a tool failed; ``retryable`` says whether to retry
-    ├── CompensationError     an undo failed
+    │   ├── RetryableError    raised by a tool: a transient failure, try again
+    │   └── StepInDoubt       the outcome is unknown
     ├── StoreUnavailable      Redis could not be reached or answered wrongly
     └── CannotVerify          verification could not run (e.g. the wrong key)
 """
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .protocol.vocab import Fence
+from saga_store.protocol.vocab import Fence
 
 
 class SagaError(Exception):
@@ -51,6 +54,27 @@ class MappingError(InvalidInput):
     output (a field the tool did not return, say)."""
 
     code = "mapping_unresolved"
+
+
+class InvalidToolCall(InvalidInput):
+    """The agent's arguments do not fit the tool; ``errors`` says where and why."""
+
+    code = "invalid_tool_call"
+
+    def __init__(self, tool: str, errors: list[dict[str, Any]]) -> None:
+        where = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(arguments)'}: {e['msg']}"
+                          for e in errors)
+        super().__init__(f"invalid arguments for {tool}: {where}; fix them and call again")
+        self.tool, self.errors = tool, errors
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), "tool": self.tool, "errors": self.errors}
+
+
+class UnknownTool(InvalidInput):
+    """No tool of that name is registered (in this process)."""
+
+    code = "unknown_tool"
 
 
 class IntegrityError(SagaError):
@@ -133,11 +157,6 @@ class StepError(SagaError):
         return out
 
 
-class CompensationError(SagaError):
-    """A compensation could not be completed."""
-
-    code = "compensation_failed"
-
 
 class StoreUnavailable(SagaError):
     """Redis could not be reached; check the URL, the server and the network."""
@@ -149,6 +168,13 @@ class CannotVerify(SagaError):
     """Verification could not be carried out; this says nothing about integrity."""
 
     code = "cannot_verify"
+
+
+class RetryableError(StepError):
+    """Raise from a tool for a transient failure: the step is tried again."""
+
+    def __init__(self, message: str, data: Any = None) -> None:
+        super().__init__(message, retryable=True, data=data)
 
 
 class StepInDoubt(StepError):

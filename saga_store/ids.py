@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 
-from .errors import InvalidInput
+from saga_store.errors import InvalidInput
 
 MAX_ID_LEN = 128
 _FORBIDDEN = frozenset(":*?{}[]\\\"'")

@@ -6,13 +6,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Self
 
-from . import chain
-from .errors import InvalidInput
+from saga_store.errors import InvalidInput
+from saga_store.log import chain
 
 
 @dataclass(frozen=True)
 class Settings:
-    redis_url: str | None = None
     hmac_key: bytes | None = field(default=None, repr=False)
     max_event_bytes: int = 256 * 1024
     blob_threshold: int = 16 * 1024
@@ -28,7 +27,6 @@ class Settings:
     def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Self:
         e = os.environ if env is None else env
         values: dict[str, object] = {
-            "redis_url": e.get("SAGA_REDIS_URL") or None,
             "hmac_key": chain.load_key(e.get("SAGA_HMAC_KEY"), e.get("SAGA_HMAC_KEY_FILE")),
             "policy_file": e.get("SAGA_POLICY_FILE") or None,
         }
@@ -41,7 +39,7 @@ class Settings:
             if e.get(var):
                 values[name] = int(e[var])
         values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values)  # type: ignore[arg-type]  # checked at run time
 
 
 def _flag(value: str, var: str) -> bool:

@@ -29,12 +29,13 @@ from typing import Any
 
 import redis
 
-from saga_store import Registry, SagaStore, Settings, jobs, keys
-from saga_store.connection import connect
+from saga_store import Registry, SagaStore, Settings, keys
 from saga_store.errors import InvalidInput
-from saga_store.state import SagaState, Status
+from saga_store.execution import jobs
+from saga_store.ops.connection import connect
+from saga_store.protocol.state import SagaState, Status
 from saga_store.testing import RedisServer
-from saga_store.testing_workers import WorkerProcess
+from saga_store.testing.workers import WorkerProcess
 
 from . import chaos_tools
 from .chaos_tools import FORWARD
@@ -326,7 +327,7 @@ def check(rep: Report, store: SagaStore, ids: dict[str, str], ledger: Path,
         rows = sorted(by_saga.pop(sid, []))
         if shape == "invalid":
             rep.by_state["refused (nothing written)"] += 1
-            if not store.store.log.head(sid).empty or rows:
+            if not store.events.log.head(sid).empty or rows:
                 rep.fail(f"{sid}: invalid input left a trace")
             continue
         st = store.state(sid)
@@ -341,7 +342,8 @@ def check(rep: Report, store: SagaStore, ids: dict[str, str], ledger: Path,
     for sid in by_saga:
         rep.fail(f"effects for {sid}, which the soak never submitted")
     _check_metrics(rep, metrics_dir, log_counts)
-    verify = subprocess.run([sys.executable, "-m", "cli.main", "--redis-url", url, "verify",
+    verify = subprocess.run([sys.executable, "-m", "saga_store.cli.main", "--redis-url", url,
+                             "verify",
                              ], capture_output=True, text=True, cwd=ROOT, check=False)
     if verify.returncode != 0:
         rep.fail(f"saga verify exited {verify.returncode}: {verify.stdout[-500:]}"
@@ -397,6 +399,7 @@ def _check_metrics(rep: Report, metrics_dir: Path, log_counts: Counter[str]) -> 
     from prometheus_client import CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
     reg = CollectorRegistry()
+    # no-untyped-call: the library leaves it untyped
     MultiProcessCollector(reg, path=str(metrics_dir))  # type: ignore[no-untyped-call]
     got: Counter[str] = Counter()
     for family in reg.collect():

@@ -12,9 +12,9 @@ import pytest
 import redis
 
 from saga_store import Registry, SagaStore
-from saga_store.connection import embedded
+from saga_store.log.store import EventStore
+from saga_store.ops.connection import embedded
 from saga_store.settings import Settings
-from saga_store.store import Store
 from saga_store.testing import RedisServer
 
 FAKE = os.environ.get("SAGA_TEST_BACKEND") == "fakeredis"
@@ -61,8 +61,8 @@ def settings() -> Settings:
 
 
 @pytest.fixture
-def store(client: redis.Redis, settings: Settings) -> Store:
-    return Store(client, settings)
+def store(client: redis.Redis, settings: Settings) -> EventStore:
+    return EventStore(client, settings)
 
 
 @pytest.fixture

@@ -10,15 +10,15 @@ import orjson
 import redis
 
 from saga_store import keys
-from saga_store.canonical import canonical
-from saga_store.chain import Chain
-from saga_store.events import EventKind as K
-from saga_store.store import ChainWriter, Store
+from saga_store.log.canonical import canonical
+from saga_store.log.chain import Chain
+from saga_store.log.events import EventKind as K
+from saga_store.log.store import ChainWriter, EventStore
 
 Entry = tuple[bytes, dict[bytes, bytes]]
 
 
-def committed_saga(store: Store, steps: int = 3, agent: str = "agent-1") -> ChainWriter:
+def committed_saga(store: EventStore, steps: int = 3, agent: str = "agent-1") -> ChainWriter:
     """A saga of ``steps`` succeeded steps, committed: 2 + 3*steps events."""
     w = store.open(agent, conversation_id="conv-1")
     for n in range(steps):
@@ -37,7 +37,7 @@ def read_stream(client: redis.Redis, key: str) -> list[Entry]:
 def write_stream(client: redis.Redis, key: str, entries: list[Entry]) -> None:
     client.delete(key)
     for eid, fields in entries:
-        client.xadd(key, fields, id=eid)  # type: ignore[arg-type]
+        client.xadd(key, fields, id=eid)  # type: ignore[arg-type]  # checked at run time
 
 
 def tamper(client: redis.Redis, chain_id: str, fn: Callable[[list[Entry]], list[Entry]]) -> None:

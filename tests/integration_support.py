@@ -8,9 +8,9 @@ from typing import Any
 import redis
 
 from saga_store import Registry, SagaState, SagaStore
-from saga_store.events import EventKind as K
+from saga_store.log.events import EventKind as K
 from saga_store.settings import Settings
-from saga_store.verify import Verifier
+from saga_store.verify.checker import Verifier
 
 from .ledger_tools import effects
 
@@ -39,13 +39,13 @@ def assert_order_unwound() -> None:
 def decisions(store: SagaStore, saga_id: str) -> list[tuple[str, Any, Any]]:
     """``(kind, step, by)`` of every approval decision in the saga's chain."""
     return [(e["kind"], e.get("step"), (e.get("data") or {}).get("by"))
-            for e in store.store.log.bodies(saga_id)
+            for e in store.events.log.bodies(saga_id)
             if e["kind"] in (K.APPROVAL_GRANTED, K.APPROVAL_DENIED)]
 
 
 def assert_verified(store: SagaStore) -> None:
-    store.store.ledger.flush()
-    assert Verifier(store.store.log).verify().ok
+    store.events.ledger.flush()
+    assert Verifier(store.events.log).verify().ok
 
 
 def final(store: SagaStore, saga_id: str) -> SagaState:

@@ -17,21 +17,22 @@ import random
 import time
 from typing import Any
 
-from saga_store import keys, notify
-from saga_store.client import SagaStore
-from saga_store.context import project, tell
+from saga_store import keys
+from saga_store.approval import notify
+from saga_store.client.api import SagaStore
+from saga_store.client.context import project, tell
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.faults import fault
-from saga_store.log import Lease, release_lease
-from saga_store.pipeline import execute, lean
+from saga_store.log.pipeline import execute, lean
+from saga_store.log.store import ChainWriter
+from saga_store.log.stream import Lease, release_lease
 from saga_store.protocol import unwind
 from saga_store.protocol.build import Item
 from saga_store.protocol.outcome import Outcome
+from saga_store.protocol.state import SagaState, StepState, fold
 from saga_store.protocol.vocab import LeaseMode, Reversibility
-from saga_store.registry import Registry
-from saga_store.state import SagaState, StepState, fold
-from saga_store.store import ChainWriter
-from saga_store.tools import StepContext, ToolSpec
+from saga_store.tools.registry import Registry
+from saga_store.tools.spec import StepContext, ToolSpec
 
 from .invoke import Invoker
 
@@ -117,16 +118,16 @@ class Compensator:
                 release_lease(r, keys.saga_lease(saga_id), token)
 
     def _unwind(self, saga_id: str, token: str, ctx: list[Any] | None) -> str:
-        bodies, head = self.store.store.log.bodies_and_head(saga_id)
+        bodies, head = self.store.events.log.bodies_and_head(saga_id)
         state = fold(saga_id, bodies)
         if isinstance(unwind.next_action(state, self.tools), unwind.Done):
-            project(self.store.store, saga_id)
+            project(self.store.events, saga_id)
             return str(state.status)
         if ctx is None:
             pipe = lean(self.store.redis)
             _context_of(pipe, saga_id)
             ctx = pipe.execute()[0]
-        writer = Writer(ChainWriter(self.store.store, saga_id, head), bodies, ctx, state)
+        writer = Writer(ChainWriter(self.store.events, saga_id, head), bodies, ctx, state)
         lease = Lease(token, LeaseMode.ACQUIRE, self.store.settings.lease_ms)
         probed: set[int] = set()
         while True:

@@ -18,12 +18,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from saga_store.canonical import check_json
 from saga_store.errors import InvalidInput, StepError
+from saga_store.log.canonical import check_json
 from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.vocab import OutcomeKind
-from saga_store.secrets import scrub
-from saga_store.tools import StepContext, ToolSpec
+from saga_store.tools.secrets import scrub
+from saga_store.tools.spec import StepContext, ToolSpec
 
 
 class StepTimeout(BaseException):

@@ -21,26 +21,27 @@ from typing import Any
 
 import orjson
 
-from saga_store import approvals, keys, notify
-from saga_store.client import SagaStore
-from saga_store.context import project, tell
-from saga_store.enqueue import enqueue_compensation, enqueue_step, intent
-from saga_store.errors import ConflictError, FencedOff, InvalidInput
-from saga_store.events import EventKind as K
+from saga_store import keys
+from saga_store.approval import notify
+from saga_store.approval import requests as approvals
+from saga_store.approval.policy import Decision, Policy, Verdict
+from saga_store.client.api import SagaStore
+from saga_store.client.context import project, tell
+from saga_store.errors import ConflictError, FencedOff, InvalidInput, UnknownTool
+from saga_store.execution.enqueue import enqueue_compensation, enqueue_step, intent
 from saga_store.faults import fault
 from saga_store.ids import check_id
-from saga_store.log import Head, Lease, body_and_hash
-from saga_store.pipeline import execute, lean
-from saga_store.policy import Decision, Policy, Verdict
+from saga_store.log.events import EventKind as K
+from saga_store.log.pipeline import execute, lean
+from saga_store.log.store import ChainWriter
+from saga_store.log.stream import Head, Lease, body_and_hash
 from saga_store.protocol import build
 from saga_store.protocol.build import Item
 from saga_store.protocol.delivery import Act, StepView, ToolFacts, on_delivery
 from saga_store.protocol.forward import outcome_events
 from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.vocab import Follow, LeaseMode, Phase
-from saga_store.registry import UnknownTool
-from saga_store.store import ChainWriter
-from saga_store.tools import StepContext, ToolSpec
+from saga_store.tools.spec import StepContext, ToolSpec
 
 from .invoke import Invoker
 
@@ -106,7 +107,7 @@ class StepRunner:
 
     def read(self, saga_id: str, step: int, intent_seq: int, reads: Any = None) -> StepView:
         if reads is None:
-            pipe: Any = lean(self.store.store.log.raw)
+            pipe: Any = lean(self.store.events.log.raw)
             queue_reads(pipe, saga_id, intent_seq)
             reads = pipe.execute()
         rows, first, ctx_seq = reads
@@ -143,7 +144,7 @@ class StepRunner:
 
     def _decide(self, saga_id: str, step: int, intent_seq: int, view: StepView,
                 extra: Any) -> str:
-        writer = ChainWriter(self.store.store, saga_id, view.head)
+        writer = ChainWriter(self.store.events, saga_id, view.head)
         spec, unknown = self._spec(view)
         facts = None if spec is None else ToolFacts(
             spec.retry.max_deliveries, spec.after_crash != "in_doubt",
@@ -196,7 +197,7 @@ class StepRunner:
             return "conflict"
         view.events.append({"kind": K.STEP_STARTED, "seq": writer.head.seq, "step": step})
         if not caught_up:
-            project(self.store.store, saga_id)
+            project(self.store.events, saga_id)
         view.ctx_seq = writer.head.seq  # step_started has no projection of its own
         fault("after_started")
         return self._execute(writer, saga_id, step, view, token, extra, spec)
@@ -294,7 +295,7 @@ class StepRunner:
             self._closed(pipe, saga_id)
         execute(pipe, *([settle] if settle else []))
         if not inline:
-            project(self.store.store, saga_id)
+            project(self.store.events, saga_id)
             if follow is Follow.COMMITTED:
                 done = lean(self.store.redis)
                 self._closed(done, saga_id)
@@ -364,7 +365,7 @@ class StepRunner:
         except ConflictError:
             return "conflict"
         self._ack(extra)
-        project(self.store.store, saga_id)
+        project(self.store.events, saga_id)
         notify.approval_requested(saga_id, step, spec.name, view.agent_id, verdict.reason)
         log.info("saga %s step %d (%s) waits for approval: %s", saga_id, step, spec.name,
                  verdict.reason)
@@ -436,3 +437,9 @@ def queue_reads(pipe: Any, saga_id: str, intent_seq: int) -> None:
     pipe.execute_command("XRANGE", log_key, keys.entry_id(max(0, intent_seq - 1)), "+")
     pipe.execute_command("XRANGE", log_key, "0-1", "0-1")
     pipe.execute_command("HGET", keys.saga_meta(saga_id), "ctx_seq")
+
+
+def run_step(store: SagaStore, worker: str, saga_id: str, step: int, intent_seq: int) -> str:
+    """The job function :data:`saga_store.execution.jobs.STEP_FUNC` names: one delivery
+    of one step (the worker calls :class:`StepRunner` itself, with its reads)."""
+    return StepRunner(store, worker).run(saga_id, step, intent_seq)

@@ -13,14 +13,15 @@ import logging
 import time
 from typing import Any
 
-from saga_store import approvals, keys
-from saga_store.client import SagaStore
-from saga_store.context import project
-from saga_store.enqueue import enqueue_compensation, enqueue_step
-from saga_store.log import command
+from saga_store import keys
+from saga_store.approval import requests as approvals
+from saga_store.client.api import SagaStore
+from saga_store.client.context import project
+from saga_store.execution.enqueue import enqueue_compensation, enqueue_step
+from saga_store.log.stream import command
+from saga_store.protocol.state import fold
 from saga_store.protocol.sweep import Sweep, on_sweep
-from saga_store.state import fold
-from saga_store.verify import Verifier
+from saga_store.verify.checker import Verifier
 
 log = logging.getLogger("saga_store.sweeper")
 BATCH = 200
@@ -54,7 +55,7 @@ class Sweeper:
         self.redelivered += queued
         try:  # ledger entries a sealer that died left pending
             if r.llen(keys.LEDGER_PENDING):
-                self.store.store.ledger.seal()
+                self.store.events.ledger.seal()
         except Exception:
             log.exception("sweeper: pending ledger entries could not be chained")
         try:
@@ -69,10 +70,10 @@ class Sweeper:
 
     def _look_at(self, sid: str, now_ms: int) -> int:
         r, lease_ms = self.store.redis, self.store.settings.lease_ms
-        state = fold(sid, self.store.store.log.bodies(sid))
+        state = fold(sid, self.store.events.log.bodies(sid))
         verdict: list[bool] = []
         if state.seq >= 0:  # ledger entries a writer killed mid-way owed, from the log
-            paid = self.store.store.pay_ledger_debts(sid, state, lambda: self._verifies(sid,
+            paid = self.store.events.pay_ledger_debts(sid, state, lambda: self._verifies(sid,
                                                                                   verdict))
             if paid:
                 log.warning("sweeper %s: saga %s: wrote the ledger entries its writer owed "
@@ -80,7 +81,7 @@ class Sweeper:
         left_ms = r.pttl(keys.saga_lease(sid)) if state.seq >= 0 and not state.final else 0
         swept = on_sweep(state, left_ms)
         if swept.what is Sweep.RETIRE:
-            project(self.store.store, sid)  # a closer that died may not have
+            project(self.store.events, sid)  # a closer that died may not have
             if state.final and not self._verifies(sid, verdict):
                 log.error("saga %s: its chain does not verify; run 'saga verify --saga %s'",
                           sid, sid)
@@ -108,5 +109,5 @@ class Sweeper:
     def _verifies(self, sid: str, verdict: list[bool]) -> bool:
         """Whether the saga's chain verifies, checked once per look (``verdict``)."""
         if not verdict:
-            verdict.append(Verifier(self.store.store.log, jobs=1).check(sid).ok)
+            verdict.append(Verifier(self.store.events.log, jobs=1).check(sid).ok)
         return verdict[0]

@@ -22,13 +22,13 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
 
-from saga_store import jobs
-from saga_store.client import SagaStore
+from saga_store.client.api import SagaStore
 from saga_store.errors import StoreUnavailable
+from saga_store.execution import jobs
 from saga_store.ids import valid_id
-from saga_store.pipeline import lean
-from saga_store.registry import Registry
+from saga_store.log.pipeline import lean
 from saga_store.settings import Settings
+from saga_store.tools.registry import Registry
 
 from .step import StepRunner, queue_reads
 from .sweeper import Sweeper
@@ -78,12 +78,12 @@ class StepWorker(SimpleWorker):
         registry = Registry.from_modules(*self.tools_modules)
         from prometheus_client import CollectorRegistry
 
-        from saga_store.metrics import Metrics
+        from saga_store.ops.metrics import Metrics
         self.metrics = Metrics(CollectorRegistry())  # multiprocess files when enabled
         self.saga_store = SagaStore(self.connection, registry, self.settings,
                                     metrics=self.metrics)
         # closing entries wait for a batch: this worker's sweeper chains them
-        self.saga_store.store.ledger.deferred = True
+        self.saga_store.events.ledger.deferred = True
         self.runner = StepRunner(self.saga_store, self.name,
                                  keep_going=lambda: not self._stop_requested)
         self.refused = 0
@@ -153,6 +153,7 @@ class StepWorker(SimpleWorker):
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.error("sweeper: Redis unreachable (%s); next sweep later", exc)
         if super().should_run_maintenance_tasks:
+            # no-untyped-call: the library leaves it untyped
             super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
 
     # -- RQ bookkeeping, throttled ----------------------------------------

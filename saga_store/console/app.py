@@ -11,7 +11,8 @@ from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .. import SagaError, SagaStore, StoreUnavailable
+from saga_store import SagaError, SagaStore, StoreUnavailable
+
 from . import ops, sagas
 from .config import ConsoleConfig
 from .render import make_templates, page
@@ -81,5 +82,5 @@ def create_app(saga_store: SagaStore, config: ConsoleConfig | None = None) -> St
     app.state.saga_store = saga_store
     app.state.config = config
     app.state.templates = make_templates()
-    app.state.verify = VerifyStatus(saga_store.store, config.anchor_file)
+    app.state.verify = VerifyStatus(saga_store.events, config.anchor_file)
     return app

@@ -16,7 +16,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .. import InvalidInput
+from saga_store import InvalidInput
 
 MAX_NAME = 128
 

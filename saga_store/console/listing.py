@@ -16,10 +16,10 @@ from typing import Any
 
 import orjson
 
-from .. import SagaState, keys
-from ..events import EventKind as K
-from ..log import body_and_hash, command
-from ..store import Store
+from saga_store import SagaState, keys
+from saga_store.log.events import EventKind as K
+from saga_store.log.store import EventStore
+from saga_store.log.stream import body_and_hash, command
 
 CHUNK = 200
 MAX_SCAN = 5000  # ledger entries one request reads at most, however selective the filter
@@ -73,12 +73,12 @@ def _opening(body: dict[str, Any], seq: int) -> Opening | None:
     return Opening(sid, data.get("agent_id"), int(body.get("ts") or 0), seq)
 
 
-def _pending(store: Store) -> list[Opening]:
+def _pending(store: EventStore) -> list[Opening]:
     found = (_opening(b, -1) for b in reversed(store.ledger.pending()))
     return [o for o in found if o is not None]
 
 
-def _chunk(store: Store, below: int | None) -> tuple[list[Opening], int | None]:
+def _chunk(store: EventStore, below: int | None) -> tuple[list[Opening], int | None]:
     """Up to CHUNK ledger entries before seq ``below`` (newest first), and the seq
     to continue below (None once the start is reached)."""
     top = "+" if below is None else keys.entry_id(below - 1)
@@ -95,14 +95,14 @@ def _chunk(store: Store, below: int | None) -> tuple[list[Opening], int | None]:
     return out, (last if len(rows) == CHUNK and last > 0 else None)
 
 
-def _states(store: Store, openings: list[Opening]) -> list[str | None]:
+def _states(store: EventStore, openings: list[Opening]) -> list[str | None]:
     pipe = store.redis.pipeline(transaction=False)
     for o in openings:
         pipe.hget(keys.saga_meta(o.saga_id), "state")
     return [v.decode() if isinstance(v, bytes) else v for v in pipe.execute()]
 
 
-def list_page(store: Store, filters: Filters, cursor: int | None = None,
+def list_page(store: EventStore, filters: Filters, cursor: int | None = None,
               limit: int = 25) -> Page:
     """One page of sagas, newest first. ``cursor`` is a ledger seq from an earlier
     page's ``next_cursor``; the first page (None) also shows pending entries."""

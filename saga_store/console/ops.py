@@ -13,9 +13,11 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from .. import ConflictError, InvalidInput, SagaStore, approvals
-from ..attention import acknowledge, needing_attention
-from ..ids import valid_id
+from saga_store import ConflictError, InvalidInput, SagaStore
+from saga_store.approval import requests as approvals
+from saga_store.approval.attention import acknowledge, needing_attention
+from saga_store.ids import valid_id
+
 from .masking import mask
 from .render import page
 from .security import SESSION_COOKIE, checked_form, operator_of, safe_next, session_cookie
@@ -74,7 +76,7 @@ async def decide(request: Request) -> Response:
 
 
 async def attention_page(request: Request) -> Response:
-    rows = await run_in_threadpool(needing_attention, _store(request).store.log)
+    rows = await run_in_threadpool(needing_attention, _store(request).events.log)
     return page(request, "attention.html", {"rows": rows, **_flash(request)})
 
 

@@ -17,11 +17,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from .. import SagaStore, Status
-from ..context import FORMATS, rebuild_history
-from ..export import export
-from ..ids import valid_id
-from ..state import fold
+from saga_store import SagaStore, Status
+from saga_store.client.context import FORMATS, rebuild_history
+from saga_store.ids import valid_id
+from saga_store.protocol.state import fold
+from saga_store.verify.export import export
+
 from . import timeline
 from .listing import Filters, list_page
 from .masking import mask_messages
@@ -65,7 +66,7 @@ async def sagas_list(request: Request) -> Response:
         raise HTTPException(400, "cursor: not a page cursor")
     cursor = int(cursor_text) if cursor_text else None
     size = request.app.state.config.page_size
-    result = await run_in_threadpool(list_page, _store(request).store, filters, cursor, size)
+    result = await run_in_threadpool(list_page, _store(request).events, filters, cursor, size)
     keep = {k: v for k, v in raw.items() if v}
     return page(request, "sagas.html", {"page": result, "filters": raw, "states": STATES,
                                         "keep": keep, "first": cursor is None})
@@ -81,7 +82,7 @@ def _saga_id(request: Request) -> str:
 def live_context(store: SagaStore, saga_id: str, fmt: str) -> dict[str, Any]:
     """Everything the live part of a saga page shows (state, timeline, the history
     the agent sees in ``fmt``), from one read of its log."""
-    bodies, head = store.store.log.bodies_and_head(saga_id)
+    bodies, head = store.events.log.bodies_and_head(saga_id)
     if not bodies:
         raise HTTPException(404, f"no saga {saga_id}")
     st = fold(saga_id, bodies)
@@ -110,12 +111,12 @@ async def saga_export(request: Request) -> Response:
     """The saga and the ledger as JSONL, which ``saga verify --file`` accepts."""
     sid = _saga_id(request)
     store = _store(request)
-    if (await run_in_threadpool(store.store.log.head, sid)).empty:
+    if (await run_in_threadpool(store.events.log.head, sid)).empty:
         raise HTTPException(404, f"no saga {sid}")
 
     def write() -> bytes:
         out = io.BytesIO()
-        export(store.store.log, out, [sid])
+        export(store.events.log, out, [sid])
         return out.getvalue()
 
     body = await run_in_threadpool(write)
@@ -146,7 +147,7 @@ async def saga_live(request: Request) -> Response:
         seq = after
         yield "retry: 2000\n\n"
         while True:
-            got = await anyio.to_thread.run_sync(store.store.log.wait, sid, seq, block_ms,
+            got = await anyio.to_thread.run_sync(store.events.log.wait, sid, seq, block_ms,
                                                  limiter=limiter)
             if await request.is_disconnected():
                 return

@@ -25,7 +25,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .. import InvalidInput
+from saga_store import InvalidInput
+
 from .config import ConsoleConfig, check_name
 
 CSRF_COOKIE = "saga_csrf"

@@ -14,7 +14,8 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..events import EventKind as K
+from saga_store.log.events import EventKind as K
+
 from .masking import short_json
 
 WIDTH, LABEL_W, ROW_H, TOP = 960, 230, 26, 22

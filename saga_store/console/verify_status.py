@@ -17,11 +17,11 @@ from typing import Any
 
 import redis
 
-from .. import SagaError, keys
-from ..errors import AnchorMismatch
-from ..ledger import read_anchor
-from ..store import Store
-from ..verify import Verifier
+from saga_store import SagaError, keys
+from saga_store.errors import AnchorMismatch
+from saga_store.log.ledger import read_anchor
+from saga_store.log.store import EventStore
+from saga_store.verify.checker import Verifier
 
 log = logging.getLogger("saga_store.console")
 
@@ -41,7 +41,7 @@ class Result:
 
 @dataclass
 class VerifyStatus:
-    store: Store
+    store: EventStore
     anchor_file: str | None = None
     last: Result | None = None
     running: bool = False

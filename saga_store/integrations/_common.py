@@ -39,11 +39,11 @@ from saga_store import (
     StepError,
     StepPending,
 )
-from saga_store import approvals as _approvals
-from saga_store.context import closing_note, step_views
+from saga_store.approval import requests as _approvals
+from saga_store.approval.policy import Decision
+from saga_store.client.context import closing_note, step_views
 from saga_store.ids import valid_id
-from saga_store.policy import Decision
-from saga_store.tools import ToolSpec
+from saga_store.tools.spec import ToolSpec
 
 log = logging.getLogger("saga_store.integrations")
 

@@ -51,8 +51,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from saga_store import AsyncSaga, Saga, SagaState
-
-from ._common import Approval, SagaCalls, calls_for, exposed, operator, rewrite, tool_defs
+from saga_store.integrations._common import (
+    Approval,
+    SagaCalls,
+    calls_for,
+    exposed,
+    operator,
+    rewrite,
+    tool_defs,
+)
 
 __all__ = ["Approval", "anthropic_tools", "arun_tool_uses", "rebuild", "run_tool_uses"]
 

@@ -36,8 +36,16 @@ from langgraph.prebuilt.tool_node import ToolCallRequest
 from langgraph.types import Command, interrupt
 
 from saga_store import AsyncSaga, Saga, SagaState
-
-from ._common import Approval, Outcome, SagaCalls, calls_for, exposed, operator, rewrite, tool_defs
+from saga_store.integrations._common import (
+    Approval,
+    Outcome,
+    SagaCalls,
+    calls_for,
+    exposed,
+    operator,
+    rewrite,
+    tool_defs,
+)
 
 __all__ = ["rebuild", "saga_tool_node"]
 

@@ -30,8 +30,15 @@ from agents.run_config import CallModelData, ModelInputData
 from agents.tool_context import ToolContext
 
 from saga_store import AsyncSaga, Saga, SagaState
-
-from ._common import Approval, SagaCalls, calls_for, exposed, operator, rewrite, tool_defs
+from saga_store.integrations._common import (
+    Approval,
+    SagaCalls,
+    calls_for,
+    exposed,
+    operator,
+    rewrite,
+    tool_defs,
+)
 
 __all__ = ["approve", "areject", "rebuild", "reject", "saga_input_filter", "saga_tools"]
 

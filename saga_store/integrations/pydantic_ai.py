@@ -48,8 +48,14 @@ from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
 from saga_store import AsyncSaga, InvalidInput, Saga, SagaState
-
-from ._common import Approval, calls_for, exposed, operator, rewrite, tool_defs
+from saga_store.integrations._common import (
+    Approval,
+    calls_for,
+    exposed,
+    operator,
+    rewrite,
+    tool_defs,
+)
 
 __all__ = ["SagaToolset", "rebuild", "saga_history_processor"]
 

@@ -1,7 +1,7 @@
 """Every event a driver appends is built here, and only here.
 
 Each function returns an :data:`Item`, ``(kind, fields)``, the form
-:meth:`~saga_store.store.ChainWriter.append_many` takes; the envelope (seq,
+:meth:`~saga_store.events.ChainWriter.append_many` takes; the envelope (seq,
 ts, saga id) is added when it is appended. A new event kind is one function
 here, one case in :mod:`saga_store.state` and one in
 :mod:`saga_store.invariants`.
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..events import EventKind as K
-from .vocab import OutcomeKind
+from saga_store.log.events import EventKind as K
+from saga_store.protocol.vocab import OutcomeKind
 
 Item = tuple[str, dict[str, Any]]
 

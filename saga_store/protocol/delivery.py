@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ..events import EventKind as K
-from ..log import EMPTY, Head
-from ..policy import Decision, Verdict
-from .outcome import Outcome
-from .vocab import OutcomeKind
+from saga_store.approval.policy import Decision, Verdict
+from saga_store.log.events import EventKind as K
+from saga_store.log.stream import EMPTY, Head
+from saga_store.protocol.outcome import Outcome
+from saga_store.protocol.vocab import OutcomeKind
 
 
 @dataclass

@@ -6,11 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..state import SagaState
-from . import build
-from .build import Item
-from .outcome import Outcome
-from .vocab import Follow, OutcomeKind, Reversibility, StepStatus
+from saga_store.protocol import build
+from saga_store.protocol.build import Item
+from saga_store.protocol.outcome import Outcome
+from saga_store.protocol.state import SagaState
+from saga_store.protocol.vocab import Follow, OutcomeKind, Reversibility, StepStatus
 
 
 def commit_blocker(state: SagaState) -> str | None:

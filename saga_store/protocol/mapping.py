@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import MappingError
+from saga_store.errors import MappingError
 
 ROOTS = ("input", "output")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .vocab import OutcomeKind
+from saga_store.protocol.vocab import OutcomeKind
 
 
 @dataclass(frozen=True)

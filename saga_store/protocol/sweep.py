@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from ..state import SagaState
-from .vocab import Approval, Status
+from saga_store.protocol.state import SagaState
+from saga_store.protocol.vocab import Approval, Status
 
 
 class Sweep(StrEnum):

@@ -31,14 +31,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ..errors import MappingError
-from ..idempotency import compensation_key
-from ..state import SagaState, StepState, unwind_order
-from . import build
-from .build import Item
-from .mapping import resolve_all
-from .outcome import Outcome
-from .vocab import CompStatus, OutcomeKind, Reversibility, Status, StepStatus
+from saga_store.errors import MappingError
+from saga_store.execution.idempotency import compensation_key
+from saga_store.protocol import build
+from saga_store.protocol.build import Item
+from saga_store.protocol.mapping import resolve_all
+from saga_store.protocol.outcome import Outcome
+from saga_store.protocol.state import SagaState, StepState, unwind_order
+from saga_store.protocol.vocab import CompStatus, OutcomeKind, Reversibility, Status, StepStatus
 
 
 @dataclass(frozen=True)

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from saga_store.connection import embedded
-from saga_store.events import EventKind as K
-from saga_store.export import export
+from saga_store.log.events import EventKind as K
+from saga_store.log.store import EventStore
+from saga_store.ops.connection import embedded
 from saga_store.settings import Settings
-from saga_store.store import Store
+from saga_store.verify.export import export
 
 HERE = Path(__file__).parent
 HMAC_KEY = b"golden-hmac-key-0123456789abcdef"
 
 
-def write(store: Store) -> None:
+def write(store: EventStore) -> None:
     ts = 1_764_500_000_000
     ok = store.open("agent-golden", saga_id="golden-committed", conversation_id="conv-1")
     for n, (tool, args, result) in enumerate([
@@ -48,7 +48,7 @@ def write(store: Store) -> None:
 
 def main() -> None:
     for name, key in (("sha256", None), ("hmac", HMAC_KEY)):
-        store = Store(embedded(), Settings(hmac_key=key))
+        store = EventStore(embedded(), Settings(hmac_key=key))
         write(store)
         with open(HERE / f"{name}.jsonl", "wb") as fh:
             export(store.log, fh)

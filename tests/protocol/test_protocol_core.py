@@ -7,17 +7,17 @@ from typing import Any
 
 import pytest
 
+from saga_store.approval.policy import Decision, Verdict
 from saga_store.errors import MappingError
-from saga_store.events import EventKind as K
-from saga_store.policy import Decision, Verdict
+from saga_store.log.events import EventKind as K
 from saga_store.protocol import build, unwind
 from saga_store.protocol.delivery import Act, StepView, ToolFacts, on_delivery
 from saga_store.protocol.forward import commit_blocker, outcome_events
 from saga_store.protocol.mapping import resolve, resolve_all
 from saga_store.protocol.outcome import Outcome
+from saga_store.protocol.state import SagaState, StepState, fold
 from saga_store.protocol.sweep import Sweep, on_sweep
 from saga_store.protocol.vocab import Follow, OutcomeKind, Status
-from saga_store.state import SagaState, StepState, fold
 
 SID = "S1"
 

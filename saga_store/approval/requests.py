@@ -1,0 +1,163 @@
+"""Human approval of gated steps.
+
+A gated step's worker appends ``approval_requested`` (with an impact preview),
+adds the step to ``ss:approvals`` and lets the job go: nothing holds a worker
+while a person decides. :func:`decide` appends ``approval_granted`` or
+``approval_denied`` (who, and why) and queues the step again; the worker then
+runs it, or fails it so the saga compensates. The sweeper turns approvals
+past their deadline into denials ``by: timeout``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from saga_store import keys
+from saga_store.errors import ConflictError, FencedOff, InvalidInput, NoSuchSaga, no_such_saga
+from saga_store.execution.enqueue import enqueue_step, now_ms
+from saga_store.ids import check_id
+from saga_store.log.stream import command
+from saga_store.protocol import build
+from saga_store.protocol.delivery import denial
+from saga_store.protocol.state import Status
+from saga_store.protocol.vocab import Approval, Phase
+
+__all__ = [
+    "Pending",
+    "deadline",
+    "decide",
+    "denial",
+    "expire_due",
+    "member",
+    "pending",
+    "preview",
+]
+
+if TYPE_CHECKING:
+    from saga_store.approval.policy import Verdict
+    from saga_store.client.api import SagaStore
+
+NO_DEADLINE = 2**52  # score of an approval that never times out
+MAX_NAME = 128
+
+
+@dataclass
+class Pending:
+    saga_id: str
+    step: int
+    preview: dict[str, Any]
+    expires_ms: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"saga_id": self.saga_id, "step": self.step, "expires_ms": self.expires_ms,
+                **self.preview}
+
+
+def preview(tool: str, logged_args: dict[str, Any], reversibility: str,
+            compensation: dict[str, Any] | None, verdict: Verdict,
+            timeout_s: float) -> dict[str, Any]:
+    """What a person sees before deciding (for a worker's step or a gateway's
+    call alike): secrets masked, what would undo it, why it was gated."""
+    args = {k: "***" if isinstance(v, dict) and "$secret" in v else v
+            for k, v in logged_args.items()}
+    out: dict[str, Any] = {
+        "tool": tool, "args": args, "reversibility": reversibility,
+        "compensation": compensation, "production": verdict.production,
+        "reason": verdict.reason}
+    if timeout_s:
+        out["timeout_s"] = timeout_s
+    return out
+
+
+def member(saga_id: str, step: int) -> str:
+    return f"{saga_id}:{step}"
+
+
+def deadline(timeout_s: float) -> int:
+    return now_ms() + int(timeout_s * 1000) if timeout_s else NO_DEADLINE
+
+
+def pending(store: SagaStore, limit: int = 1000) -> list[Pending]:
+    """Approvals waiting for a decision, oldest deadline first."""
+    out = []
+    rows: list[tuple[bytes, float]] = command(store.redis, "ZRANGE", keys.APPROVALS, 0,
+                                              limit - 1, "WITHSCORES")
+    for raw, score in _pairs(rows):
+        saga_id, _, step_s = raw.decode().rpartition(":")
+        st = store.state(saga_id)
+        step = st.steps.get(int(step_s))
+        if step is None or step.approval is not Approval.REQUESTED \
+                or st.status is not Status.RUNNING:
+            continue
+        data = step.approval_data or {}
+        out.append(Pending(saga_id, int(step_s), dict(data),
+                           None if score >= NO_DEADLINE else int(score)))
+    return out
+
+
+def decide(store: SagaStore, saga_id: str, step: int, *, grant: bool, by: str,
+           reason: str = "") -> None:
+    """Record a person's decision on a pending approval and queue the step again."""
+    check_id(saga_id, "saga_id")
+    by = by.strip()
+    if not by or len(by) > MAX_NAME or any(c in by for c in "\n\r"):
+        raise InvalidInput(f"--by must name who decides (1-{MAX_NAME} characters, one line)",
+                           field="by")
+    if len(reason) > 2000:
+        raise InvalidInput("the reason is over 2000 characters; shorten it", field="reason")
+    for _ in range(5):
+        st = store.state(saga_id)
+        if st.seq < 0:
+            raise NoSuchSaga(no_such_saga(saga_id))
+        s = st.steps.get(step)
+        if s is None or s.approval is not Approval.REQUESTED:
+            state = s.approval if s is not None else "no such step"
+            raise InvalidInput(f"step {step} of saga {saga_id} has no pending approval "
+                               f"({state}); 'saga approvals' lists the pending ones",
+                               field="step")
+        if st.status is not Status.RUNNING:
+            raise InvalidInput(f"saga {saga_id} is {st.status}; there is nothing to approve")
+        data: dict[str, Any] = {"by": by, "at_ms": int(time.time() * 1000)}
+        if reason:
+            data["reason"] = reason
+        writer = store.events.writer(saga_id)
+        try:
+            writer.append_many([build.approval_decided(step, grant, data)],
+                               phase=Phase.FORWARD)
+        except FencedOff:
+            raise InvalidInput(f"saga {saga_id} began unwinding; the step will not run",
+                               ) from None
+        except ConflictError:
+            continue  # the log moved: read again and decide again
+        pipe = store.redis.pipeline(transaction=False)
+        pipe.zrem(keys.APPROVALS, member(saga_id, step))
+        if st.executor is None:  # a worker's step: queue it again; a gateway polls the log
+            enqueue_step(pipe, store.queue, saga_id, step, s.intent_seq, s.idem_key or "")
+        pipe.execute()
+        return
+    raise ConflictError(f"saga {saga_id} kept moving; try again")
+
+
+def _pairs(rows: Any) -> list[tuple[bytes, float]]:
+    """ZRANGE WITHSCORES as (member, score), whatever shape the client returned."""
+    if rows and not isinstance(rows[0], list | tuple):
+        rows = list(zip(rows[::2], rows[1::2], strict=True))
+    return [(m, float(s)) for m, s in rows]
+
+
+def expire_due(store: SagaStore, limit: int = 100) -> int:
+    """Deny approvals past their deadline (``by: timeout``); returns how many."""
+    due: list[bytes] = command(store.redis, "ZRANGEBYSCORE", keys.APPROVALS, "-inf", now_ms(),
+                               "LIMIT", 0, limit)
+    n = 0
+    for raw in due:
+        saga_id, _, step_s = raw.decode().rpartition(":")
+        try:
+            decide(store, saga_id, int(step_s), grant=False, by="timeout",
+                   reason="no decision before the approval deadline")
+            n += 1
+        except InvalidInput:
+            store.redis.zrem(keys.APPROVALS, raw)  # already decided, or unwinding
+    return n

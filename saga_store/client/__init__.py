@@ -1,0 +1,1 @@
+"""The client API: ``SagaStore``, caller-driven sagas and context sync."""

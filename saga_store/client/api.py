@@ -1,0 +1,288 @@
+"""The client API: sagas of tool calls, executed by workers.
+
+>>> store = SagaStore.from_url("redis://127.0.0.1:6379/0", Registry.from_modules("myapp.tools"))
+>>> with store.saga(agent_id="agent-7", conversation_id="conv-1") as saga:  # doctest: +SKIP
+...     hold = saga.call("reserve_inventory", {"sku": "LAPTOP-15", "qty": 1},
+...                      tool_call_id="call_1")
+...     saga.call("charge_payment", {"amount_cents": 1_200_000}, tool_call_id="call_2")
+
+The block commits on normal exit and aborts (compensating what ran) on an
+exception. Steps run on workers (``saga worker``); the caller waits on the
+saga's stream with XREAD BLOCK, not by polling and not on RQ's result API.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Self
+
+import orjson
+import redis
+
+from saga_store import keys
+from saga_store.approval.policy import Policy
+from saga_store.client.saga import AsyncSaga, Saga
+from saga_store.errors import ConflictError, FencedOff, InvalidInput, InvalidToolCall, StepPending
+from saga_store.execution import jobs
+from saga_store.execution.enqueue import enqueue_compensation, enqueue_step, intent, now_ms
+from saga_store.execution.idempotency import DedupeRecords
+from saga_store.faults import fault
+from saga_store.ids import check_id, new_id
+from saga_store.log.pipeline import execute, lean
+from saga_store.log.store import EventStore, Opening
+from saga_store.ops.connection import connect
+from saga_store.protocol import build, unwind
+from saga_store.protocol.state import SagaState, Status, fold
+from saga_store.protocol.vocab import Phase
+from saga_store.settings import Settings
+from saga_store.tools.registry import Registry
+from saga_store.tools.secrets import Secrets
+
+if TYPE_CHECKING:
+    from saga_store.ops.metrics import Metrics
+
+WAIT_SLICE_MS = 1000
+
+
+@dataclass
+class _Planned:
+    saga_id: str
+    opening: Opening
+    idem_key: str
+    secrets: dict[int, dict[str, Any]]
+
+
+class SagaStore:
+    """A store, a registry and the step queue: everything an agent needs."""
+
+    def __init__(self, client: redis.Redis, registry: Registry,
+                 settings: Settings | None = None, *, queue: str = jobs.STEP_QUEUE,
+                 invalid_call_limit: int = 2, metrics: Metrics | None = None,
+                 policy: Policy | None = None) -> None:
+        self.settings = settings or Settings()
+        self.registry = registry
+        self.events = EventStore(client, self.settings)
+        self.metrics = metrics
+        self.events.log.metrics = metrics
+        self.redis = client
+        self.queue = queue
+        self.invalid_call_limit = invalid_call_limit
+        self.secrets = Secrets(client, self.settings.dedupe_ttl_s)
+        self.dedupe = DedupeRecords(client, self.settings.dedupe_ttl_s)
+        if policy is None:
+            policy = (Policy.load(self.settings.policy_file) if self.settings.policy_file
+                      else Policy.permissive())
+        self.policy = policy
+
+    @classmethod
+    def from_url(cls, url: str, registry: Registry, settings: Settings | None = None,
+                 **kwargs: Any) -> Self:
+        """A store on ``url``; settings from the environment (``SAGA_HMAC_KEY`` and the
+        rest) unless given, so the client and the workers agree on how they chain."""
+        return cls(connect(url), registry, settings or Settings.from_env(), **kwargs)
+
+    # -- sagas driven by the caller ---------------------------------------
+
+    def saga(self, agent_id: str, *, conversation_id: str | None = None,
+             saga_id: str | None = None) -> Saga:
+        """Open a saga; use it as a context manager (commit on exit, abort on error)."""
+        writer = self.events.open(agent_id, saga_id=saga_id, conversation_id=conversation_id)
+        state = SagaState(writer.saga_id, agent_id=agent_id, conversation_id=conversation_id,
+                          seq=writer.head.seq)
+        return Saga(self, writer, state)
+
+    def asaga(self, agent_id: str, **kwargs: Any) -> AsyncSaga:
+        """The asyncio form: ``async with store.asaga(...) as saga: await saga.call(...)``."""
+        return AsyncSaga(self, agent_id, kwargs)
+
+    # -- plans the workers drive -------------------------------------------
+
+    def submit(self, steps: Sequence[Mapping[str, Any]], *, agent_id: str,
+               conversation_id: str | None = None, saga_id: str | None = None) -> str:
+        """Submit a whole plan; workers run it to the end. Every step is validated
+        first: one bad step and nothing is written."""
+        plan = self._validate(steps)
+        return self._write([self._prepare(plan, agent_id, conversation_id, saga_id)])[0]
+
+    def submit_many(self, plans: Sequence[Sequence[Mapping[str, Any]]], *, agent_id: str,
+                    conversation_id: str | None = None) -> list[str]:
+        """Submit several plans at once, as independent sagas; returns their ids in
+        order. All are validated first (one bad step and nothing is written), then
+        written in two round trips whatever their number."""
+        valid = []
+        for k, steps in enumerate(plans):
+            try:
+                valid.append(self._validate(steps))
+            except InvalidInput as exc:
+                raise InvalidInput(f"plans[{k}]: {exc}", field=f"plans[{k}]") from None
+        return self._write([self._prepare(plan, agent_id, conversation_id, None)
+                            for plan in valid])
+
+    def _validate(self, steps: Sequence[Mapping[str, Any]]) -> list[tuple[Any, Any, str]]:
+        """Each step's tool, validated arguments and call id; writes nothing."""
+        if not steps:
+            raise InvalidInput("a plan needs at least one step", field="steps")
+        plan = []
+        for i, step in enumerate(steps):
+            if not isinstance(step, Mapping):
+                raise InvalidInput(f"steps[{i}] must be an object with tool and args")
+            try:
+                # arg-type: checked at run time
+                spec = self.registry.get(step.get("tool"))  # type: ignore[arg-type]
+                args = spec.validate(step.get("args", {}))
+            except InvalidInput as exc:
+                raise InvalidInput(f"steps[{i}]: {exc}", field=f"steps[{i}]") from None
+            call_id = step.get("tool_call_id") or f"call_{i}"
+            check_id(call_id, f"steps[{i}].tool_call_id")
+            plan.append((spec, args, call_id))
+        return plan
+
+    def _prepare(self, plan: list[tuple[Any, Any, str]], agent_id: str,
+                 conversation_id: str | None, saga_id: str | None) -> _Planned:
+        """A validated plan's opening, encoded (a plan with secrets gets its salt)."""
+        sid = check_id(saga_id, "saga_id") if saga_id else new_id()
+        logged_plan: list[dict[str, Any]] = []
+        secret_values: dict[int, dict[str, Any]] = {}
+        salt = self.secrets.salt(sid) if any(s.secret for s, _, _ in plan) else b""
+        for n, (spec, args, call_id) in enumerate(plan):
+            logged, values = Secrets.redact(args, spec.secret, salt)
+            if values:
+                secret_values[n] = values
+            logged_plan.append({"tool": spec.name, "args": logged, "tool_call_id": call_id})
+        first_spec, _, first_call_id = plan[0]
+        first = intent(sid, 0, first_spec, logged_plan[0]["args"], first_call_id)
+        opening = self.events.prepare_open(agent_id, saga_id=sid,
+                                          conversation_id=conversation_id,
+                                          data={"plan": logged_plan},
+                                          then=[first])
+        return _Planned(sid, opening, first[1]["idem_key"], secret_values)
+
+    def _write(self, planned: list[_Planned]) -> list[str]:
+        # in ss:active (and their secrets stored) before they exist, in the opens'
+        # round trip: should this process die after an open, the sweeper finds it
+        ahead = lean(self.redis)
+        look_at = now_ms() + 2 * self.settings.lease_ms
+        for p in planned:
+            ahead.zadd(keys.ACTIVE, {p.saga_id: look_at})
+            for n, values in p.secrets.items():
+                self.secrets.put(ahead, p.saga_id, n, values)
+        at = []
+        for p in planned:
+            at.append(len(ahead))
+            p.opening.call.send(ahead)
+        replies = ahead.execute(raise_on_error=False)
+        for i, got in enumerate(replies):
+            if isinstance(got, Exception) and i not in at:
+                raise got
+        fault("submit_between")
+        # the ledger entries go with the first jobs, chained by a sweeper of the
+        # workers that run the plans; a process killed before this round trip owes
+        # them, and a sweeper pays from the log (the opening recorded the debt)
+        pipe = lean(self.redis)
+        for p, i in zip(planned, at, strict=True):
+            writer = p.opening.applied(replies[i], pipe, defer_ledger=True)
+            enqueue_step(pipe, self.queue, p.saga_id, 0, writer.head.seq, p.idem_key)
+        execute(pipe, *(p.opening.ledger_written for p in planned))
+        return [p.saga_id for p in planned]
+
+    def wait(self, saga_id: str, timeout: float | None = None) -> SagaState:
+        """Block until the saga is final (committed, compensated, needs attention)
+        or stuck; returns its state. Raises :class:`StepPending` on timeout."""
+        check_id(saga_id, "saga_id")
+        state = fold(saga_id, self.events.log.bodies(saga_id))
+        return self.follow(state, lambda st: st.final or st.status is Status.STUCK, timeout)
+
+    def follow(self, state: SagaState, done: Any, timeout: float | None) -> SagaState:
+        """Apply new events of ``state``'s saga until ``done(state)``; XREAD BLOCK."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done(state):
+            left_ms = WAIT_SLICE_MS if deadline is None else \
+                int(min(WAIT_SLICE_MS, (deadline - time.monotonic()) * 1000))
+            if left_ms <= 0:
+                raise StepPending(f"saga {state.saga_id} did not get there within {timeout}s; "
+                                  "is 'saga worker' running?")
+            for entry in self.events.log.wait(state.saga_id, state.seq, left_ms):
+                state.apply(orjson.loads(entry.body))
+                state.head_hash = entry.hash
+        return state
+
+    def state(self, saga_id: str) -> SagaState:
+        return self.events.state(saga_id)
+
+    def abort(self, saga_id: str, reason: str = "aborted") -> bool:
+        """Start unwinding a saga that is still going forward; False if it was not.
+        Raises :class:`NoSuchSaga` (writing nothing) for an id that names no saga."""
+        self.events.require(saga_id)
+        self._run_by_workers(saga_id, "end it from its client with the saga_abort tool, or "
+                                      "stop its gateway: the next gateway for that server "
+                                      "rolls back a session left with a call unsettled")
+        writer = self.events.writer(saga_id)
+        for _ in range(20):
+            try:
+                writer.append_many([build.saga_failed(reason)], phase=Phase.FORWARD)
+            except FencedOff:
+                return False
+            except ConflictError:
+                continue
+            enqueue_compensation(self.redis, saga_id)
+            return True
+        raise ConflictError(f"saga {saga_id} kept changing; try the abort again")
+
+    def _run_by_workers(self, saga_id: str, instead: str,
+                        state: SagaState | None = None) -> None:
+        """Refuse to hand a saga the MCP gateway runs to the workers' compensator: only
+        a gateway can undo its calls, through the downstream server."""
+        executor = (state or self.state(saga_id)).executor
+        if executor is not None:
+            raise InvalidInput(f"saga {saga_id} is run by the MCP gateway ({executor}), not "
+                               f"by workers; {instead}", field="saga_id")
+
+    def resume(self, saga_id: str) -> bool:
+        """Try a stuck saga's unwind again (after its cause was fixed); False if not stuck.
+        Raises :class:`NoSuchSaga` (writing nothing) for an id that names no saga."""
+        self.events.require(saga_id)
+        state = self.state(saga_id)
+        if state.status is not Status.STUCK:
+            return False
+        self._run_by_workers(saga_id, "start 'saga mcp-guard' for its server again: a gateway "
+                                      "finishes the unwinds it finds before serving", state)
+        writer = self.events.writer(saga_id)
+        writer.append_many([build.saga_resumed(state.reason)])
+        pipe = lean(self.redis)
+        pipe.zadd(keys.ACTIVE, {saga_id: now_ms() + 2 * self.settings.lease_ms})
+        enqueue_compensation(pipe, saga_id)
+        pipe.execute()
+        return True
+
+    def resolve(self, saga_id: str, step: int, *, by: str, note: str) -> None:
+        """Record that a person settled step ``step``'s compensation by hand (the
+        unwind is stuck on it: a mapping that cannot resolve, a compensation that
+        keeps failing), then let the unwind go on. The saga then ends
+        ``needs_attention``, naming the step, for the person to acknowledge."""
+        self.events.require(saga_id)
+        if not note.strip() or len(note) > 2000:
+            raise InvalidInput("--note must say what was done by hand (1-2000 characters)",
+                               field="note")
+        for _ in range(20):
+            state = self.state(saga_id)
+            why = unwind.resolvable(state, step)
+            if why is not None:
+                raise InvalidInput(why, field="step")
+            writer = self.events.writer(saga_id)
+            try:
+                writer.append_many([build.compensation_resolved(step, by, note, now_ms()),
+                                    build.saga_resumed(state.reason)], phase=Phase.UNWINDING)
+            except ConflictError:
+                continue  # the log moved (a late duplicate's note): decide again
+            if state.executor is None:  # a gateway finishes its own unwinds
+                pipe = lean(self.redis)
+                pipe.zadd(keys.ACTIVE, {saga_id: now_ms() + 2 * self.settings.lease_ms})
+                enqueue_compensation(pipe, saga_id)
+                pipe.execute()
+            return
+        raise ConflictError(f"saga {saga_id} kept changing; try again")
+
+
+__all__ = ["AsyncSaga", "InvalidToolCall", "Saga", "SagaStore"]

@@ -1,0 +1,230 @@
+"""A saga driven by its caller: ``with store.saga(...) as saga: saga.call(...)``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+from saga_store import keys
+from saga_store.client.context import project
+from saga_store.errors import (
+    ConflictError,
+    FencedOff,
+    InvalidInput,
+    SagaAborted,
+    StepError,
+    StepInDoubt,
+    StepPending,
+)
+from saga_store.execution.enqueue import enqueue_step, intent, now_ms
+from saga_store.execution.idempotency import args_digest, explicit_key, step_key
+from saga_store.ids import check_id
+from saga_store.log.events import EventKind as K
+from saga_store.log.store import ChainWriter
+from saga_store.log.stream import Head
+from saga_store.protocol import build
+from saga_store.protocol.forward import commit_blocker
+from saga_store.protocol.state import SagaState, Status
+from saga_store.protocol.vocab import OutcomeKind, Phase, StepStatus
+from saga_store.tools.spec import ToolSpec
+
+if TYPE_CHECKING:
+    from saga_store.client.api import SagaStore
+
+
+class Saga:
+    """One saga driven by the caller. Not thread-safe: one agent, one saga."""
+
+    def __init__(self, store: SagaStore, writer: ChainWriter, state: SagaState) -> None:
+        self.store, self.writer, self.state = store, writer, state
+        self.invalid_calls = 0
+
+    @property
+    def saga_id(self) -> str:
+        return self.writer.saga_id
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.state.status is not Status.RUNNING:
+            return
+        if exc is None:
+            self.commit()
+        else:
+            self.abort(f"{type(exc).__name__}: {exc}")
+
+    def call(self, tool: str, args: Mapping[str, Any] | None = None, *,
+             tool_call_id: str | None = None, idempotency_key: str | None = None,
+             timeout: float | None = None) -> dict[str, Any]:
+        """Run one tool call as the saga's next step and return its result.
+
+        Raises :class:`~saga_store.tools.InvalidToolCall` for arguments the agent
+        can repair (nothing is written); the second invalid call aborts the saga
+        (:class:`SagaAborted`). A failed step raises :class:`StepError`, an
+        unknown outcome :class:`StepInDoubt`; either way the saga unwinds.
+        """
+        if self.state.status is not Status.RUNNING:
+            raise SagaAborted(f"saga {self.saga_id} is {self.state.status}; start a new saga")
+        spec, validated = self._validate(tool, {} if args is None else args)
+        if tool_call_id is not None:
+            check_id(tool_call_id, "tool_call_id")
+        salt = self.store.secrets.salt(self.saga_id) if spec.secret else b""
+        logged, secret_values = self.store.secrets.redact(validated, spec.secret, salt)
+        key = explicit_key(idempotency_key) if idempotency_key else \
+            step_key(self.saga_id, spec.name, logged)
+        if key in self.state.by_key:  # the agent repeated a call: answer from the log
+            if self.store.metrics is not None:
+                self.store.metrics.dedupe_hits.labels("repeated_call").inc()
+            return self._answer(self.state.by_key[key], timeout or spec.timeout + 30)
+        n = self.state.next_step
+        if idempotency_key:
+            claim = self.store.dedupe.claim(key, args_digest(spec.name, validated),
+                                            self.saga_id, n)
+            if claim.status == "exists":
+                return self._elsewhere(claim, timeout or spec.timeout + 30)
+        # an explicit key: the worker updates the key's record
+        item = intent(self.saga_id, n, spec, logged, tool_call_id, key,
+                      keyed=bool(idempotency_key))
+        self._append_intent(n, item[1], secret_values)
+        return self._answer(n, timeout or spec.timeout + 30)
+
+    def _validate(self, tool: str, args: Any) -> tuple[ToolSpec, dict[str, Any]]:
+        try:
+            spec = self.store.registry.get(tool)
+            return spec, spec.validate(args)  # an object, as sent: no coercion
+        except InvalidInput as exc:
+            self.invalid_calls += 1
+            if self.invalid_calls >= self.store.invalid_call_limit:
+                self.abort(f"{self.invalid_calls} invalid tool calls: {exc}")
+                raise SagaAborted(f"saga {self.saga_id} aborted after {self.invalid_calls} "
+                                  f"invalid calls; last: {exc}") from exc
+            raise
+
+    def _append_intent(self, n: int, fields: dict[str, Any],
+                       secret_values: Mapping[str, Any]) -> None:
+        r = self.store.redis
+        self._sync_head()
+        while True:
+            pipe = r.pipeline(transaction=False)
+            pipe.zadd(keys.ACTIVE, {self.saga_id: now_ms() + 2 * self.store.settings.lease_ms})
+            if secret_values:
+                self.store.secrets.put(pipe, self.saga_id, n, secret_values)
+            call = self.writer.prepare([(K.STEP_INTENT, fields)], phase=Phase.FORWARD)
+            at_append = len(pipe)
+            call.send(pipe)
+            # the job goes in the same round trip: if the append loses, the worker
+            # finds no intent at that seq and drops the job
+            enqueue_step(pipe, self.store.queue, self.saga_id, n, self.writer.head.seq + 1,
+                         fields["idem_key"])
+            replies = pipe.execute(raise_on_error=False)
+            try:
+                self.writer.applied(call, replies[at_append])
+                self.state.apply({**fields, "kind": K.STEP_INTENT, "seq": self.writer.head.seq})
+                self.state.head_hash = self.writer.head.hash
+                return
+            except FencedOff:
+                self._catch_up()
+                raise SagaAborted(f"saga {self.saga_id} is unwinding; no more calls") from None
+            except ConflictError:
+                self._catch_up()  # someone else wrote: re-read, then decide again
+                if self.state.status is not Status.RUNNING:
+                    raise SagaAborted(f"saga {self.saga_id} is {self.state.status}") from None
+                fields["step"] = n = self.state.next_step
+
+    def _sync_head(self) -> None:
+        """Writers append to this saga too (its steps' workers): use the newest head
+        seen while following the stream, so the next append does not lose the CAS."""
+        if self.state.seq > self.writer.head.seq and self.state.head_hash:
+            self.writer.head = Head(self.state.seq, self.state.head_hash)
+
+    def _catch_up(self) -> None:
+        for ev in self.store.events.log.bodies(self.saga_id, self.state.seq + 1):
+            self.state.apply(ev)
+        self.writer.head = self.store.events.log.head(self.saga_id)
+
+    def _answer(self, n: int, timeout: float) -> dict[str, Any]:
+        st = self.store.follow(self.state, lambda s: s.steps[n].finished, timeout).steps[n]
+        if st.status is StepStatus.SUCCEEDED:
+            return dict(st.result or {})
+        if st.status is StepStatus.IN_DOUBT:
+            raise StepInDoubt(f"step {n} ({st.tool}) is in doubt: {st.error}; "
+                              "the saga is being unwound", data=st.error)
+        raise StepError(f"step {n} ({st.tool}) failed: {st.error}; the saga is being unwound",
+                        data=st.error)
+
+    def _elsewhere(self, claim: Any, timeout: float) -> dict[str, Any]:
+        """An explicit key already used by (claim.saga_id, claim.step): same answer."""
+        if claim.state == OutcomeKind.SUCCEEDED:
+            return dict(claim.result or {})
+        other = self.store.events.state(claim.saga_id)
+        if claim.step not in other.steps:
+            raise StepPending("that idempotency key is in progress; try again shortly")
+        sub = self.store.follow(other, lambda s: s.steps[claim.step].finished, timeout)
+        st = sub.steps[claim.step]
+        if st.status is StepStatus.SUCCEEDED:
+            return dict(st.result or {})
+        raise StepError(f"the call with that idempotency key ended {st.status}: {st.error}")
+
+    def commit(self) -> None:
+        blocker = commit_blocker(self.state)
+        if blocker is not None:
+            raise InvalidInput(f"cannot commit: {blocker}")
+        self._sync_head()
+        for _ in range(20):
+            try:
+                self.writer.append_many([build.saga_committed()], phase=Phase.FORWARD)
+                break
+            except FencedOff:
+                self._catch_up()
+                raise SagaAborted(f"saga {self.saga_id} is {self.state.status}; "
+                                  "it can't commit") from None
+            except ConflictError:
+                self._catch_up()  # e.g. a duplicate delivery noted itself; decide again
+                if commit_blocker(self.state) is not None:
+                    raise SagaAborted(f"saga {self.saga_id} changed while committing") from None
+        self.state.status = Status.COMMITTED
+        project(self.store.events, self.saga_id)
+        self.store.redis.zrem(keys.ACTIVE, self.saga_id)
+
+    def abort(self, reason: str = "aborted by the caller") -> None:
+        """Stop going forward and unwind what ran (compensations, in reverse order)."""
+        if self.store.abort(self.saga_id, reason):
+            self.state.status = Status.COMPENSATING
+
+
+class AsyncSaga:
+    """``async with store.asaga(agent_id=...) as saga: await saga.call(...)``.
+
+    The blocking parts run in a worker thread, so an event loop is never stalled.
+    """
+
+    def __init__(self, store: SagaStore, agent_id: str, kwargs: dict[str, Any]) -> None:
+        self._store, self._agent_id, self._kwargs = store, agent_id, kwargs
+        self.saga: Saga | None = None
+
+    async def __aenter__(self) -> Self:
+        self.saga = await asyncio.to_thread(self._store.saga, self._agent_id, **self._kwargs)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        assert self.saga is not None
+        await asyncio.to_thread(self.saga.__exit__, exc_type, exc, tb)
+
+    @property
+    def saga_id(self) -> str:
+        assert self.saga is not None
+        return self.saga.saga_id
+
+    async def call(self, tool: str, args: Mapping[str, Any] | None = None,
+                   **kwargs: Any) -> dict[str, Any]:
+        assert self.saga is not None, "use 'async with store.asaga(...)'"
+        return await asyncio.to_thread(self.saga.call, tool, args, **kwargs)
+
+    async def abort(self, reason: str = "aborted by the caller") -> None:
+        assert self.saga is not None
+        await asyncio.to_thread(self.saga.abort, reason)

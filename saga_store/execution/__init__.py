@@ -1,0 +1,1 @@
+"""On the way to a worker: RQ jobs, intents and idempotency keys."""

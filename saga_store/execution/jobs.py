@@ -1,0 +1,90 @@
+"""Step and compensation jobs, in RQ's job model.
+
+A job is an ordinary RQ job hash (``rq:job:<id>``, ``data`` = zlib of the JSON
+``[func_name, None, args, {}]``) pushed on an RQ queue list, so ``rq info``
+and RQ's queues see it. It carries ids only; the worker reads what to do from
+the log. Only our two function names are ever accepted, and ``data`` is only
+ever parsed as JSON, never unpickled, whatever a job hash claims.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import zlib
+from typing import Any
+
+import orjson
+from rq.job import Job
+from rq.queue import Queue
+
+# the functions a worker runs for a job, by their real import paths (rq info shows
+# them); jobs queued before the package took one top-level name carry the old ones
+STEP_FUNC = "saga_store.workers.step.run_step"
+COMPENSATE_FUNC = "saga_store.workers.compensator.run_compensation"
+OUR_FUNCS = frozenset({STEP_FUNC, COMPENSATE_FUNC})
+_FORMER = {"workers.step.run_step": STEP_FUNC,
+           "workers.compensator.run_compensation": COMPENSATE_FUNC}
+STEP_QUEUE = "saga-steps"
+COMPENSATION_QUEUE = "saga-compensations"
+JOB_TTL_S = 7 * 24 * 3600  # a job hash outlives a crash long enough to be swept
+ACKED_JOB_TTL_S = 600  # after the outcome: long enough to see late duplicates
+
+
+def queue_key(queue: str) -> str:
+    return Queue.redis_queue_namespace_prefix + queue
+
+
+def job_key(job_id: str) -> str:
+    return Job.redis_job_namespace_prefix + job_id
+
+
+STEP_ID = re.compile(r"^saga-step-[0-9a-f]{16}-(\d+)-(.+)$")
+
+
+def step_job_id(idem_key: str, intent_seq: int, saga_id: str) -> str:
+    """Derived from the step's idempotency key, its intent's place in the log and
+    its saga: two jobs with one id always carry the same arguments (one job hash
+    serves every copy of a delivery), and a worker can start reading the log
+    in the same round trip as the job."""
+    return f"saga-step-{idem_key[:16]}-{intent_seq}-{saga_id}"
+
+
+def parse_step_job_id(job_id: str) -> tuple[str, int] | None:
+    """(saga_id, intent_seq) of a step job id; None for any other id."""
+    m = STEP_ID.match(job_id)
+    return (m.group(2), int(m.group(1))) if m else None
+
+
+def compensation_job_id(saga_id: str) -> str:
+    return f"saga-comp-{saga_id}"
+
+
+def push(pipe: Any, queue: str, job_id: str, func: str, args: list[Any]) -> None:
+    """Queue a job on ``pipe`` (a redis-py pipeline or client)."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    pipe.hset(job_key(job_id), mapping={
+        "data": zlib.compress(orjson.dumps([func, None, args, {}]), 1),
+        "created_at": now, "enqueued_at": now, "origin": queue, "status": "queued",
+        "description": f"{func.rsplit('.', 1)[-1]}({', '.join(map(str, args))})",
+    })
+    pipe.expire(job_key(job_id), JOB_TTL_S)
+    pipe.rpush(queue_key(queue), job_id)
+
+
+def decode(data: bytes | None) -> tuple[str, list[Any]] | None:
+    """``(func_name, args)`` of one of our jobs, or None for anything else."""
+    if not data:
+        return None
+    try:
+        raw = zlib.decompress(data)
+    except zlib.error:
+        raw = data
+    try:
+        func, _instance, args, kwargs = orjson.loads(raw)
+    except (orjson.JSONDecodeError, ValueError, TypeError):
+        return None  # not JSON (a pickle, say): never deserialized any other way
+    func = _FORMER.get(func, func) if isinstance(func, str) else func
+    if func not in OUR_FUNCS or not isinstance(args, list) or kwargs:
+        return None
+    return str(func), args

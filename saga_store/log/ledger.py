@@ -1,0 +1,281 @@
+"""The ledger: a global chain with one entry when a saga opens and one when it
+closes (its final seq and head hash). It makes deleting a whole saga, or
+cutting a closed saga's tail, detectable. The ledger's own tail is protected
+by anchors exported out of Redis.
+
+Writers do not chain ledger entries themselves: every saga in the system would
+race for the one head, and the losers would re-read and re-send. A writer
+pushes its entry onto the pending list, in a round trip it makes anyway. The
+entries are chained in batches (group commit) by whoever holds the sealer's
+lease: every worker's sweeper, once a sweep (about every second), and the
+deferred writer whose entry brings the count to a multiple of ``SEAL_AT``.
+One append per batch trims what it chained in the same script call, so no
+entry is chained twice or lost, and a sealer that dies leaves the rest
+pending for the next. Readers of the ledger (verify, saga lists) read the
+pending entries too; anchors and exports seal first.
+
+The entry cannot go in the script that appends the saga's opening or closing
+event: the ledger lives in another Cluster slot. So the append records in the
+saga's meta that its entry is owed (``lo`` for the opening, ``lc`` for the
+close, ``"0"``), and the pipeline that pushes the entry marks it paid
+(``"1"``), after the push. A process killed in between leaves the debt on
+record; the sweeper (and a gateway recovering a saga) pays it from the log
+(:func:`owed`). A debt paid twice pushes the same entry twice, which the
+verifier reads as one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import redis
+
+from saga_store import keys
+from saga_store.errors import (
+    AnchorMismatch,
+    ConflictError,
+    FencedOff,
+    InvalidInput,
+    StoreUnavailable,
+)
+from saga_store.log.canonical import canonical
+from saga_store.log.events import EventKind, body_dict
+from saga_store.log.stream import (
+    EMPTY,
+    Head,
+    Lease,
+    SagaLog,
+    body_and_hash,
+    command,
+    head_of,
+    release_lease,
+)
+from saga_store.protocol.vocab import LeaseMode
+
+log = logging.getLogger("saga_store.ledger")
+MAX_CAS_ROUNDS = 200  # lost races in a row before a sealer gives up
+OPEN_FLAG, CLOSE_FLAG = "lo", "lc"  # in a saga's meta: "0" while its entry is owed
+SEAL_BATCH = 500
+SEAL_AT = 64  # a deferred writer whose entry makes 64, 128, ... pending seals them
+SEAL_LEASE_MS = 5000
+_KINDS = (EventKind.LEDGER_OPENED, EventKind.LEDGER_CLOSED)
+Then = Callable[[list[Any]], int]  # takes the pipeline's replies; returns entries sealed
+
+
+class Ledger:
+    """Writes ledger entries. ``deferred``: leave them pending for a sweeper (in
+    worker processes, whose sweepers seal); else seal at once (whoever else may
+    be writing, nobody is bound to come back)."""
+
+    def __init__(self, log: SagaLog, deferred: bool = False) -> None:
+        self.log = log
+        self.deferred = deferred
+
+    # -- writing: push an entry, seal unless deferred ---------------------------
+
+    def opened(self, saga_id: str, agent_id: str, first_hash: bytes) -> int:
+        pipe = self.log.redis.pipeline(transaction=False)
+        then = self.opened_on(pipe, saga_id, agent_id, first_hash)
+        return then(pipe.execute(raise_on_error=False))
+
+    def closed(self, saga_id: str, state: str, head: Head) -> int:
+        pipe = self.log.redis.pipeline(transaction=False)
+        then = self.closed_on(pipe, saga_id, state, head)
+        return then(pipe.execute(raise_on_error=False))
+
+    def opened_on(self, pipe: Any, saga_id: str, agent_id: str, first_hash: bytes,
+                  defer: bool | None = None) -> Then:
+        """Queue the opening entry on ``pipe``; call what it returns with the replies."""
+        return self._push(pipe, EventKind.LEDGER_OPENED, saga_id,
+                          {"agent_id": agent_id, "first": first_hash.hex()}, defer, OPEN_FLAG)
+
+    def closed_on(self, pipe: Any, saga_id: str, state: str, head: Head) -> Then:
+        """Queue the closing entry on ``pipe``; call what it returns with the replies."""
+        return self._push(pipe, EventKind.LEDGER_CLOSED, saga_id,
+                          {"state": state, "seq": head.seq, "hash": head.hash.hex()}, None,
+                          CLOSE_FLAG)
+
+    def _push(self, pipe: Any, kind: str, saga_id: str, data: dict[str, Any],
+              defer: bool | None, flag: str) -> Then:
+        defer = self.deferred if defer is None else defer
+        token = os.urandom(8).hex()
+        at_push = len(pipe)
+        pipe.rpush(keys.LEDGER_PENDING, orjson.dumps(
+            {"kind": kind, "data": {"saga_id": saga_id, **data}}))
+        pipe.hset(keys.saga_meta(saga_id), flag, 1)  # the debt is paid: after the push
+        at_lease = len(pipe)
+        if not defer:  # try the sealer's lease in the same round trip
+            pipe.set(keys.LEDGER_LEASE, token, nx=True, px=SEAL_LEASE_MS)
+
+        def then(replies: list[Any]) -> int:
+            for got in replies[at_push:at_lease + (0 if defer else 1)]:
+                if isinstance(got, Exception):
+                    raise StoreUnavailable(f"ledger entry for saga {saga_id} not written: {got}")
+            if not defer and replies[at_lease]:
+                return self._seal(token)
+            # deferred, or another sealer at work (it looks again before it stops);
+            # of a deferred batch, the writer that brings the count to a multiple
+            # of SEAL_AT seals (one try per SEAL_AT entries, not one per writer)
+            return self.seal() if defer and replies[at_push] % SEAL_AT == 0 else 0
+        return then
+
+    def seal(self) -> int:
+        """Chain the pending entries now, unless a sealer is at work; returns how many."""
+        token = os.urandom(8).hex()
+        if not self.log.redis.set(keys.LEDGER_LEASE, token, nx=True, px=SEAL_LEASE_MS):
+            return 0
+        return self._seal(token)
+
+    def flush(self, timeout_s: float = 2.0) -> int:
+        """Seal until nothing is pending (another sealer may be at work: wait for it,
+        up to ``timeout_s``); returns how many entries are still pending. A user
+        without write rights seals nothing."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with contextlib.suppress(redis.ResponseError):  # e.g. a read-only user
+                self.seal()
+            left: int = self.log.redis.llen(keys.LEDGER_PENDING)
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.01)
+
+    def pending(self) -> list[dict[str, Any]]:
+        """The bodies of entries written and not yet chained, oldest first."""
+        raw = command(self.log.redis, "LRANGE", keys.LEDGER_PENDING, 0, -1)
+        return [b for b in map(_entry, raw) if b is not None]
+
+    def _seal(self, token: str) -> int:
+        """Seal holding the lease until nothing is pending. The lease goes with the
+        last batch's append; an entry pushed while it was held (its writer found
+        the lease taken) is seen by the look that follows, so none is left behind."""
+        sealed = 0
+        while True:
+            n, left = self._drain(token)
+            sealed += n
+            if not left or not self.log.redis.set(keys.LEDGER_LEASE, token, nx=True,
+                                                  px=SEAL_LEASE_MS):
+                return sealed
+
+    def _drain(self, token: str) -> tuple[int, int]:
+        """Chain pending entries in batches, however many there are; returns (chained,
+        pending after the lease was given up). Only lost races count towards giving
+        up: a backlog of any size is sealed."""
+        r, sealed, lost = self.log.redis, 0, 0
+        while lost < MAX_CAS_ROUNDS:
+            pipe: Any = self.log.raw.pipeline(transaction=False)
+            pipe.execute_command("LRANGE", keys.LEDGER_PENDING, 0, SEAL_BATCH - 1)
+            pipe.execute_command("XREVRANGE", keys.LEDGER_LOG, "+", "-", "COUNT", 1)
+            rows, last = pipe.execute()
+            if not rows:
+                pipe = r.pipeline(transaction=False)
+                release_lease(pipe, keys.LEDGER_LEASE, token)
+                pipe.llen(keys.LEDGER_PENDING)
+                return sealed, pipe.execute()[1]
+            head = head_of(last[0]) if last else EMPTY
+            bodies = []
+            for raw in rows:
+                body = _entry(raw)
+                if body is None:
+                    break
+                bodies.append(body)
+            if not bodies:  # written by something else than Saga EventStore: set it aside
+                log.error("ledger: pending entry is not a ledger entry, dropped: %r",
+                          rows[0][:200])
+                r.lpop(keys.LEDGER_PENDING)
+                continue
+            final = len(rows) < SEAL_BATCH and len(bodies) == len(rows)
+            call = self.log.prepare(keys.LEDGER_ID, bodies, head,
+                                    lease=Lease(token, LeaseMode.RELEASE if final
+                                                else LeaseMode.HOLD),
+                                    consumed=keys.LEDGER_PENDING)
+            pipe = r.pipeline(transaction=False)
+            call.send(pipe)
+            pipe.llen(keys.LEDGER_PENDING)
+            reply, left = pipe.execute(raise_on_error=False)
+            try:
+                call.result(reply)
+            except FencedOff:
+                return sealed, 0  # the lease lapsed: another sealer carries on
+            except ConflictError:
+                lost += 1
+                continue
+            sealed += len(bodies)
+            if final:
+                return sealed, left
+        raise StoreUnavailable("ledger seal kept losing the race; is something rewriting it?")
+
+    # -- anchors ---------------------------------------------------------
+
+    def anchor(self) -> dict[str, Any]:
+        """The ledger head as a small signed document to keep outside Redis (what is
+        pending is chained first, so the anchor covers it)."""
+        self.flush()
+        head = self.log.head(keys.LEDGER_ID)
+        doc: dict[str, Any] = {
+            "v": 1, "chain": keys.LEDGER_ID, "seq": head.seq, "hash": head.hash.hex(),
+            "ts": time.time_ns() // 1_000_000, "mode": self.log.chain.mode,
+        }
+        doc["sig"] = self.log.chain.sign(canonical(doc))
+        return doc
+
+    def check_anchor(self, doc: dict[str, Any]) -> list[str]:
+        """Raise :class:`AnchorMismatch` if the ledger is behind or forked from
+        ``doc``; return warnings (e.g. an unsigned anchor) otherwise."""
+        try:
+            seq, want = int(doc["seq"]), str(doc["hash"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise InvalidInput(f"anchor file is not an anchor ({exc}); "
+                               "make one with 'saga anchor'") from exc
+        warnings = []
+        sig = doc.get("sig")
+        unsigned = {k: v for k, v in doc.items() if k != "sig"}
+        if sig and self.log.chain.key is None:
+            warnings.append("anchor is signed but no HMAC key is configured: signature not checked")
+        elif sig and not self.log.chain.check_signature(canonical(unsigned), str(sig)):
+            raise AnchorMismatch("anchor signature does not match the configured key: "
+                                 "the anchor file was altered or the key is wrong")
+        elif not sig and self.log.chain.key is not None:
+            warnings.append("anchor is unsigned: anyone could have written it")
+        if seq < 0:
+            return warnings
+        rows = command(
+            self.log.raw, "XRANGE", keys.LEDGER_LOG, keys.entry_id(seq), keys.entry_id(seq))
+        if not rows:
+            have = self.log.head(keys.LEDGER_ID).seq
+            raise AnchorMismatch(
+                f"log behind anchor: ledger ends at seq {have}, anchor has seq {seq}; "
+                "Redis lost data or was rolled back")
+        if body_and_hash(rows[0][1])[1].hex() != want:
+            raise AnchorMismatch(
+                f"ledger forked from anchor at seq {seq}: history was rewritten after the anchor")
+        return warnings
+
+
+def read_anchor(text: bytes) -> dict[str, Any]:
+    try:
+        doc = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"anchor file is not JSON ({exc}); make one with 'saga anchor'") from exc
+    if not isinstance(doc, dict):
+        raise InvalidInput("anchor file must hold a JSON object; make one with 'saga anchor'")
+    return doc
+
+
+def _entry(raw: bytes) -> dict[str, Any] | None:
+    """A pending entry as a ledger event body, or None if it is not one."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict) or doc.get("kind") not in _KINDS:
+        return None
+    data = doc.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("saga_id"), str):
+        return None
+    return body_dict(keys.LEDGER_ID, 0, doc["kind"], data=data)

@@ -1,0 +1,1 @@
+"""The MCP gateway: Saga Store in front of any MCP server."""

@@ -1,0 +1,135 @@
+"""How the MCP gateway knows a downstream tool: can it be undone, and how.
+
+Classification of a downstream tool (first that says something wins):
+1. the local tools-map file (``[tools.NAME]`` with ``reversibility`` and, for
+   compensable tools, ``compensation = { tool = ..., args = { p = "$.input.x" } }``);
+2. the tool's ``_meta["dev.chronomcp/compensate"] = {"tool": ..., "args": {...}}``;
+3. the tool's MCP annotations: ``readOnlyHint`` makes it read-only for rollback
+   purposes, but for the policy it stays ``unknown`` unless the policy trusts
+   server hints; a server never talks its way past a stricter local policy;
+4. otherwise unknown: treated as mutating and not undoable.
+
+Compensation arguments come only from the static mapping: ``$.input.<path>``
+(the call's arguments) or ``$.output.<path>`` (its logged result, e.g.
+``$.output.structuredContent.id``). One that does not resolve is recorded as
+``step_not_compensable`` with the reason, and the saga ends needing a person.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from saga_store.approval.policy import read_config
+from saga_store.errors import InvalidInput, MappingError
+from saga_store.protocol.mapping import parts_of
+from saga_store.protocol.vocab import Reversibility
+
+REVERSIBILITIES = frozenset(r.value for r in Reversibility)
+
+log = logging.getLogger("saga_store.gateway")
+META_COMPENSATE = "dev.chronomcp/compensate"
+
+
+@dataclass(frozen=True)
+class Compensation:
+    tool: str
+    args: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class Classification:
+    reversibility: str  # readonly, compensable, irreversible, unknown
+    compensation: Compensation | None = None
+    source: str = "none"  # tools-map, _meta, annotations, none
+    server_readonly: bool = False  # only the server says it is read-only
+    secret: frozenset[str] = frozenset()  # arguments never written to the log
+
+    def for_policy(self, trust_server_hints: bool) -> str:
+        if self.server_readonly and not trust_server_hints:
+            return "unknown"
+        return self.reversibility
+
+    @property
+    def mutating(self) -> bool:
+        return self.reversibility != "readonly"
+
+    def label(self) -> str:
+        if self.reversibility == Reversibility.READONLY:
+            return "read-only" + (" (server's claim)" if self.server_readonly else "")
+        if self.compensation is not None:
+            return f"compensable: undone by {self.compensation.tool} if a later call fails"
+        if self.reversibility == Reversibility.IRREVERSIBLE:
+            return "IRREVERSIBLE: cannot be undone"
+        return "unclassified: treated as mutating and not undoable"
+
+
+def load_tools_map(path: str | Path) -> dict[str, Classification]:
+    """The local tools-map (TOML, or YAML); it wins over anything a server says."""
+    p = Path(path)
+    doc = read_config(p, "tools map")
+    out = {}
+    for name, entry in (doc.get("tools") or {}).items():
+        where = f"tools map {p}: tools.{name}"
+        if not isinstance(entry, dict):
+            raise InvalidInput(f"{where} must be a table")
+        comp = entry.get("compensation")
+        rev = entry.get("reversibility", "compensable" if comp else None)
+        if rev not in REVERSIBILITIES:
+            raise InvalidInput(f"{where}: reversibility must be readonly, compensable or "
+                               "irreversible")
+        secret = entry.get("secret") or []
+        if not isinstance(secret, list) or not all(isinstance(s, str) for s in secret):
+            raise InvalidInput(f"{where}: secret is a list of argument names")
+        compensation = _compensation(comp, where, rev)
+        if compensation is not None:
+            leaked = [p for p, path in compensation.args.items()
+                      if path.split(".")[1] == "input" and path.split(".")[2] in secret]
+            if leaked:
+                raise InvalidInput(f"{where}: compensation argument(s) {leaked} would copy a "
+                                   "secret into the log; map an id from the output instead")
+        out[name] = Classification(rev, compensation, "tools-map", secret=frozenset(secret))
+    return out
+
+
+def _compensation(raw: Any, where: str, rev: str) -> Compensation | None:
+    if rev != "compensable":
+        if raw:
+            raise InvalidInput(f"{where}: only a compensable tool names a compensation")
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("tool"), str):
+        raise InvalidInput(f"{where}: a compensable tool needs compensation = "
+                           "{ tool = \"...\", args = { param = \"$.input.x\" } }")
+    args = raw.get("args") or {}
+    if not isinstance(args, dict):
+        raise InvalidInput(f"{where}: compensation args is a table of param = path")
+    for param, path in args.items():
+        try:
+            parts_of(path)
+        except MappingError:
+            raise InvalidInput(f"{where}: compensation argument {param!r} must map from "
+                               f"'$.input.<field>' or '$.output.<field>', got {path!r}") from None
+    return Compensation(raw["tool"], dict(args))
+
+
+def classify(tool: Any, tools_map: Mapping[str, Classification]) -> Classification:
+    """Classify a downstream ``Tool`` (an object with name, meta, annotations)."""
+    if tool.name in tools_map:
+        return tools_map[tool.name]
+    meta = getattr(tool, "meta", None) or {}
+    declared = meta.get(META_COMPENSATE) if isinstance(meta, dict) else None
+    if declared is not None:
+        try:
+            return Classification("compensable", _compensation(
+                declared, f"tool {tool.name}: _meta {META_COMPENSATE}", "compensable"), "_meta")
+        except InvalidInput as exc:
+            log.warning("%s; treating %s as unclassified", exc, tool.name)
+    ann = getattr(tool, "annotations", None)
+    if ann is not None and getattr(ann, "read_only_hint", None):
+        return Classification("readonly", None, "annotations", server_readonly=True)
+    if ann is not None and getattr(ann, "destructive_hint", None) is True:
+        return Classification("irreversible", None, "annotations")
+    return Classification("unknown")

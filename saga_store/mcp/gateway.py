@@ -1,0 +1,700 @@
+"""The MCP gateway: Saga Store in front of any MCP server.
+
+The gateway owns the downstream session, so it runs every call itself; what
+workers would decide, it decides the same way, in the same chain: each
+``tools/call`` is a step (intent, started, outcome), classified, gated by the
+policy, deduplicated by its idempotency key, and, when a later mutating call
+fails, the session's earlier calls are compensated last first through the
+downstream server's own compensation tools.
+
+Tools are classified and undone as :mod:`saga_store.mcp_tools` says.
+
+Session boundaries: one saga per client session (committed when the session
+ends), or explicit ones with the ``saga_begin`` / ``saga_commit`` /
+``saga_abort`` tools the gateway adds. After a rollback, later calls open a new
+saga. Sagas the gateway has open are listed under ``ss:gateway:{<id>}``: the
+next gateway for the same downstream finishes their unwinds before serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from saga_store import keys
+from saga_store.approval import notify
+from saga_store.approval import requests as approvals
+from saga_store.approval.policy import Decision, Policy, Verdict
+from saga_store.client.context import project, tell
+from saga_store.errors import ConflictError, FencedOff, InvalidInput, KeyReuseError
+from saga_store.execution.idempotency import DedupeRecords, args_digest, explicit_key, step_key
+from saga_store.ids import new_id
+from saga_store.log.canonical import canonical
+from saga_store.log.store import ChainWriter
+from saga_store.mcp.argcheck import Check, compile_check
+from saga_store.mcp.classify import Classification, classify
+from saga_store.mcp.leases import Leases
+from saga_store.protocol import build, unwind
+from saga_store.protocol.forward import commit_blocker
+from saga_store.protocol.outcome import Outcome
+from saga_store.protocol.state import SagaState, Status, StepState, fold
+from saga_store.protocol.vocab import Approval, OutcomeKind, Phase, StepStatus
+from saga_store.tools.secrets import Secrets, scrub
+
+if TYPE_CHECKING:
+    from saga_store.client.api import SagaStore
+
+log = logging.getLogger("saga_store.gateway")
+META_IDEMPOTENCY = "dev.chronomcp/idempotency_key"
+# the tools the gateway adds: name -> (description, input schema)
+SESSION_TOOLS: dict[str, tuple[str, dict[str, Any]]] = {
+    "saga_begin": ("Start a saga: later calls are undone together if one fails, until "
+                   "saga_commit. [saga: session control]", {"type": "object", "properties": {}}),
+    "saga_commit": ("Commit the open saga: its calls stand. [saga: session control]",
+                    {"type": "object", "properties": {}}),
+    "saga_abort": ("Undo the open saga's calls, last first. [saga: session control]",
+                   {"type": "object", "properties": {"reason": {"type": "string"}}}),
+}
+EXECUTOR = "mcp-gateway"
+TELL_AFTER_EVENTS = 96  # about 32 calls' worth (intent, started, outcome)
+TELL_AFTER_S = 1.0
+APPROVAL_POLL_S = 0.1
+
+CallFn = Callable[[str, dict[str, Any], dict[str, Any]], Awaitable["CallOutcome"]]
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    """What the downstream answered: ``ok`` (not isError), the structured content,
+    the text content, and the raw result object to pass back to the client."""
+
+    ok: bool
+    structured: Any
+    text: str
+    raw: Any = None
+    in_doubt: str | None = None  # the call raised: transport error, timeout
+
+    def logged(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"text": self.text[:2000]}
+        if self.structured is not None:
+            out["structuredContent"] = self.structured
+        return out
+
+
+def session_tools() -> list[dict[str, Any]]:
+    """The tools the gateway adds to a listing, as MCP ``Tool`` objects on the wire."""
+    return [{"name": n, "description": d, "inputSchema": schema}
+            for n, (d, schema) in SESSION_TOOLS.items()]
+
+
+def gateway_id(command: list[str] | None, url: str | None, name: str | None = None) -> str:
+    """A stable id for a downstream, so the next gateway finds what this one left:
+    from the name given, else from the command or URL."""
+    if name is not None:
+        if not name.strip() or len(name) > 128 or any(c in name for c in "\r\n"):
+            raise InvalidInput("--gateway-id must be a name of 1-128 characters on one line",
+                               field="gateway_id")
+        ident = canonical({"name": name})
+    else:
+        ident = canonical({"command": command, "url": url})
+    return hashlib.sha256(ident).hexdigest()[:24]
+
+
+class Turns:
+    """The calls of one session, one at a time in arrival order. Taking a free turn
+    does not yield to the event loop (an anyio Lock costs 4% of a gateway call)."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.waiting: deque[Any] = deque()  # anyio Events, first come first served
+
+    async def take(self) -> None:
+        if not self.busy:
+            self.busy = True
+            return
+        import anyio
+        turn = anyio.Event()
+        self.waiting.append(turn)
+        try:
+            await turn.wait()
+        except BaseException:
+            if turn.is_set():  # handed the turn, then cancelled: pass it on
+                self.give()
+            else:
+                self.waiting.remove(turn)
+            raise
+
+    def give(self) -> None:
+        if self.waiting:
+            self.waiting.popleft().set()  # still busy: the turn goes to the next caller
+        else:
+            self.busy = False
+
+
+@dataclass
+class Session:
+    """The gateway's side of one client session."""
+
+    agent_id: str
+    writer: ChainWriter | None = None
+    state: SagaState | None = None
+    explicit: bool = False
+    # context events: the seq up to which they went out (None: unknown, the log
+    # decides) and what this gateway appended since, to go out with its next append
+    told: int | None = None
+    untold: list[dict[str, Any]] = field(default_factory=list)
+    told_at: float = 0.0
+    salt: bytes = field(default_factory=lambda: os.urandom(16))
+
+
+class Gateway:
+    """Runs each call as a saga step. ``call`` reaches the downstream server."""
+
+    def __init__(self, saga_store: SagaStore, policy: Policy,
+                 tools_map: Mapping[str, Classification], call: CallFn, gid: str,
+                 agent_id: str = "mcp-client", dedupe_ttl_s: int = 7 * 24 * 3600) -> None:
+        self.saga_store, self.store = saga_store, saga_store.events
+        self.policy, self.tools_map, self.call = policy, tools_map, call
+        self.gid = gid
+        self.tools: dict[str, Any] = {}
+        self._validators: dict[str, tuple[Check | None, Any] | None] = {}
+        self.session = Session(agent_id)
+        self.dedupe = DedupeRecords(self.store.redis, dedupe_ttl_s)
+        self._turns = Turns()
+        self._classes: dict[str, Classification] = {}
+        # every saga this gateway works on is leased to it: a second gateway for the
+        # same downstream leaves them alone, and one that lost its lease writes nothing
+        self.leases = Leases(self.store.redis, EXECUTOR, saga_store.settings.lease_ms)
+        self.recovered = False  # what was left at the start is done: keep looking
+
+    # -- tools/list ------------------------------------------------------------
+
+    def set_tools(self, tools: list[Any]) -> None:
+        self.tools = {t.name: t for t in tools}
+        self._validators, self._classes = {}, {}
+
+    def learn(self, tools: list[Any]) -> None:
+        """Tools from one page of a client's tools/list: they replace what was known of
+        them (their schema may have changed)."""
+        for t in tools:
+            self.tools[t.name] = t
+            self._validators.pop(t.name, None)
+            self._classes.pop(t.name, None)
+
+    def classification(self, name: str) -> Classification:
+        """How ``name`` is classified, worked out once per listing of the tool."""
+        cls = self._classes.get(name)
+        if cls is None:
+            tool = self.tools.get(name)
+            cls = self._classes[name] = classify(tool, self.tools_map) if tool is not None \
+                else self.tools_map.get(name, Classification("unknown"))
+        return cls
+
+    def listed(self, tools: list[Any]) -> list[Any]:
+        """What the client sees of ``tools/list``: the downstream's tools, each with its
+        reversibility in its description, then the session tools."""
+        import mcp_types as types
+        self.set_tools(tools)
+        return [*(t.model_copy(update={"description": self.describe(t)}) for t in tools),
+                *(types.Tool.model_validate(t) for t in session_tools())]
+
+    def describe(self, tool: Any) -> str:
+        """The tool's description with what the model must know: can it be undone."""
+        base = (tool.description or "").rstrip()
+        note = f"[saga: {self.classification(tool.name).label()}]"
+        return f"{base}\n\n{note}" if base else note
+
+    # -- sagas -------------------------------------------------------------------
+
+    def _open(self) -> ChainWriter:
+        s = self.session
+        if s.writer is None:
+            s.writer = self.store.open(s.agent_id, saga_id=new_id(),
+                                       data={"executor": EXECUTOR, "gateway": self.gid},
+                                       lease=self.leases.lease)
+            self.leases.held.add(s.writer.saga_id)
+            # the state of a saga just opened is known: no need to read it back
+            s.state = SagaState(s.writer.saga_id, agent_id=s.agent_id, seq=s.writer.head.seq,
+                                executor=EXECUTOR)
+            # an opening tells the agent nothing
+            s.told, s.untold, s.told_at = s.writer.head.seq, [], time.monotonic()
+            self.store.redis.sadd(keys.gateway_sagas(self.gid), s.writer.saga_id)
+        return s.writer
+
+    def _refresh(self) -> SagaState:
+        s = self.session
+        assert s.writer is not None
+        s.state = fold(s.writer.saga_id, self.store.log.bodies(s.writer.saga_id))
+        return s.state
+
+    def _add(self, writer: ChainWriter, items: list[tuple[str, dict[str, Any]]],
+             phase: Phase | None = None) -> None:
+        """Append events and fold them into the session's state as they are, so a
+        call costs the same at depth 3,000 as at depth 1 (no re-read of the log)."""
+        s, st = self.session, self.session.state
+        mine = st is not None and s.writer is writer
+        due = mine and (len(s.untold) >= TELL_AFTER_EVENTS
+                        or time.monotonic() - s.told_at >= TELL_AFTER_S)
+        # a lean pipeline: an append costs a fifth less than through redis-py
+        events = writer.append_riding(items, self._tell if due else None, phase=phase)
+        if st is None or not mine:
+            return
+        for ev in events:
+            st.apply(ev)
+        if s.told is not None and events[0]["seq"] == s.told + len(s.untold) + 1:
+            s.untold += events
+        else:  # someone else appended too: the log says what is untold
+            self._project(writer)
+
+    def _tell(self, pipe: Any) -> None:
+        """Queue on ``pipe`` the context events of what this gateway appended and the
+        agent has not been told yet. They ride on an append every TELL_AFTER_EVENTS
+        events or TELL_AFTER_S seconds (most calls carry none: nothing on the
+        common path), and go out at once on a failure, rollback, approval request
+        or close."""
+        s = self.session
+        s.told_at = time.monotonic()
+        if s.told is None or not s.untold or s.writer is None:
+            return
+        tell(pipe, s.writer.saga_id, s.agent_id, None, s.untold)
+        s.told, s.untold = s.untold[-1]["seq"], []
+
+    def _project(self, writer: ChainWriter) -> None:
+        """Tell the agent everything past its cursor, from the log."""
+        project(self.store, writer.saga_id)
+        if self.session.writer is writer:
+            self.session.told, self.session.untold = writer.head.seq, []
+
+    def _close(self, writer: ChainWriter) -> None:
+        pipe = self.store.redis.pipeline(transaction=False)
+        pipe.srem(keys.gateway_sagas(self.gid), writer.saga_id)
+        self.leases.close_on(pipe, writer.saga_id)
+        pipe.execute()
+        self._project(writer)
+        if self.session.writer is writer:
+            self.session.writer, self.session.state = None, None
+
+    # -- leases ------------------------------------------------------------------
+
+    async def keep_alive(self) -> None:
+        """Renew the leases a third of their time to live apart, for as long as the
+        gateway runs: an idle session, a long call or an approval wait keep them.
+        Once the gateway has recovered at its start, it also takes over sagas whose
+        gateway stopped since, or whose lease lapsed since (one on another host
+        dies without anyone knowing but its lease)."""
+        import anyio
+        import redis
+        while True:
+            await anyio.sleep(self.leases.ttl_ms / 3000)
+            try:
+                self.leases.renew()
+            except redis.RedisError as exc:
+                log.warning("could not renew the gateway's leases: %s", exc)
+                continue
+            if not self.recovered:
+                continue
+            try:
+                for sid, how in await self.recover(quiet=True):
+                    log.warning("finished saga %s left by another gateway: %s", sid, how)
+            except Exception as exc:  # e.g. another gateway got there first: next round
+                log.warning("could not finish what another gateway left: %s", exc)
+
+    def _lost(self, exc: ConflictError) -> CallOutcome | None:
+        """If ``exc`` means another gateway took the session's saga over (this one
+        stalled past its lease: the append was fenced off, or the other holds the
+        lease or closed the saga), drop the saga and say so; later calls open a new
+        saga. None if the conflict is of another kind."""
+        s = self.session
+        if s.writer is None:
+            return None
+        sid = s.writer.saga_id
+        if not (isinstance(exc, FencedOff) or self.leases.lost(sid)
+                or self.store.meta(sid).get("phase") == Phase.CLOSED):
+            return None
+        self.leases.held.discard(sid)
+        s.writer, s.state = None, None
+        return CallOutcome(False, None, f"the gateway lost saga {sid} to another gateway, "
+                                        f"which settles it ({exc}); what became of this call "
+                                        f"is in that saga's log: saga show {sid}")
+
+    def commit(self) -> str | None:
+        """Commit the session's saga (the session ended, or saga_commit)."""
+        writer, st = self.session.writer, self.session.state
+        if writer is None or st is None:
+            return None
+        blocker = commit_blocker(st)
+        if blocker is not None:
+            raise InvalidInput(f"saga {writer.saga_id} cannot commit ({blocker}); abort it "
+                               "instead")
+        try:
+            writer.append_many([build.saga_committed()], phase=Phase.FORWARD)
+        except ConflictError as exc:
+            if (lost := self._lost(exc)) is None:
+                raise
+            log.warning("%s", lost.text)  # the other gateway closes it
+            return None
+        self._close(writer)
+        return writer.saga_id
+
+    async def abort(self, reason: str) -> str | None:
+        """Roll back the session's saga; its id, or None if none was open."""
+        writer = self.session.writer
+        if writer is None:
+            return None
+        try:
+            await self.rollback(writer, reason)
+        except ConflictError as exc:
+            if (lost := self._lost(exc)) is None:
+                raise
+            log.warning("%s", lost.text)  # the other gateway finishes it
+            return None
+        return writer.saga_id
+
+    # -- tools/call -------------------------------------------------------------
+
+    async def handle(self, name: str, args: dict[str, Any], meta: Mapping[str, Any] | None,
+                     ) -> CallOutcome:
+        """One tools/call from the client, start to end. Calls of one session run one
+        at a time, in arrival order (a saga's steps are sequential), even when the
+        client sends them concurrently or in a batch."""
+        await self._turns.take()
+        try:
+            return await self._handle(name, args, meta)
+        except ConflictError as exc:  # incl. FencedOff
+            if (lost := self._lost(exc)) is None:
+                raise
+            return lost
+        finally:
+            self._turns.give()
+
+    async def _handle(self, name: str, args: dict[str, Any],
+                      meta: Mapping[str, Any] | None) -> CallOutcome:
+        if name in SESSION_TOOLS:
+            return await self._session_tool(name, args)
+        cls = self.classification(name)
+        problem = self._invalid(name, args)
+        if problem:
+            return CallOutcome(False, None, problem)  # nothing ran; nothing to undo
+        writer = self._open()
+        st = self.session.state
+        assert st is not None
+        logged, secrets = Secrets.redact(args, cls.secret, self.session.salt)
+        explicit = (meta or {}).get(META_IDEMPOTENCY)
+        key = explicit_key(str(explicit)) if explicit else step_key(writer.saga_id, name,
+                                                                    logged)
+        if key in st.by_key:  # the same call again in this saga: its recorded answer
+            return self._repeat(writer, st, st.by_key[key])
+        if explicit:
+            try:
+                claim = self.dedupe.claim(key, args_digest(name, args), writer.saga_id,
+                                          st.next_step)
+            except KeyReuseError as exc:
+                return CallOutcome(False, None, str(exc))
+            if claim.status == "exists":
+                return CallOutcome(claim.state == OutcomeKind.SUCCEEDED, (claim.result or {}).get(
+                    "structuredContent"), f"(repeated call, recorded answer) "
+                    f"{(claim.result or {}).get('text', '')}")
+        step = st.next_step
+        verdict = self.policy.decide(name, cls.for_policy(self.policy.trust_server_hints),
+                                     args)
+        intent = build.step_intent(step, name, logged, cls.reversibility, None, key,
+                                   keyed=bool(explicit))
+        started = build.step_started(step, 1, worker=EXECUTOR)
+        if verdict.decision is Decision.ALLOW:
+            self._add(writer, [intent, started], phase=Phase.FORWARD)
+        else:
+            self._add(writer, [intent], phase=Phase.FORWARD)
+            denial = await self._gate(writer, step, name, logged, cls, verdict)
+            if denial is not None:
+                self._add(writer, [build.step_outcome(step, OutcomeKind.FAILED, error=denial)])
+                if explicit:  # the key's record says how it ended, not "pending" for a week
+                    self.dedupe.finish(key, "failed", {"text": denial})
+                return await self._failed(writer, name, cls, CallOutcome(False, None, denial))
+            self._add(writer, [started], phase=Phase.FORWARD)
+        outcome = _scrubbed(await self._call(name, args, key), secrets)
+        said = _as_outcome(outcome)
+        self._add(writer, [build.step_outcome(step, said.kind, result=said.result,
+                                              error=said.error, tool=name)])
+        if explicit:
+            self.dedupe.finish(key, "succeeded" if outcome.ok else "failed", outcome.logged())
+        if outcome.ok and not outcome.in_doubt:
+            return outcome  # the agent is told with the next append
+        return await self._failed(writer, name, cls, outcome)
+
+    async def _call(self, name: str, args: dict[str, Any], key: str) -> CallOutcome:
+        """Call downstream, passing the idempotency key in ``_meta`` for servers that
+        honour one (a resent compensation after a crash is then harmless)."""
+        try:
+            return await self.call(name, args, {META_IDEMPOTENCY: key})
+        except Exception as exc:  # the downstream broke mid-call: unknown if it ran
+            return CallOutcome(False, None, f"{type(exc).__name__}: {exc}",
+                               in_doubt=f"the call did not return: {type(exc).__name__}")
+
+    async def _failed(self, writer: ChainWriter, name: str, cls: Classification,
+                      outcome: CallOutcome) -> CallOutcome:
+        """A call failed: a read-only one rolls nothing back; a mutating one rolls
+        back the session's saga, and the answer says what was undone."""
+        if not cls.mutating and not outcome.in_doubt:
+            self._project(writer)
+            return outcome
+        ended, undone = await self.rollback(writer, f"{name} failed: {outcome.text[:300]}")
+        note = (f"\n\n[saga {writer.saga_id} rolled back: {ended}; undone, last first: "
+                f"{', '.join(undone) if undone else 'nothing'}. Earlier results of this "
+                "session no longer hold.]")
+        return CallOutcome(False, outcome.structured, outcome.text + note, outcome.raw,
+                           outcome.in_doubt)
+
+    def _repeat(self, writer: ChainWriter, st: SagaState, step: int) -> CallOutcome:
+        s = st.steps[step]
+        with contextlib.suppress(ConflictError):
+            self._add(writer, [build.duplicate_suppressed(step, s.status)])
+        result = s.result if isinstance(s.result, dict) else {}
+        return CallOutcome(s.status is StepStatus.SUCCEEDED, result.get("structuredContent"),
+                           f"(repeated call, recorded answer) {result.get('text', s.error or '')}")
+
+    def _invalid(self, name: str, args: dict[str, Any]) -> str | None:
+        if self.tools and name not in self.tools:  # a typo is not a failure to undo
+            return (f"this server has no tool named {name!r}; tools/list shows the tools "
+                    "it has")
+        checks = self._validator(name)
+        if checks is None:
+            return None
+        fast, validator = checks
+        if fast is not None and fast(args):
+            return None  # what the fast check accepts, jsonschema accepts
+        import jsonschema  # type: ignore[import-untyped]  # the package ships no type hints
+        error = jsonschema.exceptions.best_match(validator.iter_errors(args))
+        if error is None:
+            return None
+        where = "/".join(str(p) for p in error.absolute_path) or "arguments"
+        return f"invalid arguments for {name} at {where}: {error.message}"
+
+    def _validator(self, name: str) -> tuple[Check | None, Any] | None:
+        """The tool's input-schema checks, built once per tools/list: the fast one
+        (None if the schema uses more than it knows) and jsonschema's validator."""
+        if name in self._validators:
+            return self._validators[name]
+        tool = self.tools.get(name)
+        schema = getattr(tool, "input_schema", None) if tool is not None else None
+        checks = None
+        if schema:
+            import jsonschema
+            kind = jsonschema.validators.validator_for(schema)
+            try:
+                kind.check_schema(schema)
+                checks = (compile_check(schema), kind(schema))
+            except jsonschema.SchemaError:
+                checks = None  # the server's schema is broken; let the server judge
+        self._validators[name] = checks
+        return checks
+
+    async def _gate(self, writer: ChainWriter, step: int, name: str, args: dict[str, Any],
+                    cls: Classification, verdict: Verdict) -> str | None:
+        """None if the call may run; else why not. Waits for a person when asked to."""
+        if verdict.decision is Decision.DENY:
+            return f"denied by policy ({verdict.reason})"
+        timeout_s = self.policy.approval_timeout_s
+        undo = ({"tool": cls.compensation.tool, "mapping": dict(cls.compensation.args)}
+                if cls.compensation else None)
+        preview = approvals.preview(name, args, cls.reversibility, undo, verdict, timeout_s)
+        writer.append_many([build.approval_requested(step, name, preview)],
+                           phase=Phase.FORWARD)
+        self.store.redis.zadd(keys.APPROVALS, {approvals.member(writer.saga_id, step):
+                                               approvals.deadline(timeout_s)})
+        self._project(writer)
+        notify.approval_requested(writer.saga_id, step, name, self.session.agent_id,
+                                  verdict.reason)
+        log.warning("saga %s step %d (%s) waits for approval: saga approve %s %d",
+                    writer.saga_id, step, name, writer.saga_id, step)
+        import anyio
+        deadline = time.monotonic() + timeout_s if timeout_s else None
+        while True:
+            s = self._refresh().steps[step]
+            if s.approval is Approval.GRANTED:
+                writer.head = self.store.log.head(writer.saga_id)
+                return None
+            if s.approval is Approval.DENIED:
+                writer.head = self.store.log.head(writer.saga_id)
+                return approvals.denial((s.approval_data or {}).get("decision"))
+            if deadline is not None and time.monotonic() > deadline:
+                with contextlib.suppress(InvalidInput, ConflictError):
+                    approvals.decide(self.saga_store, writer.saga_id, step, grant=False,
+                                     by="timeout", reason="no decision before the deadline")
+                continue
+            await anyio.sleep(APPROVAL_POLL_S)
+
+    async def _session_tool(self, name: str, args: dict[str, Any]) -> CallOutcome:
+        if name == "saga_begin":
+            committed = self.commit()
+            self.session.explicit = True
+            writer = self._open()
+            text = f"saga {writer.saga_id} begun"
+            if committed:
+                text += f" (saga {committed} committed first)"
+            return CallOutcome(True, {"saga_id": writer.saga_id}, text)
+        if name == "saga_commit":
+            sid = self.commit()
+            return CallOutcome(True, {"saga_id": sid},
+                               f"saga {sid} committed" if sid else "no saga was open")
+        reason = str(args.get("reason") or "aborted by the client")
+        current = self.session.writer
+        if current is None:
+            return CallOutcome(True, {"saga_id": None}, "no saga was open")
+        writer = current
+        ended, undone = await self.rollback(writer, reason)
+        return CallOutcome(True, {"saga_id": writer.saga_id, "state": ended,
+                                  "undone": undone},
+                           f"saga {writer.saga_id} {ended}; undone, last first: "
+                           f"{', '.join(undone) or 'nothing'}")
+
+    # -- the unwind ----------------------------------------------------------------
+
+    async def rollback(self, writer: ChainWriter, reason: str) -> tuple[str, list[str]]:
+        """Compensate the saga's succeeded mutating calls, last first, through the
+        downstream server: the unwind of :mod:`saga_store.protocol.unwind`, with the
+        workers' retries and backoff. Works from the log, so a later gateway can
+        finish it. Returns how the saga ended and what was undone, last first."""
+        import anyio
+        st = fold(writer.saga_id, self.store.log.bodies(writer.saga_id))
+        writer.head = self.store.log.head(writer.saga_id)
+        if st.final:
+            self._close(writer)
+            return str(st.status), []
+        if st.status is Status.RUNNING:
+            self._apply(writer, st, [build.saga_failed(reason)])
+        elif st.status is Status.STUCK:  # a gateway started again is how a stuck unwind resumes
+            self._apply(writer, st, [build.saga_resumed(st.reason)])
+        undone: list[str] = []
+        catalogue = GatewayCatalogue(self)
+        while True:
+            act = unwind.next_action(st, catalogue)
+            if isinstance(act, unwind.Append):
+                self._apply(writer, st, act.items)
+            elif isinstance(act, unwind.Compensate):
+                self._apply(writer, st, [act.intent])
+                out = _as_outcome(await self._call(act.undo.tool, act.args, act.key))
+                items, retry_in = unwind.compensated(st, act, out, catalogue.resume_hint)
+                self._apply(writer, st, items)
+                if out.ok:
+                    undone.append(f"{st.steps[act.step].tool} (step {act.step})")
+                elif retry_in is not None:
+                    await anyio.sleep(retry_in)
+            elif isinstance(act, unwind.Close):
+                if act.attention:  # listed before the close is visible (see the compensator)
+                    self.store.redis.sadd(keys.NEEDS_ATTENTION, writer.saga_id)
+                self._apply(writer, st, [act.item])
+                self._close(writer)
+                notify.needs_attention(writer.saga_id, st.agent_id, act.attention)
+                return ("needs attention" if act.attention else "compensated"), undone
+            elif isinstance(act, unwind.Done):
+                self._project(writer)
+                return str(act.status), undone
+            else:  # probes are the workers'; a gateway's tools declare none
+                raise AssertionError(f"unexpected unwind action {act!r}")
+
+    def _apply(self, writer: ChainWriter, st: SagaState, items: list[build.Item]) -> None:
+        """Append ``items`` (with the gateway's lease) and fold them into ``st``."""
+        for ev in writer.append_riding(items):
+            st.apply(ev)
+
+    async def recover(self, quiet: bool = False) -> list[tuple[str, str]]:
+        """Finish what a previous gateway for this downstream left: unwinds it began,
+        and sessions it never closed (committed if every call has an outcome, else
+        rolled back). Sagas another running gateway holds are left to it. Returns
+        (saga id, how it ended)."""
+        done = []
+        members: set[bytes] = self.store.redis.smembers(  # type: ignore[assignment]  # redis-py types a decoded reply
+            keys.gateway_sagas(self.gid))
+        for raw in sorted(members):
+            sid = raw.decode()
+            if sid in self.leases.held:  # this gateway's own
+                continue
+            if not self.leases.claim(sid):
+                log.log(logging.DEBUG if quiet else logging.WARNING,
+                        "saga %s belongs to a gateway for this server that is still "
+                        "running; left to it", sid)
+                continue
+            st = fold(sid, self.store.log.bodies(sid))
+            writer = ChainWriter(self.store, sid, self.store.log.head(sid), self.leases.lease)
+            self.store.pay_ledger_debts(sid, st)  # what a gateway killed mid-close owed
+            if st.final:
+                self._close(writer)
+                continue
+            if st.status is Status.RUNNING and commit_blocker(st) is None:
+                writer.append_many([build.saga_committed()], phase=Phase.FORWARD)
+                self._close(writer)
+                done.append((sid, "committed"))
+                continue
+            ended, _ = await self.rollback(writer, "the previous gateway stopped mid-session")
+            done.append((sid, ended))
+        self.recovered = True
+        return done
+
+
+class GatewayCatalogue:
+    """What the unwind knows of a downstream server's tools: their classification."""
+
+    resume_hint = "fix the cause, then restart the gateway to finish the unwind"
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def undo_of(self, st: StepState) -> unwind.Undo | str:
+        cls = self.gateway.classification(st.tool or "")
+        if cls.compensation is None:
+            return f"{st.tool} is {cls.reversibility}: {cls.label()}"
+        return unwind.Undo(cls.compensation.tool, cls.compensation.args)
+
+    def probe_of(self, st: StepState) -> str | None:
+        return None
+
+
+def _as_outcome(out: CallOutcome) -> Outcome:
+    """A downstream answer in the protocol's terms."""
+    if out.in_doubt:
+        return Outcome.in_doubt(out.in_doubt)
+    if out.ok:
+        return Outcome.succeeded(out.logged())
+    return Outcome.failed(out.text[:2000])
+
+
+def _scrubbed(out: CallOutcome, secrets: Mapping[str, Any]) -> CallOutcome:
+    """The outcome as it may be logged: secret values blanked out of its text and
+    structured content (servers echo arguments in errors). The client still gets
+    the server's own answer (``raw``)."""
+    if not secrets:
+        return out
+    structured = out.structured
+    if structured is not None:
+        structured = orjson.loads(scrub(orjson.dumps(structured).decode(), secrets))
+    return CallOutcome(out.ok, structured, scrub(out.text, secrets), out.raw,
+                       scrub(out.in_doubt, secrets) if out.in_doubt else None)
+
+
+def result_text(content: Any) -> str:
+    """The text parts of a tool result's content, as SDK models or as wire dicts."""
+    if not isinstance(content, list):
+        return ""
+    parts = (c if isinstance(c, dict) else {"type": getattr(c, "type", None),
+                                            "text": getattr(c, "text", None)}
+             for c in content)
+    return "\n".join(c.get("text") or "" for c in parts if c.get("type") == "text")
+
+
+def built_result(out: CallOutcome) -> dict[str, Any]:
+    """A tool result, on the wire, made from the outcome: for a failure or refusal
+    (saying what happened and what was rolled back) and for the session tools."""
+    result: dict[str, Any] = {"content": [{"type": "text", "text": out.text}],
+                              "isError": not out.ok}
+    if out.structured is not None:
+        result["structuredContent"] = out.structured
+    return result

@@ -1,0 +1,94 @@
+"""The MCP gateway in the agent's own process: :class:`GuardedSession` wraps an
+MCP ``ClientSession`` and runs every ``call_tool`` through the same saga logic as
+``saga mcp-guard`` (:class:`~saga_store.gateway.Gateway`), without the extra
+process hop. It runs on asyncio (anyio's default backend)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from saga_store.approval.policy import Policy
+from saga_store.errors import InvalidInput
+from saga_store.mcp.gateway import (
+    CallFn,
+    CallOutcome,
+    Gateway,
+    built_result,
+    gateway_id,
+    result_text,
+)
+
+if TYPE_CHECKING:
+    from saga_store.client.api import SagaStore
+    from saga_store.mcp.classify import Classification
+
+
+def caller(session: Any) -> CallFn:
+    """How the gateway reaches a downstream MCP ``ClientSession``."""
+    async def call(name: str, args: dict[str, Any], meta: dict[str, Any]) -> CallOutcome:
+        r = await session.call_tool(name, args, meta=meta)
+        return CallOutcome(not r.is_error, r.structured_content, result_text(r.content),
+                           raw=r)
+    return call
+
+
+class GuardedSession:
+    """The gateway in the agent's own process: wrap an MCP ``ClientSession`` and
+    every ``call_tool`` goes through the same saga logic as ``saga mcp-guard``,
+    without the extra process hop.
+
+        async with ClientSession(r, w) as raw:
+            await raw.initialize()
+            async with GuardedSession(raw, store, policy=Policy.safe()) as s:
+                await s.call_tool("create_record", {"name": "a"})
+    """
+
+    def __init__(self, session: Any, saga_store: SagaStore, *, policy: Policy | None = None,
+                 tools_map: Mapping[str, Classification] | None = None,
+                 downstream: str = "in-process", agent_id: str = "mcp-client") -> None:
+        self.session = session
+        self.gateway = Gateway(saga_store, policy or Policy.safe(), tools_map or {},
+                               caller(session),
+                               gateway_id(None, downstream), agent_id=agent_id,
+                               dedupe_ttl_s=saga_store.settings.dedupe_ttl_s)
+
+    async def __aenter__(self) -> GuardedSession:
+        await self.list_tools()
+        self._keeper = asyncio.get_running_loop().create_task(self.gateway.keep_alive())
+        try:
+            await self.gateway.recover()
+        except BaseException:
+            self._keeper.cancel()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._keeper.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._keeper
+        try:
+            self.gateway.commit()
+        except InvalidInput:
+            await self.gateway.abort("the session ended with a call unsettled")
+        finally:
+            self.gateway.leases.release()
+
+    async def list_tools(self) -> Any:
+        listed = await self.session.list_tools()
+        return listed.model_copy(update={"tools": self.gateway.listed(listed.tools)})
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None = None,
+                        meta: Mapping[str, Any] | None = None) -> Any:
+        out = await self.gateway.handle(name, dict(arguments or {}), meta)
+        return as_result(out)
+
+
+def as_result(out: CallOutcome) -> Any:
+    """A ``CallToolResult`` for the client: the server's own when it succeeded."""
+    if out.raw is not None and out.ok:
+        return out.raw
+    import mcp_types as types
+    return types.CallToolResult.model_validate(built_result(out))

@@ -1,0 +1,1 @@
+"""Running it: connections, outages, metrics, durability checks, ACL users."""

@@ -1,0 +1,107 @@
+"""Connecting to Redis, with the embedded in-process store as a fallback for
+the zero-setup demo. The main code never knows which one it talks to."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+import redis
+
+from saga_store.errors import StoreUnavailable
+from saga_store.ops.backoff import OutageRetry
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_RETRY_S = 30.0
+FOREVER = None
+
+
+def retry_window() -> float | None:
+    """How long a client rides out an outage: ``SAGA_REDIS_RETRY_S`` seconds
+    (default 30; ``forever`` for no limit)."""
+    raw = os.environ.get("SAGA_REDIS_RETRY_S", "").strip().lower()
+    if not raw:
+        return DEFAULT_RETRY_S
+    if raw == "forever":
+        return FOREVER
+    try:
+        value = float(raw)
+    except ValueError:
+        raise StoreUnavailable(f"SAGA_REDIS_RETRY_S={raw!r} is not a number of seconds "
+                               "or 'forever'") from None
+    return max(0.0, value)
+
+
+def connect(url: str, *, check: bool = True, timeout_s: float = 5.0,
+            retry_s: float | str | None = "env") -> redis.Redis:
+    """A client for ``url`` (``redis://``, ``rediss://`` or ``unix://``, with a
+    password or ACL user in the URL if needed).
+
+    The first ping fails fast (a wrong address is an error now, not in 30 s);
+    after that, a lost connection is retried with capped, jittered backoff for
+    ``retry_s`` seconds (``None``: for ever; default :func:`retry_window`)."""
+    window = retry_window() if retry_s == "env" else retry_s
+    try:
+        client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
+                                      health_check_interval=30, retry=OutageRetry(0))
+        if check:
+            client.ping()
+    except redis.RedisError as exc:
+        raise StoreUnavailable(
+            f"cannot reach Redis at {redact(url)}: {exc}; check SAGA_REDIS_URL and the server"
+        ) from exc
+    set_retry_window(client, window)  # type: ignore[arg-type]  # checked at run time
+    return client
+
+
+def set_retry_window(client: redis.Redis, seconds: float | None) -> None:
+    """Ride out outages of up to ``seconds`` (``None``: for ever) on ``client``
+    and on every client later built from its connection settings."""
+    client.set_retry(OutageRetry(seconds))
+
+
+def fail_fast(client: redis.Redis) -> redis.Redis:
+    """A client on the same server that never waits out an outage (for metrics
+    scrapes and health checks, which must answer now)."""
+    pool = client.connection_pool
+    kwargs = {**pool.connection_kwargs, "retry": OutageRetry(0), "socket_timeout": 2.0}
+    return redis.Redis(connection_pool=redis.ConnectionPool(
+        connection_class=pool.connection_class, **kwargs))
+
+
+def embedded() -> redis.Redis:
+    """An in-process store (fakeredis with Lua). For demos and parity tests only:
+    it lives and dies with the process and is not shared between processes."""
+    try:
+        import fakeredis
+    except ImportError as exc:
+        raise StoreUnavailable(
+            "no Redis answered and the embedded store is not installed; "
+            "pip install 'saga-store[embedded]' or set SAGA_REDIS_URL") from exc
+    server = fakeredis.FakeServer()
+    client: Any = fakeredis.FakeRedis(server=server)
+    return client  # type: ignore[no-any-return]  # the library returns Any
+
+
+def connect_or_embedded(url: str | None) -> tuple[redis.Redis, bool]:
+    """``url`` if given; else the default address if Redis answers there; else
+    the embedded store, with a one-line notice. Returns (client, is_embedded)."""
+    if url:
+        return connect(url), False
+    try:
+        return connect(DEFAULT_URL, timeout_s=0.5), False
+    except StoreUnavailable:
+        print("notice: no Redis at 127.0.0.1:6379 and SAGA_REDIS_URL unset; "
+              "using the embedded in-process store", file=sys.stderr)
+        return embedded(), True
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, for messages and logs."""
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user + ':***' if ':' in creds else user}@{host}"

@@ -1,0 +1,152 @@
+"""Prometheus metrics. The registry is injected: one per process (or per test),
+never a global. Names use the ``saga_`` prefix, base units, ``_total`` counters,
+and labels with bounded values only (tool, outcome, state, queue, kind): never
+saga ids, keys or free text.
+
+Worker processes run in prometheus_client's multiprocess mode (the parent of a
+pool serves one endpoint for all of them); :class:`RedisCollector` adds gauges
+read from Redis at scrape time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from redis.exceptions import RedisError
+
+from saga_store import keys
+from saga_store.execution import jobs
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                   2.5, 5.0, 10.0, 30.0)
+
+
+class Metrics:
+    """Every counter and histogram Saga Store records, on one registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        r = registry
+        self.steps = Counter("saga_steps_total", "Step outcomes.", ["tool", "outcome"],
+                             registry=r)
+        self.step_seconds = Histogram("saga_step_duration_seconds",
+                                      "Time a tool call took on the worker.", ["tool"],
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.dedupe_hits = Counter("saga_dedupe_hits_total",
+                                   "Deliveries or calls answered without running the tool.",
+                                   ["kind"], registry=r)
+        self.compensations = Counter("saga_compensations_total", "Compensation outcomes.",
+                                     ["tool", "outcome"], registry=r)
+        self.compensation_lag = Histogram(
+            "saga_compensation_lag_seconds",
+            "From the failure that started an unwind to the saga fully compensated.",
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.sagas_finished = Counter("saga_sagas_finished_total", "Sagas by final state.",
+                                      ["state"], registry=r)
+        self.appends = Counter("saga_chain_appends_total", "Events appended to chains.",
+                               registry=r)
+        self.cas_conflicts = Counter("saga_chain_cas_conflicts_total",
+                                     "Appends that lost the compare-and-set.", registry=r)
+        self.verify_failures = Counter(
+            "saga_verification_failures_total",
+            "Sagas whose chain failed verification when a worker retired them.", registry=r)
+        self.refused_jobs = Counter("saga_refused_jobs_total",
+                                    "Jobs refused because they named a function not ours.",
+                                    registry=r)
+        self.redeliveries = Counter("saga_redeliveries_total",
+                                    "Jobs re-queued by the sweeper after a lease lapsed.",
+                                    registry=r)
+
+
+class RedisCollector:
+    """Gauges read from Redis when scraped: sagas in flight by state, sagas that
+    need a person, calls waiting for a person's approval (from workers and MCP
+    gateways alike), and queue depth and oldest job age per queue."""
+
+    def __init__(self, client: Any, queues: tuple[str, ...] = (jobs.STEP_QUEUE,
+                                                                 jobs.COMPENSATION_QUEUE)) -> None:
+        self.redis, self.queues = client, queues
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("saga_redis_up",
+                               "1 if Redis answered this scrape, 0 while it is unreachable.")
+        try:
+            replies, active = self._read()
+        except RedisError:
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from self._families(replies, active)
+
+    def _read(self) -> tuple[list[Any], list[bytes]]:
+        r = self.redis
+        active = r.zrange(keys.ACTIVE, 0, -1)
+        pipe = r.pipeline(transaction=False)
+        for sid in active:
+            pipe.hget(keys.saga_meta(sid.decode()), "state")
+        for q in self.queues:
+            pipe.llen(jobs.queue_key(q))
+            pipe.lindex(jobs.queue_key(q), 0)
+        pipe.zcard(keys.APPROVALS)
+        pipe.scard(keys.NEEDS_ATTENTION)
+        return pipe.execute(), active
+
+    def _families(self, replies: list[Any], active: list[bytes]) -> Iterator[Metric]:
+        by_state = {"running": 0, "compensating": 0, "stuck": 0}
+        for state in replies[:len(active)]:
+            name = state.decode() if state else "running"
+            if name in by_state:
+                by_state[name] += 1
+        sagas = GaugeMetricFamily("saga_sagas", "Sagas not yet final, by state.",
+                                  labels=["state"])
+        for name, n in by_state.items():
+            sagas.add_metric([name], n)
+        sagas.add_metric(["needs_attention"], replies[-1])
+        yield sagas
+        waiting = GaugeMetricFamily("saga_approvals_pending",
+                                    "Calls waiting for a person to approve or deny them.")
+        waiting.add_metric([], replies[-2])
+        yield waiting
+        depth = GaugeMetricFamily("saga_queue_depth", "Jobs waiting per queue.",
+                                  labels=["queue"])
+        age = GaugeMetricFamily("saga_queue_oldest_job_age_seconds",
+                                "Age of the oldest waiting job per queue.", labels=["queue"])
+        rest = replies[len(active):-2]
+        for i, q in enumerate(self.queues):
+            n, head = rest[2 * i], rest[2 * i + 1]
+            depth.add_metric([q], n)
+            age.add_metric([q], self._age(head))
+        yield depth
+        yield age
+
+    def _age(self, job_id: bytes | None) -> float:
+        if not job_id:
+            return 0.0
+        try:
+            raw = self.redis.hget(jobs.job_key(job_id.decode()), "enqueued_at")
+        except RedisError:
+            return 0.0
+        if not raw:
+            return 0.0
+        from datetime import UTC, datetime
+        enqueued = datetime.strptime(raw.decode(), "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+        return max(0.0, time.time() - enqueued.timestamp())
+
+
+def exported_names() -> set[str]:
+    """Every metric name the code exports (for checking dashboards against it)."""
+    reg = CollectorRegistry()
+    Metrics(reg)
+    names = set()
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"),
+                "gauge": ("",)}
+    for family in reg.collect():
+        names |= {family.name + s for s in suffixes.get(family.type, ("",))}
+    names |= {"saga_sagas", "saga_queue_depth", "saga_queue_oldest_job_age_seconds",
+              "saga_redis_up", "saga_approvals_pending"}
+    return names

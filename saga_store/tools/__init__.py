@@ -1,0 +1,1 @@
+"""Tools: the ``@tool`` decorator and its specs, the registry, secret arguments."""

@@ -1,0 +1,70 @@
+"""Secret tool arguments: kept out of the log, covered by it through a digest.
+
+The log keeps ``{"$secret": sha256(salt || canonical(value))}``; the value
+lives in ``ss:{S}:secrets`` (field = step) until the saga closes or the dedupe
+retention passes. The salt is per saga and stored beside the values, so once
+they are gone the digest in the log can't be brute-forced back to the value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+import redis
+
+from saga_store import keys
+from saga_store.log.canonical import canonical
+
+
+class Secrets:
+    def __init__(self, client: redis.Redis, ttl_s: int) -> None:
+        self.redis, self.ttl_s = client, ttl_s
+
+    def salt(self, saga_id: str) -> bytes:
+        k = keys.saga_secrets(saga_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hsetnx(k, "_salt", os.urandom(16))
+        pipe.hget(k, "_salt")
+        pipe.expire(k, self.ttl_s)
+        salt: bytes = pipe.execute()[1]
+        return salt
+
+    @staticmethod
+    def redact(args: Mapping[str, Any], secret: frozenset[str], salt: bytes,
+               ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(args as logged, the secret values)."""
+        logged, values = dict(args), {}
+        for name in secret & args.keys():
+            values[name] = args[name]
+            digest = hashlib.sha256(salt + canonical(args[name])).hexdigest()
+            logged[name] = {"$secret": digest}
+        return logged, values
+
+    def put(self, pipe: Any, saga_id: str, step: int, values: Mapping[str, Any]) -> None:
+        pipe.hset(keys.saga_secrets(saga_id), str(step), canonical(dict(values)))
+        pipe.expire(keys.saga_secrets(saga_id), self.ttl_s)
+
+    def restore(self, saga_id: str, step: int, logged: Mapping[str, Any]) -> dict[str, Any]:
+        """The arguments with their secret values put back (for calling the tool)."""
+        if not any(isinstance(v, dict) and "$secret" in v for v in logged.values()):
+            return dict(logged)
+        raw = self.redis.hget(keys.saga_secrets(saga_id), str(step))
+        values = orjson.loads(raw) if raw else {}
+        out = dict(logged)
+        for name, value in values.items():
+            out[name] = value
+        return out
+
+
+def scrub(text: str, secrets: Mapping[str, Any] | None) -> str:
+    """``text`` with any secret argument value blanked out (exceptions and servers
+    quote arguments). Values under 4 characters are left: they would blank noise."""
+    for value in (secrets or {}).values():
+        s = str(value)
+        if len(s) >= 4:
+            text = text.replace(s, "***")
+    return text

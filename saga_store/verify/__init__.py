@@ -1,0 +1,2 @@
+"""Verification: chains, saga invariants and the ledger, online and offline
+(exports)."""

@@ -1,0 +1,363 @@
+"""Verification of chains, the ledger, and saga invariants.
+
+One :class:`ChainChecker` judges one chain event by event, whatever the
+events come from (Redis or an exported file). It stops at the first bad seq
+and names a reason class:
+
+    missing_entry   a seq is absent (deleted entry)
+    head_trimmed    the chain does not start at seq 0
+    bad_entry_id    an entry id that is not 0-(seq+1)
+    broken_link     prev is not the previous hash (edited prev, insert, swap)
+    hash_mismatch   the hash does not cover the body (edited payload or hash,
+                    or a rewrite without the HMAC key)
+    seq_mismatch    the body's seq is not its position (replay, swap)
+    wrong_chain     the body names another saga (splice)
+    bad_version     unknown schema version, or lower than earlier events
+    bad_body        the body is not a valid event
+    invariant       a saga invariant does not hold (see invariants.py)
+    tail_cut        the ledger closed the saga at a later seq than it has
+    rewritten       the saga's head differs from the one the ledger recorded
+    saga_deleted    the ledger opened a saga that no longer exists
+    unregistered    a saga with events that the ledger never opened
+    ledger_conflict the ledger holds two different openings or closes of the saga
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from saga_store import keys
+from saga_store.log.chain import Chain
+from saga_store.log.events import KNOWN_KINDS, SCHEMA_VERSION
+from saga_store.log.events import EventKind as K
+from saga_store.log.ledger import Ledger
+from saga_store.log.stream import SagaLog, body_and_hash
+from saga_store.verify.invariants import Invariants
+
+Progress = Callable[[int], None]
+
+
+@dataclass
+class ChainReport:
+    chain_id: str
+    ok: bool = True
+    events: int = 0
+    first_bad_seq: int | None = None
+    reason: str | None = None
+    detail: str = ""
+    head_seq: int = -1
+    head_hash: bytes = b""
+    first_hash: bytes = b""
+    last_kind: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def fail(self, seq: int, reason: str, detail: str) -> None:
+        if self.ok:
+            self.ok, self.first_bad_seq, self.reason, self.detail = False, seq, reason, detail
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"chain": self.chain_id, "ok": self.ok, "events": self.events,
+                "first_bad_seq": self.first_bad_seq, "reason": self.reason,
+                "detail": self.detail, "head_seq": self.head_seq,
+                "head_hash": self.head_hash.hex(), "warnings": self.warnings}
+
+
+class ChainChecker:
+    """Checks one chain; feed entries in stored order, then read ``report``."""
+
+    __slots__ = ("chain_id", "expect", "expect_eid", "invariants", "last", "link", "prev",
+                 "prev_hex", "report", "version")
+
+    def __init__(self, chain: Chain, chain_id: str) -> None:
+        self.chain_id = chain_id
+        self.link = chain.link
+        self.prev = chain.genesis(chain_id)
+        self.prev_hex = self.prev.hex()
+        self.expect = 0
+        self.expect_eid = b"0-1"
+        self.version = 0
+        self.invariants = None if chain_id == keys.LEDGER_ID else Invariants()
+        self.report = ChainReport(chain_id)
+        self.last: dict[str, Any] = {}  # the last event that passed
+
+    def feed(self, body: bytes, h: bytes, *, eid: bytes | None = None,
+             ev: dict[str, Any] | None = None) -> bool:
+        """Check the next entry as stored in Redis; False once the chain is bad.
+
+        ``eid`` is the stored entry id; ``ev`` the parsed body, if the caller has it.
+        """
+        rep, n = self.report, self.expect
+        if not rep.ok:
+            return False
+        if eid is not None and eid != self.expect_eid:
+            return self._bad_position(n, keys.seq_of_entry_id(eid))
+        if self.link(self.prev, body) != h:
+            rep.fail(n, "hash_mismatch", "hash does not match the event's bytes and its prev")
+            return False
+        return self._accept(n, body, h, ev)
+
+    def feed_export(self, body: bytes, h_hex: str, prev_hex: str, ev: dict[str, Any]) -> bool:
+        """Check the next event of an export, whose prev and hash are hex text.
+
+        Comparing text with the digest's lower-case hex (never decoding the text)
+        also holds the export to its canonical spelling.
+        """
+        rep, n = self.report, self.expect
+        if not rep.ok:
+            return False
+        if prev_hex != self.prev_hex:
+            why = "does not start from the genesis of this chain" if n == 0 else \
+                "prev is not the hash of the event before"
+            rep.fail(n, "broken_link", why)
+            return False
+        digest = self.link(self.prev, body)
+        if digest.hex() != h_hex:
+            rep.fail(n, "hash_mismatch", "hash does not match the event's bytes and its prev")
+            return False
+        self.prev_hex = h_hex
+        return self._accept(n, body, digest, ev)
+
+    def _accept(self, n: int, body: bytes, h: bytes, ev: dict[str, Any] | None) -> bool:
+        if ev is None:
+            try:
+                ev = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                self.report.fail(n, "bad_body", "body is not JSON")
+                return False
+        if not self._check_body(n, ev):
+            return False
+        self.last = ev
+        if n == 0:
+            self.report.first_hash = h
+        self.prev = h
+        self.expect = n + 1
+        self.expect_eid = b"0-%d" % (n + 2)
+        return True
+
+    def _bad_position(self, n: int, pos: int) -> bool:
+        if pos < 0:
+            self.report.fail(n, "bad_entry_id", "entry id is not of the form 0-(seq+1)")
+        elif n == 0:
+            self.report.fail(0, "head_trimmed", f"chain starts at seq {pos}, not 0")
+        else:
+            self.report.fail(n, "missing_entry", f"seq {n} is missing; next stored is {pos}")
+        return False
+
+    def finish(self) -> ChainReport:
+        """The report, with the head and counts filled in."""
+        rep = self.report
+        rep.events = self.expect
+        if self.expect:
+            rep.head_seq, rep.head_hash = self.expect - 1, self.prev
+            rep.last_kind = self.last.get("kind")
+        return rep
+
+    def _check_body(self, n: int, ev: Any) -> bool:
+        rep = self.report
+        try:
+            kind, seq, sid, v = ev["kind"], ev["seq"], ev["saga_id"], ev["v"]
+        except (KeyError, TypeError):
+            rep.fail(n, "bad_body", "event lacks kind, seq, saga_id or v")
+            return False
+        if seq != n:
+            rep.fail(n, "seq_mismatch", f"event says seq {seq!r} at position {n}")
+            return False
+        if sid != self.chain_id:
+            rep.fail(n, "wrong_chain", f"event belongs to saga {sid!r}")
+            return False
+        if v != self.version:
+            if not isinstance(v, int) or not 1 <= v <= SCHEMA_VERSION or v < self.version:
+                rep.fail(n, "bad_version", f"schema version {v!r} after {self.version}")
+                return False
+            self.version = v
+        if kind not in KNOWN_KINDS:
+            rep.fail(n, "bad_body", f"unknown event kind {kind!r}")
+            return False
+        if self.invariants is not None:
+            why = self.invariants.feed(kind, ev.get("step"), ev.get("data"))
+            if why:
+                rep.fail(n, "invariant", why)
+                return False
+        return True
+
+
+@dataclass
+class LedgerView:
+    """What the ledger says about each saga."""
+
+    opened: dict[str, bytes] = field(default_factory=dict)  # saga -> first hash
+    closed: dict[str, tuple[int, bytes]] = field(default_factory=dict)  # saga -> (seq, hash)
+    conflicts: dict[str, str] = field(default_factory=dict)  # saga -> what disagrees
+
+    def note(self, ev: dict[str, Any]) -> str | None:
+        """Fold one ledger event; returns a reason if it is malformed. The same entry
+        twice is one fact (a debt paid twice, see :mod:`saga_store.ledger`); two
+        entries that disagree are a conflict the saga's check reports."""
+        data = ev.get("data")
+        sid = data.get("saga_id") if isinstance(data, dict) else None
+        if not isinstance(data, dict) or not isinstance(sid, str):
+            return "ledger entry without a saga_id"
+        try:
+            if ev["kind"] == K.LEDGER_OPENED:
+                first = bytes.fromhex(str(data["first"]))
+                if self.opened.setdefault(sid, first) != first:
+                    self.conflicts[sid] = "the ledger opened this saga twice, differently"
+            elif ev["kind"] == K.LEDGER_CLOSED:
+                end = (int(data["seq"]), bytes.fromhex(str(data["hash"])))
+                if self.closed.setdefault(sid, end) != end:
+                    self.conflicts[sid] = "the ledger closed this saga twice, differently"
+        except (KeyError, TypeError, ValueError):
+            return f"malformed ledger entry for saga {sid}"
+        return None
+
+
+def cross_check(rep: ChainReport, view: LedgerView) -> None:
+    """Judge a verified saga chain against what the ledger recorded of it."""
+    sid = rep.chain_id
+    if not rep.ok:
+        return
+    if sid in view.conflicts:
+        rep.fail(0, "ledger_conflict", view.conflicts[sid])
+        return
+    if rep.events == 0:
+        if sid in view.opened:
+            rep.fail(0, "saga_deleted", "the ledger opened this saga but its log is gone")
+        return
+    if sid not in view.opened:
+        if rep.events == 1:
+            rep.warnings.append("not in the ledger: its opening was interrupted")
+        else:
+            rep.fail(0, "unregistered", "saga has events but the ledger never opened it")
+        return
+    if view.opened[sid] != rep.first_hash:
+        rep.fail(0, "rewritten", "first event differs from the one the ledger recorded")
+        return
+    closed = view.closed.get(sid)
+    if closed is None:
+        return
+    seq, h = closed
+    if rep.head_seq < seq:
+        rep.fail(rep.head_seq + 1, "tail_cut",
+                 f"the ledger closed this saga at seq {seq}, the log ends at {rep.head_seq}")
+    elif rep.head_seq > seq:
+        rep.fail(seq + 1, "invariant", f"events after the ledger closed the saga at seq {seq}")
+    elif rep.head_hash != h:
+        rep.fail(seq, "rewritten", "final hash differs from the one the ledger recorded")
+
+
+@dataclass
+class VerifyResult:
+    chains: list[ChainReport]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.chains)
+
+    @property
+    def events(self) -> int:
+        return sum(c.events for c in self.chains)
+
+    @property
+    def failures(self) -> list[ChainReport]:
+        return [c for c in self.chains if not c.ok]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ok": self.ok, "chains": len(self.chains), "events": self.events,
+                "failures": [c.to_dict() for c in self.failures],
+                "warnings": [f"{c.chain_id}: {w}" for c in self.chains for w in c.warnings]}
+
+
+class Verifier:
+    """Verifies what is in Redis, across ``jobs`` processes for large logs."""
+
+    PARALLEL_MIN_EVENTS = 200_000
+
+    def __init__(self, log: SagaLog, jobs: int | None = None) -> None:
+        self.log = log
+        self.jobs = jobs if jobs is not None else (os.cpu_count() or 1)
+
+    def check(self, chain_id: str, progress: Progress | None = None,
+              view: LedgerView | None = None) -> ChainReport:
+        checker = ChainChecker(self.log.chain, chain_id)
+        feed = checker.feed
+        for rows in self.log.pages(chain_id):
+            for eid, fields in rows:
+                if len(fields) == 4 and fields[0] == b"b" and fields[2] == b"h":
+                    ok = feed(fields[1], fields[3], eid=eid)
+                else:
+                    ok = feed(*body_and_hash(fields), eid=eid)
+                if not ok:
+                    break
+                if view is not None and (why := view.note(checker.last)):
+                    checker.report.fail(checker.expect - 1, "bad_body", why)
+                    break
+            if progress is not None:
+                progress(len(rows))
+            if not checker.report.ok:
+                break
+        return checker.finish()
+
+    def verify(self, saga_id: str | None = None, progress: Progress | None = None,
+               ) -> VerifyResult:
+        view = LedgerView()
+        # entries written and not yet chained; read first, so an entry chained while
+        # this runs is seen in one place or the other
+        pending = Ledger(self.log).pending()
+        ledger = self.check(keys.LEDGER_ID, progress, view)
+        for body in pending:
+            view.note(body)
+        if pending:
+            ledger.warnings.append(f"{len(pending)} ledger entries written, not yet chained "
+                                   "(a worker's sweeper chains them)")
+        if saga_id is not None:
+            ids: list[str] = [saga_id]
+        else:
+            ids = sorted(set(self.log.chain_ids()) | set(view.opened))
+        reports = self._check_many(ids, progress)
+        if ledger.ok:
+            for rep in reports:
+                cross_check(rep, view)
+        return VerifyResult([ledger, *reports])
+
+    def _check_many(self, ids: list[str], progress: Progress | None) -> list[ChainReport]:
+        kwargs = getattr(self.log.redis.connection_pool, "connection_kwargs", {})
+        if self.jobs < 2 or len(ids) < 2 * self.jobs or "server" in kwargs:  # not embedded
+            return [self.check(sid, progress) for sid in ids]
+        pipe = self.log.redis.pipeline(transaction=False)
+        for sid in ids:
+            pipe.xlen(keys.saga_log(sid))
+        if sum(pipe.execute()) < self.PARALLEL_MIN_EVENTS:
+            return [self.check(sid, progress) for sid in ids]
+        # Chains are independent: split them over forked processes. A child inherits
+        # this verifier (redis-py reopens connections after a fork); only saga ids
+        # go to it and only reports come back.
+        chunks = [ids[i::self.jobs] for i in range(self.jobs)]
+        ctx = mp.get_context("fork")
+        with ProcessPoolExecutor(self.jobs, mp_context=ctx, initializer=_adopt,
+                                 initargs=(self,)) as pool:
+            futures = [pool.submit(_check_chunk, c) for c in chunks]
+            by_id: dict[str, ChainReport] = {}
+            for fut in futures:
+                for rep in fut.result():
+                    by_id[rep.chain_id] = rep
+                    if progress is not None:
+                        progress(rep.events)
+        return [by_id[sid] for sid in ids]
+
+
+_child: list[Verifier] = []
+
+
+def _adopt(verifier: Verifier) -> None:
+    _child.append(verifier)
+
+
+def _check_chunk(ids: list[str]) -> list[ChainReport]:
+    return [_child[0].check(sid) for sid in ids]

@@ -1,0 +1,222 @@
+"""Compensation: LIFO unwinding, exactly once, through kills; honest outcomes;
+context sync and the rebuilt history."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+import redis
+
+from saga_store.client.api import SagaStore
+from saga_store.client.context import Subscriber, rebuild_history
+from saga_store.execution import jobs
+from saga_store.execution.enqueue import enqueue_step
+from saga_store.log.events import EventKind as K
+from saga_store.protocol.state import Status
+from saga_store.testing import assert_eventually
+from saga_store.testing.workers import kill_at, workers
+from saga_store.verify.checker import Verifier
+
+from ..ledger_tools import effects
+
+pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
+TOOLS = "tests.ledger_tools"
+CARD = "4111111111111111"
+SEED = [
+    {"tool": "reserve_inventory", "args": {"sku": "LAPTOP-15", "qty": 1}, "tool_call_id": "call_1"},
+    {"tool": "charge_payment", "args": {"amount_cents": 1_200_000, "card_number": CARD},
+     "tool_call_id": "call_2"},
+    {"tool": "update_crm_record", "args": {"customer": "cus_42", "note": "slow"},
+     "tool_call_id": "call_3"},
+    {"tool": "send_notification", "args": {"to": "ana@example.com"}, "tool_call_id": "call_4"},
+    {"tool": "emit_webhook", "args": {"event": "order.placed"}, "tool_call_id": "call_5"},
+]
+THREE_THEN_FAIL = [{"tool": "reserve_inventory", "args": {"sku": f"S{i}", "qty": 1}}
+                   for i in range(3)] + [{"tool": "fail_always", "args": {}}]
+
+
+def comp_order(store: SagaStore, sid: str) -> list[int]:
+    return [e["step"] for e in store.events.log.events(sid)
+            if e["kind"] == K.COMPENSATION_SUCCEEDED]
+
+
+def test_seed_order_crm_timeout_is_unwound_and_the_agent_told(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path) -> None:
+    """CRM times out (the probe says it never happened): refund, then release; the
+    rebuilt history shows both calls rolled back and no 'payment confirmed' left."""
+    sub = Subscriber(client, "agent-order", last_id="0", block_ms=100)
+    sid = saga_store.submit(SEED, agent_id="agent-order", conversation_id="conv-7")
+    events: list[dict[str, object]] = []
+    with workers(worker_env, TOOLS):
+        state = saga_store.wait(sid, timeout=60)
+        assert_eventually(lambda: events.extend(sub.poll()) or (events[-1:] and
+                          events[-1]["kind"] == "saga_closed"), timeout=10, what="saga_closed")
+    assert state.status is Status.COMPENSATED
+    assert state.steps[2].status == "failed"  # settled by the probe: it never happened
+    assert [e[0] for e in effects()] == ["reserve", "charge", "refund", "release"]
+    assert comp_order(saga_store, sid) == [1, 0]
+    assert 3 not in state.steps  # nothing ran after the failure
+    for fmt in ("openai", "anthropic"):
+        history = rebuild_history([state], fmt)
+        text = orjson.dumps(history).decode()
+        assert "payment confirmed" not in text
+        assert text.count("rolled back") == 2
+        assert CARD not in text
+        assert history == rebuild_history([saga_store.state(sid)], fmt)  # deterministic
+    openai = rebuild_history([state], "openai")
+    calls = [m["tool_calls"][0]["id"] for m in openai if m["role"] == "assistant"]
+    results = [m["tool_call_id"] for m in openai if m["role"] == "tool"]
+    assert calls == results == ["call_1", "call_2", "call_3"]  # every call has its result
+    assert "compensated" in openai[-1]["content"]
+    anthropic = rebuild_history([state], "anthropic")
+    assert anthropic[-1]["content"][-1]["type"] == "text"
+    assert [e["kind"] for e in events] == ["observed", "observed", "retracted", "retracted",
+                                           "saga_closed"]
+    assert {e["conversation_id"] for e in events} == {"conv-7"}
+    assert events[2]["tool_call_id"] == "call_2"
+    assert Verifier(saga_store.events.log).verify().ok
+
+
+POINTS = ["comp_after_dequeue", "comp_after_intent", "in_comp_tool", "comp_after_tool",
+          "comp_after_outcome"]
+
+
+@pytest.mark.parametrize("at", [1, 2, 3], ids=["last-step", "middle-step", "first-step"])
+@pytest.mark.parametrize("point", POINTS)
+def test_compensator_killed_resumes_exactly_once_in_reverse(
+        saga_store: SagaStore, worker_env: dict[str, str], ledger: Path, tmp_path: Path,
+        point: str, at: int) -> None:
+    """kill -9 at each compensator fault point, at each step of the unwind: a new
+    worker finishes it; every step compensated exactly once, strictly LIFO."""
+    if point == "comp_after_dequeue" and at > 1:
+        pytest.skip("the compensator is dequeued once per unwind")
+    sid = saga_store.submit(THREE_THEN_FAIL, agent_id="agent-c")
+    kill_at(worker_env, TOOLS, point, tmp_path, at)
+    with workers(worker_env, TOOLS):
+        state = saga_store.wait(sid, timeout=60)
+    assert state.status is Status.COMPENSATED
+    assert comp_order(saga_store, sid) == [2, 1, 0]
+    assert len(effects("release")) == 3  # one per reservation, whatever was retried
+    reserved = {e[2] for e in effects("reserve")}
+    assert len(reserved) == 3
+    assert Verifier(saga_store.events.log).verify().ok
+
+
+def test_compensator_killed_twice(saga_store: SagaStore, worker_env: dict[str, str],
+                                  ledger: Path, tmp_path: Path) -> None:
+    """A second kill during recovery: the third worker still finishes exactly once."""
+    sid = saga_store.submit(THREE_THEN_FAIL, agent_id="agent-c")
+    kill_at(worker_env, TOOLS, "comp_after_tool", tmp_path, at=2)
+    kill_at(worker_env, TOOLS, "comp_after_intent", tmp_path, at=1)  # during the recovery
+    with workers(worker_env, TOOLS):
+        state = saga_store.wait(sid, timeout=60)
+    assert state.status is Status.COMPENSATED
+    assert comp_order(saga_store, sid) == [2, 1, 0]
+    assert len(effects("release")) == 3
+    assert Verifier(saga_store.events.log).verify().ok
+
+
+def test_a_failing_compensation_gets_stuck_then_resumes(
+        saga_store: SagaStore, worker_env: dict[str, str], ledger: Path,
+        redis_url: str) -> None:
+    broken = Path(str(ledger) + ".release-fails")
+    broken.touch()
+    sid = saga_store.submit(THREE_THEN_FAIL[2:], agent_id="agent-s")
+    with workers(worker_env, TOOLS):
+        state = saga_store.wait(sid, timeout=60)
+        assert state.status is Status.STUCK
+        assert "unavailable" in str(state.reason)
+        broken.unlink()
+        out = subprocess.run([sys.executable, "-m", "saga_store.cli.main", "resume", sid],
+                             env=worker_env,
+                             capture_output=True, timeout=60, check=False)
+        assert out.returncode == 0, out.stderr
+        state = saga_store.wait(sid, timeout=60)
+    assert state.status is Status.COMPENSATED
+    fails = [e for e in saga_store.events.log.events(sid) if e["kind"] == K.COMPENSATION_FAILED]
+    assert len(fails) == 3  # the policy's bounded retries, with backoff, before 'stuck'
+    assert Verifier(saga_store.events.log).verify().ok
+
+
+def test_the_agent_hears_of_a_retraction_before_the_unwind_gets_stuck(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path) -> None:
+    """The refund succeeds, the release keeps failing: by the time the saga is stuck
+    the agent's stream already says the payment was retracted (it must not wait for
+    a close that may be days away)."""
+    Path(str(ledger) + ".release-fails").touch()
+    sub = Subscriber(client, "agent-stuck", last_id="0", block_ms=100)
+    sid = saga_store.submit(SEED, agent_id="agent-stuck")
+    with workers(worker_env, TOOLS):
+        state = saga_store.wait(sid, timeout=60)
+    assert state.status is Status.STUCK
+    events = sub.poll()  # once: no waiting for anything later
+    assert [e["kind"] for e in events] == ["observed", "observed", "retracted"]
+    assert (events[2]["tool"], events[2]["undone_by"]) == ("charge_payment", "refund_payment")
+    assert Verifier(saga_store.events.log).verify().ok
+
+
+def test_an_irreversible_step_leaves_the_saga_needing_attention(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path, redis_url: str) -> None:
+    sid = saga_store.submit([THREE_THEN_FAIL[0],
+                             {"tool": "send_email", "args": {"to": "x@example.com"}},
+                             {"tool": "fail_always", "args": {}}], agent_id="agent-i")
+    with workers(worker_env, TOOLS):
+        state = saga_store.wait(sid, timeout=60)
+    assert state.status is Status.NEEDS_ATTENTION
+    assert state.steps[1].compensation == "not_compensable"
+    assert state.steps[0].compensation == "succeeded"
+    out = subprocess.run([sys.executable, "-m", "saga_store.cli.main", "ls", "--state",
+                          "needs_attention",
+                          "--json"], env={**sys_env(), "SAGA_REDIS_URL": redis_url},
+                         capture_output=True, timeout=60, check=False)
+    assert [r["saga_id"] for r in orjson.loads(out.stdout)] == [sid]
+
+
+def test_a_forward_step_delivered_after_unwinding_began_is_refused(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path) -> None:
+    """The job of a step that never started, arriving after an abort, does nothing."""
+    saga = saga_store.saga(agent_id="agent-f")
+    spec = saga_store.registry.get("reserve_inventory")
+    from saga_store.execution.enqueue import intent
+    item = intent(saga.saga_id, 0, spec, {"sku": "Z", "qty": 1}, "c0")
+    saga.writer.append_many([item])
+    intent_seq = saga.writer.head.seq
+    saga.abort("the user cancelled")
+    enqueue_step(client, jobs.STEP_QUEUE, saga.saga_id, 0, intent_seq, item[1]["idem_key"])
+    with workers(worker_env, TOOLS):
+        state = saga_store.wait(saga.saga_id, timeout=60)
+    assert state.status is Status.COMPENSATED
+    assert effects("reserve") == []
+    assert state.steps[0].status == "failed"
+    assert Verifier(saga_store.events.log).verify().ok
+
+
+def test_context_cli_formats(saga_store: SagaStore, worker_env: dict[str, str], ledger: Path,
+                             redis_url: str) -> None:
+    sid = saga_store.submit(THREE_THEN_FAIL[2:], agent_id="agent-x")
+    with workers(worker_env, TOOLS):
+        saga_store.wait(sid, timeout=60)
+    env = {**sys_env(), "SAGA_REDIS_URL": redis_url}
+    for args in (["--saga", sid, "--format", "anthropic"], ["--agent", "agent-x"]):
+        out = subprocess.run([sys.executable, "-m", "saga_store.cli.main", "context", *args],
+                             env=env,
+                             capture_output=True, timeout=60, check=False)
+        assert out.returncode == 0, out.stderr
+        assert b"rolled back" in out.stdout
+    plain = subprocess.run([sys.executable, "-m", "saga_store.cli.main", "context", "--saga", sid,
+                            "--format", "plain"], env=env, capture_output=True, timeout=60,
+                           check=False)
+    assert b"retracted" in plain.stdout
+
+
+def sys_env() -> dict[str, str]:
+    import os
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}

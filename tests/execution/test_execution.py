@@ -1,0 +1,351 @@
+"""Tool calls through real worker processes: exactly-once effects, recovery
+after kill -9 at every forward fault point, refusal of foreign jobs."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import orjson
+import pytest
+import redis
+from rq.queue import Queue
+from rq.serializers import JSONSerializer
+
+from saga_store import keys
+from saga_store.client.api import SagaStore
+from saga_store.errors import InvalidInput
+from saga_store.execution import jobs
+from saga_store.execution.enqueue import enqueue_step, intent
+from saga_store.log.events import EventKind as K
+from saga_store.protocol.state import Status
+from saga_store.testing import assert_eventually
+from saga_store.testing.workers import WorkerProcess, kill_at, workers
+from saga_store.verify.checker import Verifier
+
+from ..ledger_tools import effects
+
+pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
+TOOLS = "tests.ledger_tools"
+CARD = "4111111111111111"
+ORDER = [
+    {"tool": "reserve_inventory", "args": {"sku": "LAPTOP", "qty": 1}, "tool_call_id": "c0"},
+    {"tool": "charge_payment", "args": {"amount_cents": 1200, "card_number": CARD},
+     "tool_call_id": "c1"},
+    {"tool": "noop", "args": {"n": 1}, "tool_call_id": "c2"},
+]
+
+
+def kinds(store: SagaStore, sid: str, step: int | None = None) -> list[str]:
+    return [e["kind"] for e in store.events.log.events(sid)
+            if step is None or e.get("step") == step]
+
+
+def test_calls_run_on_a_worker_and_commit(saga_store: SagaStore, worker_env: dict[str, str],
+                                          ledger: Path) -> None:
+    """A caller-driven saga: each call returns the tool's result; exit commits."""
+    with workers(worker_env, TOOLS), saga_store.saga(agent_id="agent-1") as saga:
+        r = saga.call("reserve_inventory", {"sku": "A", "qty": 2}, tool_call_id="call_1")
+        c = saga.call("charge_payment", {"amount_cents": 500, "card_number": CARD})
+        assert saga.call("async_echo", {"x": 7}) == {"x": 7}
+    assert r["reservation_id"].startswith("r-")
+    assert c["amount_cents"] == 500
+    assert saga_store.state(saga.saga_id).status is Status.COMMITTED
+    assert [e[0] for e in effects()] == ["reserve", "charge"]
+    assert Verifier(saga_store.events.log).verify().ok
+
+
+def test_a_repeated_call_in_a_saga_returns_the_stored_result(
+        saga_store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """Same tool and arguments in the same saga: one effect, the same answer."""
+    with workers(worker_env, TOOLS), saga_store.saga(agent_id="a") as saga:
+        first = saga.call("reserve_inventory", {"sku": "A", "qty": 1})
+        again = saga.call("reserve_inventory", {"sku": "A", "qty": 1})
+    assert first == again
+    assert len(effects("reserve")) == 1
+
+
+def test_duplicate_delivery_gives_exactly_one_effect_per_step(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path) -> None:
+    """100 steps x 10 copies of each job, pushed concurrently, 3 workers: 100 effects."""
+    spec = saga_store.registry.get("reserve_inventory")
+    planned = []
+    for i in range(100):
+        w = saga_store.events.open("agent-dup")
+        args = {"sku": f"S{i}", "qty": 1}
+        item = intent(w.saga_id, 0, spec, args, f"c{i}")
+        w.append_many([item])
+        planned.append((w.saga_id, w.head.seq, item[1]["idem_key"]))
+
+    def push_copies() -> None:
+        pipe = client.pipeline(transaction=False)
+        for sid, seq, key in planned:
+            enqueue_step(pipe, jobs.STEP_QUEUE, sid, 0, seq, key)
+        pipe.execute()
+    threads = [threading.Thread(target=push_copies) for _ in range(10)]
+    with workers(worker_env, TOOLS, count=3):
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert_eventually(lambda: all(
+            saga_store.state(sid).steps[0].status == "succeeded" for sid, _, _ in planned),
+            timeout=60, what="all 100 steps to succeed")
+        assert_eventually(lambda: client.llen(jobs.queue_key(jobs.STEP_QUEUE)) == 0,
+                          timeout=60, what="the queue to drain")
+    assert len(effects("reserve")) == 100
+    suppressed = sum(kinds(saga_store, sid).count(K.STEP_DUPLICATE_SUPPRESSED)
+                     for sid, _, _ in planned)
+    assert suppressed > 0, "duplicates that arrived after the outcome are recorded"
+    for sid, _, _ in planned:
+        assert kinds(saga_store, sid, 0).count(K.STEP_SUCCEEDED) == 1
+    assert Verifier(saga_store.events.log).verify().ok
+
+
+@pytest.mark.parametrize("point", ["after_dequeue", "after_started", "in_tool", "after_tool",
+                                   "after_outcome"])
+def test_kill_at_each_fault_point_then_restart(saga_store: SagaStore, worker_env: dict[str, str],
+                                                ledger: Path, tmp_path: Path,
+                                                point: str) -> None:
+    """kill -9 of the worker at a forward fault point: a new worker finishes the saga,
+    effects are never doubled (the tools honour their key), the log shows the retry."""
+    sid = saga_store.submit(ORDER, agent_id="agent-k")
+    kill_at(worker_env, TOOLS, point, tmp_path)
+    with workers(worker_env, TOOLS):
+        state = saga_store.wait(sid, timeout=60)
+    assert state.status is Status.COMMITTED
+    assert len(effects("reserve")) == 1
+    assert len(effects("charge")) == 1
+    if point in ("after_started", "in_tool", "after_tool"):
+        started = [e for e in saga_store.events.log.events(sid) if e["kind"] == "step_started"
+                   and e["step"] == 0]
+        assert len(started) == 2
+        assert started[1]["data"]["after_unfinished_attempts"] == 1
+    assert Verifier(saga_store.events.log).verify().ok
+
+
+def test_a_step_that_keeps_killing_its_worker_is_dead_lettered(
+        saga_store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """After 3 deliveries that never finished, the step fails and the saga compensates."""
+    sid = saga_store.submit([ORDER[0], {"tool": "kill_my_worker", "args": {}}],
+                            agent_id="agent-dl")
+    with workers(worker_env, TOOLS, "-n", "2"):  # the pool respawns killed workers
+        state = saga_store.wait(sid, timeout=90)
+    assert state.status is Status.COMPENSATED
+    assert "dead-lettered" in state.steps[1].error["error"] if isinstance(
+        state.steps[1].error, dict) else "dead-lettered" in str(state.steps[1].error)
+    assert kinds(saga_store, sid, 1).count(K.STEP_STARTED) == 3
+    assert len(effects("release")) == 1
+
+
+def test_a_timeout_is_in_doubt_not_failed(saga_store: SagaStore, worker_env: dict[str, str],
+                                          ledger: Path) -> None:
+    sid = saga_store.submit([ORDER[0], {"tool": "update_crm", "args": {"note": "slow"}}],
+                            agent_id="agent-t")
+    with workers(worker_env, TOOLS):
+        state = saga_store.wait(sid, timeout=60)
+    assert state.steps[1].status == "in_doubt"
+    assert "timed out" in str(state.steps[1].error)
+    assert state.status is Status.NEEDS_ATTENTION  # update_crm is irreversible
+    assert len(effects("release")) == 1
+
+
+@pytest.mark.parametrize("serializer", [JSONSerializer, None])
+def test_a_job_naming_os_system_is_refused(client: redis.Redis, worker_env: dict[str, str],
+                                           tmp_path: Path, serializer: object) -> None:
+    """A job written straight into Redis naming os.system never runs."""
+    marker = tmp_path / "pwned"
+    q = Queue(jobs.STEP_QUEUE, connection=client, serializer=serializer)
+    q.enqueue("os.system", f"touch {marker}")
+    log = tmp_path / "worker.log"
+    w = WorkerProcess(worker_env, TOOLS, "--burst", log=log).start()
+    assert w.proc is not None
+    assert w.proc.wait(60) == 0
+    assert not marker.exists()
+    assert "refused job" in log.read_text()
+
+
+def test_invalid_arguments_write_nothing_then_abort(saga_store: SagaStore,
+                                                    client: redis.Redis) -> None:
+    """The first invalid call is a repairable error; the second aborts the saga."""
+    from saga_store import InvalidToolCall, SagaAborted
+    saga = saga_store.saga(agent_id="agent-v")
+    before = client.xlen(keys.saga_log(saga.saga_id))
+    with pytest.raises(InvalidToolCall) as exc:
+        saga.call("reserve_inventory", {"sku": "A", "qty": "many"})
+    assert exc.value.errors[0]["loc"] == ["qty"]
+    assert client.xlen(keys.saga_log(saga.saga_id)) == before
+    assert client.llen(jobs.queue_key(jobs.STEP_QUEUE)) == 0
+    with pytest.raises(SagaAborted):
+        saga.call("no_such_tool", {})
+    assert kinds(saga_store, saga.saga_id)[-1] == K.SAGA_FAILED
+
+
+def test_same_key_with_different_args_is_rejected(saga_store: SagaStore,
+                                                  worker_env: dict[str, str],
+                                                  ledger: Path) -> None:
+    from saga_store import KeyReuseError
+    with workers(worker_env, TOOLS):
+        with saga_store.saga(agent_id="a") as s1:
+            r1 = s1.call("reserve_inventory", {"sku": "A", "qty": 1}, idempotency_key="order-9")
+        with saga_store.saga(agent_id="a") as s2:
+            assert s2.call("reserve_inventory", {"sku": "A", "qty": 1},
+                           idempotency_key="order-9") == r1
+            with pytest.raises(KeyReuseError):
+                s2.call("reserve_inventory", {"sku": "B", "qty": 1}, idempotency_key="order-9")
+    assert len(effects("reserve")) == 1
+
+
+def test_secrets_never_reach_the_log(saga_store: SagaStore, client: redis.Redis,
+                                     worker_env: dict[str, str], ledger: Path) -> None:
+    """The card number is in no stream entry, even when the tool's error quotes it."""
+    from saga_store import StepError
+    with workers(worker_env, TOOLS):
+        with saga_store.saga(agent_id="a") as saga:
+            saga.call("charge_payment", {"amount_cents": 1, "card_number": CARD})
+        bad = "5555666677778888"
+        with pytest.raises(StepError, match="declined"), saga_store.saga(agent_id="a") as s2:
+            s2.call("charge_payment", {"amount_cents": 1, "card_number": bad})
+    blob = b""
+    for key in client.scan_iter(match="ss:*"):
+        if client.type(key) == b"stream":
+            blob += b"".join(v for _, f in client.xrange(key) for v in f.values())
+    assert CARD.encode() not in blob
+    assert bad.encode() not in blob
+    assert b"$secret" in blob
+
+
+def test_bad_results_and_retryable_errors(saga_store: SagaStore, worker_env: dict[str, str],
+                                          ledger: Path) -> None:
+    from saga_store import StepError
+    with workers(worker_env, TOOLS):
+        with saga_store.saga(agent_id="a") as saga:
+            assert saga.call("flaky", {"fail_times": 2}) == {"ok": True}
+        with pytest.raises(StepError, match="not a JSON object"), \
+                saga_store.saga(agent_id="a") as s2:
+            s2.call("bad_result", {})
+
+
+def test_sigterm_lets_the_current_step_finish(saga_store: SagaStore, worker_env: dict[str, str],
+                                              ledger: Path) -> None:
+    sid = _sigterm_in_first_step(saga_store, worker_env, [])
+    assert saga_store.state(sid).status is Status.COMMITTED
+
+
+def _sigterm_in_first_step(store: SagaStore, env: dict[str, str],
+                           then: list[dict[str, object]]) -> str:
+    """Submit a 1 s first step (then ``then``), SIGTERM the only worker while that
+    step runs, and check it exits cleanly; returns the saga id."""
+    sid = store.submit([{"tool": "slow_noop", "args": {"seconds": 1.0}}, *then],
+                       agent_id="agent-t")
+    w = WorkerProcess(env, TOOLS).start()
+    try:
+        assert_eventually(lambda: K.STEP_STARTED in kinds(store, sid), timeout=30,
+                          what="the step to start")
+        assert w.terminate() == 0
+    finally:
+        w.kill()
+    return sid
+
+
+def _queued(client: redis.Redis, store: SagaStore, sid: str) -> list[int]:
+    """The steps of a saga that went to a worker as an RQ job (acknowledged job
+    hashes are kept a while, so this sees jobs already run)."""
+    return [e["step"] for e in store.events.log.bodies(sid) if e["kind"] == K.STEP_INTENT
+            and client.exists(jobs.job_key(jobs.step_job_id(e["idem_key"], e["seq"], sid)))]
+
+
+def test_a_plan_runs_in_one_worker_each_next_step_claimed_with_the_outcome(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path) -> None:
+    """Eager steps: only step 0 is queued; each later step is started in the same
+    append as the previous outcome, by the worker that ran it, with 2 workers up."""
+    with workers(worker_env, TOOLS, count=2):
+        sid = saga_store.submit(ORDER, agent_id="agent-e")
+        assert saga_store.wait(sid, timeout=30).status is Status.COMMITTED
+    events = saga_store.events.log.bodies(sid)
+    assert _queued(client, saga_store, sid) == [0]
+    for step in (1, 2):
+        at = next(i for i, e in enumerate(events)
+                  if e["kind"] == K.STEP_STARTED and e["step"] == step)
+        assert [(e["kind"], e.get("step")) for e in events[at - 2:at]] == [
+            (K.STEP_SUCCEEDED, step - 1), (K.STEP_INTENT, step)]
+    started = {e["data"]["worker"] for e in events if e["kind"] == K.STEP_STARTED}
+    assert len(started) == 1
+    assert (len(effects("reserve")), len(effects("charge"))) == (1, 1)
+    assert Verifier(saga_store.events.log).verify().ok
+
+
+def test_with_eager_steps_off_every_step_goes_through_the_queue(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path) -> None:
+    with workers({**worker_env, "SAGA_EAGER_STEPS": "0"}, TOOLS):
+        sid = saga_store.submit(ORDER, agent_id="agent-q")
+        assert saga_store.wait(sid, timeout=30).status is Status.COMMITTED
+    assert _queued(client, saga_store, sid) == [0, 1, 2]
+    assert (len(effects("reserve")), len(effects("charge"))) == (1, 1)
+
+
+def test_sigterm_mid_plan_queues_the_next_step_instead_of_running_it(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path) -> None:
+    """A worker asked to stop finishes its step and hands the rest of the plan to
+    the queue, so a warm shutdown never waits for a whole saga."""
+    sid = _sigterm_in_first_step(saga_store, worker_env, ORDER[:2])
+    assert kinds(saga_store, sid, 1) == [K.STEP_INTENT]
+    assert _queued(client, saga_store, sid) == [0, 1]
+    with workers(worker_env, TOOLS):
+        assert saga_store.wait(sid, timeout=30).status is Status.COMMITTED
+    assert (len(effects("reserve")), len(effects("charge"))) == (1, 1)
+
+
+def test_submit_many_writes_all_plans_or_none(saga_store: SagaStore, client: redis.Redis,
+                                              worker_env: dict[str, str],
+                                              ledger: Path) -> None:
+    """Many plans in two round trips: a bad step in any plan writes nothing at all;
+    good ones each become their own saga and commit."""
+    before = client.dbsize()
+    bad = [ORDER, [{"tool": "reserve_inventory", "args": {"sku": "A", "qty": "many"}}]]
+    with pytest.raises(InvalidInput, match=r"plans\[1\]: steps\[0\]"):
+        saga_store.submit_many(bad, agent_id="agent-m")
+    assert client.dbsize() == before
+    plans = [[{"tool": "reserve_inventory", "args": {"sku": f"S{i}", "qty": 1}},
+              {"tool": "noop", "args": {"n": i}}] for i in range(20)]
+    with workers(worker_env, TOOLS, count=2):
+        ids = saga_store.submit_many(plans, agent_id="agent-m")
+        states = [saga_store.wait(sid, timeout=30) for sid in ids]
+    assert len(set(ids)) == 20
+    assert all(st.status is Status.COMMITTED for st in states)
+    assert sorted(e[2] for e in effects("reserve")) == sorted(f"S{i}x1" for i in range(20))
+    # ids come back in the order of the plans
+    assert [saga_store.events.log.bodies(sid)[0]["data"]["plan"][0]["args"]["sku"]
+            for sid in ids] == [f"S{i}" for i in range(20)]
+    assert Verifier(saga_store.events.log).verify().ok
+
+
+def test_plan_file_through_the_cli(redis_url: str, worker_env: dict[str, str], ledger: Path,
+                                   tmp_path: Path) -> None:
+    """saga run --wait --json prints saga_id and state; a bad plan writes nothing."""
+    import subprocess
+    import sys
+    plan = tmp_path / "plan.json"
+    plan.write_bytes(orjson.dumps({"agent_id": "agent-cli", "steps": ORDER}))
+    cmd = [sys.executable, "-m", "saga_store.cli.main", "run", "--tools", TOOLS, str(plan),
+           "--wait",
+           "--json"]
+    with workers(worker_env, TOOLS):
+        out = subprocess.run(cmd, env=worker_env, capture_output=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    res = orjson.loads(out.stdout)
+    assert res["state"] == "committed"
+    assert res["saga_id"]
+    plan.write_bytes(orjson.dumps({"agent_id": "x", "steps": [
+        {"tool": "reserve_inventory", "args": {"sku": "A", "qty": 1}},
+        {"tool": "reserve_inventory", "args": {"qty": "x"}}]}))
+    r = redis.Redis.from_url(worker_env["SAGA_REDIS_URL"])
+    before = r.dbsize()
+    out = subprocess.run(cmd[:-2], env=worker_env, capture_output=True, timeout=60, check=False)
+    assert out.returncode == 2
+    assert b"steps[1]" in out.stderr
+    assert r.dbsize() == before

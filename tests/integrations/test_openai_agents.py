@@ -1,0 +1,173 @@
+"""OpenAI Agents SDK adapter, with the SDK's ScriptedModel, a private Redis and
+real worker processes: the order story unwinds exactly once, the next model
+call already sees the rolled-back calls, a gated call goes through the SDK's
+own approval, and the rebuilt history runs again."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("agents", reason="the openai-agents extra is not installed: "
+                                     "pip install 'saga-store[openai-agents]'")
+
+import redis
+from agents import Agent, RunConfig, Runner, set_tracing_disabled
+from agents.testing import ModelCall, ScriptedModel, assistant_message, function_call
+
+from saga_store import SagaStore, Status
+from saga_store.client.context import rebuild_history
+from saga_store.integrations.openai_agents import (
+    approve,
+    rebuild,
+    reject,
+    saga_input_filter,
+    saga_tools,
+)
+from saga_store.log.events import EventKind as K
+from saga_store.testing.workers import workers
+
+from ..integration_support import (
+    CHARGE,
+    CRM_FAILS,
+    INVOICE,
+    RESERVE,
+    TOOLS,
+    assert_order_unwound,
+    assert_verified,
+    decisions,
+    final,
+    saga_store_for,
+)
+from ..ledger_tools import effects
+
+set_tracing_disabled(True)  # offline: no trace export
+pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
+
+
+@pytest.fixture
+def store(client: redis.Redis) -> SagaStore:
+    return saga_store_for(client)
+
+
+def call(tool: tuple[str, dict[str, Any]], call_id: str) -> Any:
+    return function_call(tool[0], tool[1], call_id=call_id)
+
+
+def outputs(model_call: ModelCall) -> dict[str, str]:
+    """The function call outputs the model received, by call id."""
+    return {i["call_id"]: i["output"] for i in model_call.input
+            if isinstance(i, dict) and i.get("type") == "function_call_output"}
+
+
+def system_notes(items: list[Any]) -> list[str]:
+    return [i["content"] for i in items if isinstance(i, dict) and i.get("role") == "system"]
+
+
+def test_the_order_story_unwinds_and_the_next_model_call_sees_it(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    model = ScriptedModel([[call(RESERVE, "call_1")], [call(CHARGE, "call_2")],
+                           [call(CRM_FAILS, "call_3")],
+                           [assistant_message("The order could not be placed.")]])
+    with workers(worker_env, TOOLS), store.saga(agent_id="shop") as saga:
+        agent = Agent(name="shop", model=model, tools=saga_tools(saga))
+        config = RunConfig(call_model_input_filter=saga_input_filter(saga))
+        result = asyncio.run(Runner.run(agent, "Order a laptop for ana", run_config=config))
+        sid = saga.saga_id
+    assert result.final_output == "The order could not be placed."
+    assert_order_unwound()
+    state = final(store, sid)
+    assert state.status is Status.COMPENSATED
+    # the third model call saw the first two results as they were
+    assert "payment confirmed" in outputs(model.calls[2])["call_2"]
+    # the fourth (the one right after the failure) already sees them rolled back
+    seen = outputs(model.calls[3])
+    assert seen["call_1"].startswith("rolled back:")
+    assert seen["call_2"].startswith("rolled back:")
+    assert "refund" in seen["call_2"]
+    assert seen["call_3"].startswith("error:")
+    assert "CRM unavailable" in seen["call_3"]
+    note = system_notes(model.calls[3].input)
+    assert len(note) == 1
+    assert "Rolled back, latest first: charge_payment" in note[0]
+    # the rebuilt history says what rebuild_history says, for a later turn
+    items = rebuild(result.to_input_list(), [state])
+    expected = {m["tool_call_id"]: m["content"] for m in rebuild_history([state], "openai")
+                if m["role"] == "tool"}
+    assert {i["call_id"]: i["output"] for i in items
+            if i.get("type") == "function_call_output"} == expected
+    assert system_notes(items) == [m["content"] for m in rebuild_history([state])
+                                   if m["role"] == "system"]
+    assert rebuild(items, [state]) == items  # rebuilding again changes nothing
+    # and the SDK takes it as the next run's input
+    nxt = ScriptedModel([[assistant_message("Nothing was charged.")]])
+    again = asyncio.run(Runner.run(Agent(name="shop", model=nxt),
+                                   [*items, {"role": "user", "content": "Was I charged?"}]))
+    assert again.final_output == "Nothing was charged."
+    assert outputs(nxt.calls[0]) == expected
+    assert_verified(store)
+
+
+def test_an_invalid_call_goes_back_to_the_model_to_repair(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    model = ScriptedModel([
+        [function_call("reserve_inventory", {"sku": "LAPTOP-15", "qty": "many"},
+                       call_id="call_bad")],
+        [call(RESERVE, "call_ok")], [assistant_message("Reserved.")]])
+    with workers(worker_env, TOOLS), store.saga(agent_id="shop") as saga:
+        agent = Agent(name="shop", model=model, tools=saga_tools(saga))
+        result = asyncio.run(Runner.run(agent, "Reserve a laptop"))
+        sid = saga.saga_id
+    assert result.final_output == "Reserved."
+    repair = outputs(model.calls[1])["call_bad"]
+    assert "invalid arguments for reserve_inventory" in repair
+    assert "qty" in repair
+    assert final(store, sid).status is Status.COMMITTED
+    assert [k for k, _, _ in effects()] == ["reserve"]
+
+
+def test_a_gated_call_goes_through_the_sdks_approval(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    model = ScriptedModel([[call(INVOICE, "call_inv")], [assistant_message("Invoice sent.")]])
+    with workers(worker_env, TOOLS), store.saga(agent_id="shop") as saga:
+        agent = Agent(name="shop", model=model, tools=saga_tools(saga))
+        config = RunConfig(call_model_input_filter=saga_input_filter(saga))
+        first = asyncio.run(Runner.run(agent, "Invoice ana", run_config=config))
+        assert [i.name for i in first.interruptions] == ["send_invoice"]
+        assert not effects("invoice")  # nothing ran, nothing was even logged
+        assert store.state(saga.saga_id).next_step == 0
+        state = first.to_state()
+        approve(saga, state, first.interruptions[0], by="alice")
+        done = asyncio.run(Runner.run(agent, state, run_config=config))
+        sid = saga.saga_id
+    assert done.final_output == "Invoice sent."
+    assert len(effects("invoice")) == 1
+    assert decisions(store, sid) == [(K.APPROVAL_GRANTED, 0, "alice")]
+    assert final(store, sid).status is Status.COMMITTED
+    assert_verified(store)
+
+
+def test_a_rejected_call_is_denied_in_the_chain_and_the_saga_unwinds(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    model = ScriptedModel([[call(RESERVE, "call_1")], [call(INVOICE, "call_inv")],
+                           [assistant_message("I did not send it.")]])
+    with workers(worker_env, TOOLS), store.saga(agent_id="shop") as saga:
+        agent = Agent(name="shop", model=model, tools=saga_tools(saga))
+        config = RunConfig(call_model_input_filter=saga_input_filter(saga))
+        first = asyncio.run(Runner.run(agent, "Reserve, then invoice", run_config=config))
+        state = first.to_state()
+        told = reject(saga, state, first.interruptions[0], by="bob", reason="wrong address")
+        done = asyncio.run(Runner.run(agent, state, run_config=config))
+        sid = saga.saga_id
+    assert "denied by bob: wrong address" in told
+    assert done.final_output == "I did not send it."
+    assert decisions(store, sid) == [(K.APPROVAL_DENIED, 1, "bob")]
+    assert final(store, sid).status is Status.COMPENSATED
+    assert not effects("invoice")
+    assert [k for k, _, _ in effects()] == ["reserve", "release"]
+    seen = outputs(model.calls[2])
+    assert seen["call_1"].startswith("rolled back:")
+    assert "denied by bob" in seen["call_inv"]

@@ -1,0 +1,111 @@
+"""Ledger entries go through the pending list and are chained in batches:
+nothing lost, nothing chained twice, whoever writes and whoever dies."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+
+from saga_store import keys
+from saga_store.log.events import EventKind as K
+from saga_store.log.ledger import SEAL_AT
+from saga_store.log.store import EventStore
+from saga_store.settings import Settings
+from saga_store.verify.checker import Verifier
+
+from ..helpers import committed_saga
+
+pytestmark = pytest.mark.parity
+
+
+def ledger_kinds(store: EventStore) -> list[tuple[str, str]]:
+    return [(e["kind"], e["data"]["saga_id"]) for e in store.log.bodies(keys.LEDGER_ID)]
+
+
+def test_deferred_entries_wait_pending_and_verify_reads_them(client: redis.Redis) -> None:
+    store = EventStore(client)
+    store.ledger.deferred = True
+    w = committed_saga(store)
+    assert ledger_kinds(store) == []
+    assert [e["kind"] for e in store.ledger.pending()] == [K.LEDGER_OPENED, K.LEDGER_CLOSED]
+    res = Verifier(store.log).verify()
+    assert res.ok
+    assert any("not yet chained" in w for w in res.to_dict()["warnings"])
+    # a cut tail is caught from the pending closing entry too
+    last_id = client.xrevrange(keys.saga_log(w.saga_id), count=1)[0][0]
+    client.xdel(keys.saga_log(w.saga_id), last_id)
+    cut = Verifier(store.log).verify()
+    assert [f.reason for f in cut.failures] == ["tail_cut"]
+    assert store.ledger.pending()  # the check above read the entry from the list
+    assert store.ledger.seal() == 2
+    assert ledger_kinds(store) == [(K.LEDGER_OPENED, w.saga_id), (K.LEDGER_CLOSED, w.saga_id)]
+    assert store.ledger.pending() == []
+    assert client.llen(keys.LEDGER_PENDING) == 0
+
+
+def test_a_deferred_writer_seals_once_enough_are_waiting(client: redis.Redis) -> None:
+    store = EventStore(client)
+    store.ledger.deferred = True
+    sagas = [store.open("agent-1").saga_id for _ in range(SEAL_AT)]
+    assert client.llen(keys.LEDGER_PENDING) == 0  # the 64th writer sealed all 64
+    assert [sid for _, sid in ledger_kinds(store)] == sagas
+
+
+@pytest.mark.real_redis
+def test_concurrent_writers_leave_nothing_pending_and_chain_each_entry_once(
+        client: redis.Redis) -> None:
+    """8 threads open and close 40 sagas each, sealing at once: every entry ends in
+    the chain exactly once, in no particular order, and none is left pending."""
+    store = EventStore(client)
+    made: list[str] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        own = EventStore(redis.Redis(connection_pool=client.connection_pool))
+        for _ in range(40):
+            w = committed_saga(own, steps=1)
+            with lock:
+                made.append(w.saga_id)
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert client.llen(keys.LEDGER_PENDING) == 0
+    chained = ledger_kinds(store)
+    assert sorted(chained) == sorted([(K.LEDGER_OPENED, s) for s in made]
+                                     + [(K.LEDGER_CLOSED, s) for s in made])
+    assert Verifier(store.log).verify().ok
+
+
+def test_a_sealer_that_died_holding_the_lease_delays_but_loses_nothing(
+        client: redis.Redis) -> None:
+    store = EventStore(client)
+    store.ledger.deferred = True
+    client.set(keys.LEDGER_LEASE, "dead-sealer", px=300)  # its process is gone
+    w = committed_saga(store)
+    assert store.ledger.seal() == 0  # the lease is still held
+    assert len(store.ledger.pending()) == 2
+    assert store.ledger.flush(timeout_s=5) == 0  # waits the lease out, then seals
+    assert ledger_kinds(store) == [(K.LEDGER_OPENED, w.saga_id), (K.LEDGER_CLOSED, w.saga_id)]
+
+
+def test_a_foreign_pending_item_is_dropped_and_the_rest_chained(client: redis.Redis) -> None:
+    store = EventStore(client)
+    store.ledger.deferred = True
+    client.rpush(keys.LEDGER_PENDING, b"not a ledger entry")
+    w = committed_saga(store)
+    assert store.ledger.seal() == 2
+    assert ledger_kinds(store) == [(K.LEDGER_OPENED, w.saga_id), (K.LEDGER_CLOSED, w.saga_id)]
+    assert client.llen(keys.LEDGER_PENDING) == 0
+
+
+def test_anchor_covers_what_was_pending(client: redis.Redis) -> None:
+    store = EventStore(client, Settings())
+    store.ledger.deferred = True
+    committed_saga(store)
+    anchor = store.ledger.anchor()
+    assert anchor["seq"] == 1  # both entries chained before the head was read
+    assert store.ledger.check_anchor(anchor) == []

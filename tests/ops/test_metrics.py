@@ -1,0 +1,183 @@
+"""Metrics: the names the code exports, a real scrape of a worker pool, and every
+dashboard query run against a real Prometheus."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+import redis
+from rq.queue import Queue
+from rq.serializers import JSONSerializer
+
+from saga_store.client.api import SagaStore
+from saga_store.execution import jobs
+from saga_store.execution.enqueue import enqueue_step
+from saga_store.ops.metrics import exported_names
+from saga_store.testing import assert_eventually, free_port
+from saga_store.testing.workers import workers
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "grafana" / "dashboards" / "saga-store.json"
+TOOLS = "tests.ledger_tools"
+CARD = "4111111111111111"
+
+
+def dashboard_exprs() -> list[str]:
+    board = json.loads(DASHBOARD.read_text())
+    return [t["expr"] for p in board["panels"] for t in p["targets"]]
+
+
+def test_the_dashboard_only_uses_metrics_the_code_exports() -> None:
+    names = exported_names()
+    used = {m for e in dashboard_exprs() for m in re.findall(r"\bsaga_[a-z_]+", e)}
+    assert used
+    assert used <= names, f"dashboard uses unknown metrics: {sorted(used - names)}"
+
+
+def _workload(store: SagaStore, client: redis.Redis) -> list[str]:
+    ok = store.submit([{"tool": "reserve_inventory", "args": {"sku": "A", "qty": 1}},
+                       {"tool": "charge_payment",
+                        "args": {"amount_cents": 5, "card_number": CARD}}], agent_id="m")
+    bad = store.submit([{"tool": "reserve_inventory", "args": {"sku": "B", "qty": 1}},
+                        {"tool": "fail_always", "args": {}}], agent_id="m")
+    for sid in (ok, bad):
+        store.wait(sid, timeout=60)
+    # the counts the tests expect need this course of events: say so if it went otherwise
+    ran = [(s.status, s.compensation) for s in store.state(bad).steps.values()]
+    assert ran == [("succeeded", "succeeded"), ("failed", None)], ran
+    st = store.state(ok)
+    enqueue_step(client, jobs.STEP_QUEUE, ok, 0, st.steps[0].intent_seq, st.steps[0].idem_key)
+    Queue(jobs.STEP_QUEUE, connection=client, serializer=JSONSerializer).enqueue(
+        "os.system", "true")
+    return [ok, bad]
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return str(r.read().decode())
+
+
+@pytest.mark.real_redis
+@pytest.mark.timeout(120)
+def test_a_worker_pool_exports_one_endpoint_without_ids(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path) -> None:
+    port = free_port()
+    # a counter moves just after the append it counts, so it may trail the log for a
+    # moment (the chaos soak allows the same); the test waits for the exact counts,
+    # and a count that overshoots or never arrives still fails it
+    expected = ['saga_steps_total{outcome="succeeded",tool="reserve_inventory"} 2.0',
+                'saga_steps_total{outcome="failed",tool="fail_always"} 1.0',
+                'saga_compensations_total{outcome="succeeded",tool="release_inventory"} 1.0',
+                'saga_sagas_finished_total{state="compensated"} 1.0',
+                "saga_compensation_lag_seconds_count 1.0",
+                "saga_refused_jobs_total 1.0",
+                'saga_dedupe_hits_total{kind="duplicate_delivery"} 1.0',
+                'saga_queue_depth{queue="saga-steps"}',
+                "saga_approvals_pending 0.0"]
+    seen: list[str] = []
+    with workers(worker_env, TOOLS, "-n", "2", "--metrics-port", str(port)):
+        ids = _workload(saga_store, client)
+
+        def ready() -> str | None:
+            t = _scrape(port)
+            seen[:] = [t]
+            return t if all(e in t for e in expected) else None
+        try:
+            text = assert_eventually(ready, timeout=30, what="the workload's metrics",
+                                     swallow=(OSError,))
+        except AssertionError:
+            text = seen[0] if seen else ""
+    counts = [line for line in text.splitlines() if line.startswith(
+        ("saga_steps_total", "saga_dedupe", "saga_sagas_finished", "saga_redeliveries",
+         "saga_refused", "saga_compensations_total"))]
+    assert [e for e in expected if e not in text] == [], "; ".join(counts)
+    for sid in ids:
+        assert sid not in text  # no ids as labels
+    assert CARD not in text
+
+
+@pytest.mark.real_redis
+@pytest.mark.timeout(180)
+def test_every_dashboard_query_returns_data_from_a_real_prometheus(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path, tmp_path: Path) -> None:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("prometheus is not installed; .ci/run installs Debian's package")
+        pytest.skip("prometheus not installed (apt-get install prometheus)")
+    metrics_port, prom_port = free_port(), free_port()
+    cfg = tmp_path / "prometheus.yml"
+    cfg.write_text("global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+                   "scrape_configs:\n  - job_name: saga\n    static_configs:\n"
+                   f"      - targets: ['127.0.0.1:{metrics_port}']\n")
+    prom = subprocess.Popen([binary, f"--config.file={cfg}", f"--storage.tsdb.path={tmp_path}/db",
+                             f"--web.listen-address=127.0.0.1:{prom_port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        with workers(worker_env, TOOLS, "-n", "2", "--metrics-port", str(metrics_port)):
+            _workload(saga_store, client)
+            api = f"http://127.0.0.1:{prom_port}/api/v1/query?query="
+
+            def query(expr: str) -> dict[str, object]:
+                # S310: an http(s) URL the operator configured
+                with urllib.request.urlopen(api + urllib.parse.quote(expr),  # noqa: S310
+                                            timeout=5) as r:
+                    return dict(json.loads(r.read()))
+            # index: JSON from the server
+            assert_eventually(lambda: query("saga_refused_jobs_total")["data"]["result"],  # type: ignore[index]
+                              timeout=60, what="prometheus to scrape the workers",
+                              swallow=(OSError,))
+            def empty_queries() -> list[str]:
+                empty = []
+                for expr in dashboard_exprs():
+                    res = query(expr)
+                    assert res["status"] == "success", (expr, res)  # it parses and runs
+                    if not res["data"]["result"]:  # type: ignore[index]  # JSON from the server
+                        empty.append(expr)
+                return empty
+            # rate() needs two samples of a series: wait for the scrapes, bounded
+            empty: list[list[str]] = [[]]
+
+            def all_answer() -> bool:
+                empty[0] = empty_queries()
+                return not empty[0]
+            try:
+                assert_eventually(all_answer, timeout=60,
+                                  what="every dashboard query to return data")
+            except AssertionError:
+                # what Prometheus holds and what the endpoint serves, for the first one
+                name = re.findall(r"saga_[a-z_]+", empty[0][0])[0]
+                held = query(name)["data"]["result"]  # type: ignore[index]  # JSON from the server
+                served = [ln for ln in _scrape(metrics_port).splitlines()
+                          if ln.startswith(name)]
+                raise AssertionError(f"queries with no data: {empty[0]}; Prometheus holds "
+                                     f"{held}; the endpoint serves {served}") from None
+    finally:
+        prom.terminate()
+        prom.wait(10)
+
+
+@pytest.mark.real_redis
+def test_the_approvals_gauge_counts_what_waits_for_a_person(client: redis.Redis) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from saga_store import keys
+    from saga_store.approval import requests as approvals
+    from saga_store.ops.metrics import RedisCollector
+    reg = CollectorRegistry()
+    reg.register(RedisCollector(client))
+    assert "saga_approvals_pending 0.0" in generate_latest(reg).decode()
+    client.zadd(keys.APPROVALS, {approvals.member("01M8Q7MTHMG2KCVRH5MMK3YGPB", 2): 1e15,
+                                 approvals.member("01M8Q7MTHMG2KCVRH5MMK3YGPC", 0): 1e15})
+    text = generate_latest(reg).decode()
+    assert "saga_approvals_pending 2.0" in text
+    assert 'saga_sagas{state="needs_attention"} 0.0' in text  # the others still line up
