@@ -351,14 +351,8 @@ class StepRunner:
                 if spec.compensation else None)
         data = approvals.preview(spec.name, args, str(spec.reversibility), undo, verdict,
                                  policy.approval_timeout_s)
-        call = writer.prepare([build.approval_requested(step, spec.name, data)],
-                              phase=Phase.FORWARD)
-        pipe = lean(self.store.redis)
-        call.send(pipe)
-        pipe.zadd(keys.APPROVALS, {approvals.member(saga_id, step):
-                                   approvals.deadline(policy.approval_timeout_s)})
         try:
-            writer.applied(call, pipe.execute(raise_on_error=False)[0])
+            approvals.request(writer, step, spec.name, data, policy.approval_timeout_s)
         except FencedOff:
             self._ack(extra)
             return "cancelled"  # unwinding began: this step will never run

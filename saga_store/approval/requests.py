@@ -18,6 +18,7 @@ from saga_store import keys
 from saga_store.errors import ConflictError, FencedOff, InvalidInput, NoSuchSaga, no_such_saga
 from saga_store.execution.enqueue import enqueue_step, now_ms
 from saga_store.ids import check_id
+from saga_store.log.pipeline import lean
 from saga_store.log.stream import command
 from saga_store.protocol import build
 from saga_store.protocol.delivery import denial
@@ -32,12 +33,13 @@ __all__ = [
     "expire_due",
     "member",
     "pending",
-    "preview",
+    "preview", "request",
 ]
 
 if TYPE_CHECKING:
     from saga_store.approval.policy import Verdict
     from saga_store.client.api import SagaStore
+    from saga_store.log.store import ChainWriter
 
 NO_DEADLINE = 2**52  # score of an approval that never times out
 MAX_NAME = 128
@@ -69,6 +71,20 @@ def preview(tool: str, logged_args: dict[str, Any], reversibility: str,
     if timeout_s:
         out["timeout_s"] = timeout_s
     return out
+
+
+def request(writer: ChainWriter, step: int, tool: str, preview_data: dict[str, Any],
+            timeout_s: float) -> None:
+    """Ask a person about step ``step``: its ``approval_requested`` (forward phase
+    only) and its place in ``ss:approvals``, in one round trip, for workers and
+    gateways alike. Raises as the append does (:class:`FencedOff` once unwinding
+    began); a member whose append lost is dropped by the next decision or deadline."""
+    call = writer.prepare([build.approval_requested(step, tool, preview_data)],
+                          phase=Phase.FORWARD)
+    pipe = lean(writer.store.redis)
+    call.send(pipe)
+    pipe.zadd(keys.APPROVALS, {member(writer.saga_id, step): deadline(timeout_s)})
+    writer.applied(call, pipe.execute(raise_on_error=False)[0])
 
 
 def member(saga_id: str, step: int) -> str:

@@ -506,10 +506,7 @@ class Gateway:
         undo = ({"tool": cls.compensation.tool, "mapping": dict(cls.compensation.args)}
                 if cls.compensation else None)
         preview = approvals.preview(name, args, cls.reversibility, undo, verdict, timeout_s)
-        writer.append_many([build.approval_requested(step, name, preview)],
-                           phase=Phase.FORWARD)
-        self.store.redis.zadd(keys.APPROVALS, {approvals.member(writer.saga_id, step):
-                                               approvals.deadline(timeout_s)})
+        approvals.request(writer, step, name, preview, timeout_s)
         self._project(writer)
         notify.approval_requested(writer.saga_id, step, name, self.session.agent_id,
                                   verdict.reason)
