@@ -16,8 +16,6 @@ import orjson
 
 from saga_store.client.api import SagaStore
 from saga_store.client.context import rebuild_history
-from saga_store.execution import jobs
-from saga_store.log.stream import command
 from saga_store.protocol.state import SagaState
 from saga_store.tools.registry import Registry
 from saga_store.verify.checker import Verifier
@@ -114,22 +112,8 @@ def _run(store: SagaStore, embedded: bool, title: str, steps: list[dict[str, Any
 
 def _drain(store: SagaStore) -> None:
     """The embedded store lives in this process: run its jobs here, in order."""
-    from saga_store.workers.compensator import Compensator
-    from saga_store.workers.step import StepRunner
-    runner, comp = StepRunner(store, "demo"), Compensator(store, "demo")
-    while True:
-        raw = command(store.redis, "LPOP", jobs.queue_key(jobs.STEP_QUEUE)) or \
-            command(store.redis, "LPOP", jobs.queue_key(jobs.COMPENSATION_QUEUE))
-        if raw is None:
-            return
-        decoded = jobs.decode(command(store.redis, "HGET", jobs.job_key(raw.decode()), "data"))
-        if decoded is None:
-            continue
-        func, args = decoded
-        if func == jobs.STEP_FUNC:
-            runner.run(str(args[0]), int(args[1]), int(args[2]))
-        else:
-            comp.run(str(args[0]))
+    from saga_store.workers.inline import InlineRunner
+    InlineRunner(store, "demo").drain()
 
 
 def _describe(ev: dict[str, Any]) -> str | None:

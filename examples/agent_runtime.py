@@ -66,26 +66,11 @@ def saga_store() -> Iterator[SagaStore]:
 def _run_jobs(store: SagaStore, stop: threading.Event) -> None:
     """The embedded store lives in this process: run its queued steps and unwinds
     here, in order, with the workers' own code."""
-    from saga_store.workers.compensator import Compensator
-    from saga_store.workers.step import StepRunner
-
-    from saga_store.execution import jobs
-    from saga_store.log.stream import command
-    steps, unwinds = StepRunner(store, "example"), Compensator(store, "example")
+    from saga_store.workers.inline import InlineRunner
+    runner = InlineRunner(store, "example")
     while not stop.is_set():
-        raw = command(store.redis, "LPOP", jobs.queue_key(jobs.STEP_QUEUE)) or \
-            command(store.redis, "LPOP", jobs.queue_key(jobs.COMPENSATION_QUEUE))
-        if raw is None:
+        if not runner.run_one():
             time.sleep(0.005)  # an embedded list cannot block across threads
-            continue
-        decoded = jobs.decode(command(store.redis, "HGET", jobs.job_key(raw.decode()), "data"))
-        if decoded is None:
-            continue
-        func, args = decoded
-        if func == jobs.STEP_FUNC:
-            steps.run(str(args[0]), int(args[1]), int(args[2]))
-        else:
-            unwinds.run(str(args[0]))
 
 
 def real_model(*names: str) -> str | None:
