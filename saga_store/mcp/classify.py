@@ -47,6 +47,7 @@ class Classification:
     source: str = "none"  # tools-map, _meta, annotations, none
     server_readonly: bool = False  # only the server says it is read-only
     secret: frozenset[str] = frozenset()  # arguments never written to the log
+    probe: Compensation | None = None  # asks the server whether an in-doubt call happened
 
     def for_policy(self, trust_server_hints: bool) -> str:
         if self.server_readonly and not trust_server_hints:
@@ -91,8 +92,31 @@ def load_tools_map(path: str | Path) -> dict[str, Classification]:
             if leaked:
                 raise InvalidInput(f"{where}: compensation argument(s) {leaked} would copy a "
                                    "secret into the log; map an id from the output instead")
-        out[name] = Classification(rev, compensation, "tools-map", secret=frozenset(secret))
+        probe = _probe(entry.get("probe"), where)
+        out[name] = Classification(rev, compensation, "tools-map", secret=frozenset(secret),
+                                   probe=probe)
     return out
+
+
+def _probe(raw: Any, where: str) -> Compensation | None:
+    """``probe = { tool = "...", args = { param = "$.input.x" } }``: a read-only tool
+    that answers, for an in-doubt call, ``{"happened": false}`` or what it made."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or not isinstance(raw.get("tool"), str) \
+            or not isinstance(raw.get("args") or {}, dict):
+        raise InvalidInput(f"{where}: probe = {{ tool = \"...\", args = {{ param = "
+                           "\"$.input.x\" }} }}")
+    args = dict(raw.get("args") or {})
+    for param, path in args.items():
+        try:
+            root = parts_of(path)[0]
+        except MappingError:
+            root = ""
+        if root != "input":  # an in-doubt call has no output to map from
+            raise InvalidInput(f"{where}: probe argument {param!r} must map from "
+                               f"'$.input.<field>', got {path!r}")
+    return Compensation(raw["tool"], args)
 
 
 def _compensation(raw: Any, where: str, rev: str) -> Compensation | None:

@@ -35,7 +35,7 @@ from saga_store.approval import notify
 from saga_store.approval import requests as approvals
 from saga_store.approval.policy import Decision, Policy, Verdict
 from saga_store.client.context import project, tell
-from saga_store.errors import ConflictError, FencedOff, InvalidInput, KeyReuseError
+from saga_store.errors import ConflictError, FencedOff, InvalidInput, KeyReuseError, MappingError
 from saga_store.execution.idempotency import DedupeRecords, args_digest, explicit_key, step_key
 from saga_store.ids import new_id
 from saga_store.log.canonical import canonical
@@ -45,6 +45,7 @@ from saga_store.mcp.classify import Classification, classify
 from saga_store.mcp.leases import Leases
 from saga_store.protocol import build, unwind
 from saga_store.protocol.forward import commit_blocker
+from saga_store.protocol.mapping import resolve_all
 from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.state import SagaState, Status, StepState, fold
 from saga_store.protocol.vocab import Approval, OutcomeKind, Phase, StepStatus
@@ -572,10 +573,14 @@ class Gateway:
             self._apply(writer, st, [build.saga_resumed(st.reason)])
         undone: list[str] = []
         catalogue = GatewayCatalogue(self)
+        probed: set[int] = set()
         while True:
-            act = unwind.next_action(st, catalogue)
+            act = unwind.next_action(st, catalogue, frozenset(probed))
             if isinstance(act, unwind.Append):
                 self._apply(writer, st, act.items)
+            elif isinstance(act, unwind.Probe):
+                probed.add(act.step)
+                self._apply(writer, st, unwind.probed(act, await self._probe(act, st)))
             elif isinstance(act, unwind.Compensate):
                 self._apply(writer, st, [act.intent])
                 out = _as_outcome(await self._call(act.undo.tool, act.args, act.key))
@@ -592,11 +597,27 @@ class Gateway:
                 self._close(writer)
                 notify.needs_attention(writer.saga_id, st.agent_id, act.attention)
                 return ("needs attention" if act.attention else "compensated"), undone
-            elif isinstance(act, unwind.Done):
+            else:
                 self._project(writer)
                 return str(act.status), undone
-            else:  # probes are the workers'; a gateway's tools declare none
-                raise AssertionError(f"unexpected unwind action {act!r}")
+
+    async def _probe(self, act: unwind.Probe, st: SagaState) -> Any:
+        """Ask the server's probe tool whether the in-doubt call happened: its
+        structured answer ``{"happened": false}``, or the call's result as the
+        gateway logs results; None when the probe could not tell."""
+        step = st.steps[act.step]
+        probe = self.classification(step.tool or "").probe
+        assert probe is not None
+        try:
+            args = resolve_all(probe.args, step.args or {}, None)
+        except MappingError:
+            return None
+        out = await self._call(act.tool, args, f"{step.idem_key}:probe")
+        if not out.ok or out.in_doubt:
+            return None
+        if isinstance(out.structured, dict) and out.structured.get("happened") is False:
+            return {"happened": False}
+        return out.logged()
 
     def _apply(self, writer: ChainWriter, st: SagaState, items: list[build.Item]) -> None:
         """Append ``items`` (with the gateway's lease) and fold them into ``st``."""
@@ -652,7 +673,8 @@ class GatewayCatalogue:
         return unwind.Undo(cls.compensation.tool, cls.compensation.args)
 
     def probe_of(self, st: StepState) -> str | None:
-        return None
+        probe = self.gateway.classification(st.tool or "").probe
+        return probe.tool if probe is not None else None
 
 
 def _as_outcome(out: CallOutcome) -> Outcome:
