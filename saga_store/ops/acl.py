@@ -23,6 +23,7 @@ seq 0), and a cut tail shows against the ledger or an anchor.
 
 from __future__ import annotations
 
+from saga_store import keys
 from saga_store.errors import InvalidInput
 from saga_store.ids import check_id
 
@@ -36,23 +37,25 @@ CONNECTION = ["+ping", "+hello", "+auth", "+info", "+client|setname", "+client|g
 SIDE_WRITES = ["+hset", "+hsetnx", "+hincrby", "+set", "+pexpire", "+expire", "+zadd", "+zrem",
                "+sadd", "+srem", "+xadd"]
 SCRIPTS = ["+evalsha", "+eval"]
-LEDGER_QUEUE = ("~ss:ledger:{*}:pending", "+rpush", "+ltrim", "+lpop")
+P = keys.PREFIX  # every pattern below is of the key schema in keys.py
+LEDGER_QUEUE = (f"~{P}:ledger:{{*}}:pending", "+rpush", "+ltrim", "+lpop")
 
 
 def worker_rules() -> list[str]:
     """Rules (after ``ACL SETUSER name reset``) for ``saga worker`` processes."""
-    side = ["~ss:{*}:meta", "~ss:{*}:lease", "~ss:{*}:secrets", "~ss:{*}:blob:*",
-            "~ss:idem:*", "~ss:ctx:*", "~ss:active", "~ss:needs_attention", "~ss:approvals",
-            "~ss:gateway:*",  # the MCP gateway runs calls like a worker: it uses this user
-            "~ss:ledger:{*}:meta", "~ss:ledger:{*}:lease"]
+    side = [f"~{P}:{{*}}:meta", f"~{P}:{{*}}:lease", f"~{P}:{{*}}:secrets",
+            f"~{P}:{{*}}:blob:*", f"~{P}:idem:*", f"~{P}:ctx:*", f"~{P}:active",
+            f"~{P}:needs_attention", f"~{P}:approvals",
+            f"~{P}:gateway:*",  # the MCP gateway runs calls like a worker: it uses this user
+            f"~{P}:ledger:{{*}}:meta", f"~{P}:ledger:{{*}}:lease"]
     return [
         # RQ's keys and channels: RQ's own bookkeeping, including its deletes
         "resetchannels", "&rq:*", "~rq:*", "+@all", "-@dangerous", *CONNECTION,
         *[f"-{c}" for c in FORBIDDEN if c not in ("del", "unlink")],
         # Saga Store's keys: read all, run the append script, append to logs only
-        _selector("%R~ss:*", "+@read", "-keys", *SCRIPTS, "+scan"),
-        _selector("~ss:*", *SCRIPTS),
-        _selector("~ss:*:log", "+xadd"),
+        _selector(f"%R~{P}:*", "+@read", "-keys", *SCRIPTS, "+scan"),
+        _selector(f"~{P}:*", *SCRIPTS),
+        _selector(f"~{P}:*:log", "+xadd"),
         _selector(*side, *SIDE_WRITES),
         _selector(*LEDGER_QUEUE),
     ]
@@ -65,18 +68,19 @@ def agent_rules(agent_id: str, saga_prefix: str) -> list[str]:
         raise InvalidInput("a saga prefix needs at least one character and no glob or key "
                            "characters (* ? [ ] \\ { } : space); for example 'agent-a-'",
                            field="saga_prefix")
-    mine = f"ss:{{{saga_prefix}*}}"
+    mine = f"{P}:{{{saga_prefix}*}}"
     return [
         "resetchannels", "&rq:*", "-@all", *CONNECTION,
         # enqueue steps: RQ's job hash and queue list, nothing else of RQ's
         "~rq:job:*", "~rq:queue:*", "~rq:queues", "+hset", "+expire", "+rpush", "+sadd",
         "+hget", "+hgetall", "+llen",
-        _selector(f"%R~{mine}:*", "%R~ss:ledger:*", f"%R~ss:ctx:{{{agent_id}}}", "+@read",
+        _selector(f"%R~{mine}:*", f"%R~{P}:ledger:*", f"%R~{P}:ctx:{{{agent_id}}}", "+@read",
                   "-keys", "-scan"),
-        _selector(f"~{mine}:*", "~ss:ledger:*", *SCRIPTS),
-        _selector(f"~{mine}:log", "~ss:ledger:{*}:log", "+xadd"),
+        _selector(f"~{mine}:*", f"~{P}:ledger:*", *SCRIPTS),
+        _selector(f"~{mine}:log", f"~{P}:ledger:{{*}}:log", "+xadd"),
         _selector(f"~{mine}:meta", f"~{mine}:lease", f"~{mine}:secrets", f"~{mine}:blob:*",
-                  "~ss:ledger:{*}:meta", "~ss:ledger:{*}:lease", "~ss:idem:*", "~ss:active",
+                  f"~{P}:ledger:{{*}}:meta", f"~{P}:ledger:{{*}}:lease", f"~{P}:idem:*",
+                  f"~{P}:active",
                   *SIDE_WRITES),
         _selector(*LEDGER_QUEUE),
     ]
