@@ -9,7 +9,7 @@ import click
 
 from saga_store import keys
 from saga_store.errors import AnchorMismatch
-from saga_store.ids import check_id
+from saga_store.ids import check_saga_id
 from saga_store.log.chain import Chain
 from saga_store.log.ledger import read_anchor
 from saga_store.log.store import EventStore
@@ -50,7 +50,7 @@ def verify(ctx: Context, saga_id: str | None, anchor_file: str | None,
             click.echo("error: --file verifies a whole export; drop --saga/--anchor", err=True)
             sys.exit(EXIT_USAGE)
         if saga_id:
-            check_id(saga_id, "saga_id")
+            check_saga_id(saga_id)
         anchor = read_anchor(_read(anchor_file)) if anchor_file else None
         if export_file:
             total = _count_lines(export_file) if sys.stderr.isatty() and not as_json else None

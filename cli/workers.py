@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from saga_store.client.api import SagaStore
 from saga_store.errors import InvalidInput
 from saga_store.execution import jobs
-from saga_store.ids import check_id
+from saga_store.ids import check_saga_id
 from saga_store.tools.registry import Registry
 
 from .common import (
@@ -224,7 +224,7 @@ def _read_plan(path: str) -> Plan:
 def resume(ctx: Context, saga_id: str) -> None:
     """Retry the unwind of a stuck saga after fixing its cause."""
     with errors_to_exit():
-        check_id(saga_id, "saga_id")
+        check_saga_id(saga_id)
         store = SagaStore(ctx.store().redis, Registry(), ctx.settings)
         if not store.resume(saga_id):
             click.echo(f"error: saga {saga_id} is {store.state(saga_id).status}, not stuck",
@@ -257,7 +257,7 @@ def resolve(ctx: Context, saga_id: str, step: int, by: str | None, note: str) ->
 def abort(ctx: Context, saga_id: str, reason: str) -> None:
     """Stop a saga going forward and compensate what it did."""
     with errors_to_exit():
-        check_id(saga_id, "saga_id")
+        check_saga_id(saga_id)
         store = SagaStore(ctx.store().redis, Registry(), ctx.settings)
         if not store.abort(saga_id, reason):
             click.echo(f"error: saga {saga_id} is not going forward "

@@ -8,6 +8,7 @@ Cluster hash tag, and ``*`` / ``?`` / ``[`` would turn into glob patterns.
 from __future__ import annotations
 
 import os
+import re
 import time
 
 from saga_store.errors import InvalidInput
@@ -31,6 +32,23 @@ def check_id(value: object, what: str = "id") -> str:
                 f"{what} {value[:40]!r} contains {ch!r}; use letters, digits and . _ - / @ + =",
                 field=what,
             )
+    return value
+
+
+SAGA_ID = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_ID_LEN}}}")
+
+
+def check_saga_id(value: object) -> str:
+    """A saga id: letters, digits, ``_`` and ``-`` only, 1-128 of them. Stricter than
+    other ids because a saga id is part of its RQ job ids, and RQ refuses (with a
+    ``ValueError`` in the worker) any other character."""
+    if not isinstance(value, str) or not value or len(value) > MAX_ID_LEN:
+        return check_id(value, "saga_id")  # says what is wrong with its type or length
+    if not SAGA_ID.fullmatch(value):
+        bad = next(c for c in value if not (c.isascii() and (c.isalnum() or c in "_-")))
+        raise InvalidInput(f"saga_id {value[:40]!r} contains {bad!r}; a saga id takes only "
+                           "letters, digits, _ and - (it is part of its queue jobs' ids)",
+                           field="saga_id")
     return value
 
 

@@ -30,7 +30,7 @@ from saga_store.client.context import project, tell
 from saga_store.errors import ConflictError, FencedOff, InvalidInput, UnknownTool
 from saga_store.execution.enqueue import enqueue_compensation, enqueue_step, intent
 from saga_store.faults import fault
-from saga_store.ids import check_id
+from saga_store.ids import check_saga_id
 from saga_store.log.events import EventKind as K
 from saga_store.log.pipeline import execute, lean
 from saga_store.log.store import ChainWriter
@@ -80,7 +80,7 @@ class StepRunner:
         """Handle one delivery; returns what happened (for logs and metrics).
         ``extra(pipe)`` adds the job's acknowledgement to the last round trip;
         ``reads`` are the log reads of :func:`queue_reads`, if already done."""
-        check_id(saga_id, "saga_id")
+        check_saga_id(saga_id)
         fault("after_dequeue")
         for _ in range(MAX_REDECIDE):
             view = self.read(saga_id, step, intent_seq, reads)

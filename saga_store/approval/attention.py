@@ -18,7 +18,7 @@ import redis
 
 from saga_store import keys
 from saga_store.errors import InvalidInput, NoSuchSaga, no_such_saga
-from saga_store.ids import check_id
+from saga_store.ids import check_saga_id
 from saga_store.log.stream import SagaLog
 from saga_store.protocol.state import Status, fold
 
@@ -59,7 +59,7 @@ def acknowledge(client: redis.Redis, saga_id: str, by: str, note: str = "") -> N
     """Record that ``by`` dealt with a saga that needed attention, and take it off
     the list (and the ``saga_sagas{state="needs_attention"}`` gauge), in one
     transaction. Raises :class:`InvalidInput` if the saga is not on the list."""
-    check_id(saga_id, "saga_id")
+    check_saga_id(saga_id)
     by = by.strip()
     if not by or len(by) > MAX_NAME or any(c in by for c in "\n\r"):
         raise InvalidInput(f"--by must name who acts (1-{MAX_NAME} characters, one line)",

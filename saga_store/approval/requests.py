@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from saga_store import keys
 from saga_store.errors import ConflictError, FencedOff, InvalidInput, NoSuchSaga, no_such_saga
 from saga_store.execution.enqueue import enqueue_step, now_ms
-from saga_store.ids import check_id
+from saga_store.ids import check_saga_id
 from saga_store.log.pipeline import lean
 from saga_store.log.stream import command
 from saga_store.protocol import build
@@ -116,7 +116,7 @@ def pending(store: SagaStore, limit: int = 1000) -> list[Pending]:
 def decide(store: SagaStore, saga_id: str, step: int, *, grant: bool, by: str,
            reason: str = "") -> None:
     """Record a person's decision on a pending approval and queue the step again."""
-    check_id(saga_id, "saga_id")
+    check_saga_id(saga_id)
     by = by.strip()
     if not by or len(by) > MAX_NAME or any(c in by for c in "\n\r"):
         raise InvalidInput(f"--by must name who decides (1-{MAX_NAME} characters, one line)",

@@ -29,7 +29,7 @@ from saga_store.execution import jobs
 from saga_store.execution.enqueue import enqueue_compensation, enqueue_step, intent, now_ms
 from saga_store.execution.idempotency import DedupeRecords
 from saga_store.faults import fault
-from saga_store.ids import check_id, new_id
+from saga_store.ids import check_id, check_saga_id, new_id
 from saga_store.log.pipeline import execute, lean
 from saga_store.log.store import EventStore, Opening
 from saga_store.ops.connection import connect
@@ -142,7 +142,7 @@ class SagaStore:
     def _prepare(self, plan: list[tuple[Any, Any, str]], agent_id: str,
                  conversation_id: str | None, saga_id: str | None) -> _Planned:
         """A validated plan's opening, encoded (a plan with secrets gets its salt)."""
-        sid = check_id(saga_id, "saga_id") if saga_id else new_id()
+        sid = check_saga_id(saga_id) if saga_id else new_id()
         logged_plan: list[dict[str, Any]] = []
         secret_values: dict[int, dict[str, Any]] = {}
         salt = self.secrets.salt(sid) if any(s.secret for s, _, _ in plan) else b""
@@ -190,7 +190,7 @@ class SagaStore:
     def wait(self, saga_id: str, timeout: float | None = None) -> SagaState:
         """Block until the saga is final (committed, compensated, needs attention)
         or stuck; returns its state. Raises :class:`StepPending` on timeout."""
-        check_id(saga_id, "saga_id")
+        check_saga_id(saga_id)
         state = fold(saga_id, self.events.log.bodies(saga_id))
         return self.follow(state, lambda st: st.final or st.status is Status.STUCK, timeout)
 

@@ -17,7 +17,7 @@ import redis
 from saga_store import keys
 from saga_store.errors import ConflictError, IntegrityError, InvalidInput, NoSuchSaga, no_such_saga
 from saga_store.faults import fault
-from saga_store.ids import check_id, new_id
+from saga_store.ids import check_id, check_saga_id, new_id
 from saga_store.log.events import EventKind as K
 from saga_store.log.events import body_dict
 from saga_store.log.ledger import CLOSE_FLAG, OPEN_FLAG, Ledger
@@ -77,7 +77,7 @@ class EventStore:
                      lease: Lease | None = None) -> Opening:
         """The opening append of :meth:`open`, encoded, to send in a pipeline."""
         check_id(agent_id, "agent_id")
-        sid = check_id(saga_id, "saga_id") if saga_id is not None else new_id()
+        sid = check_saga_id(saga_id) if saga_id is not None else new_id()
         if conversation_id is not None:
             check_id(conversation_id, "conversation_id")
         payload = dict(data or {})
@@ -99,7 +99,7 @@ class EventStore:
     def writer(self, saga_id: str) -> ChainWriter:
         """A writer for an existing saga, positioned at its current head; raises
         :class:`NoSuchSaga` for an id that names no saga."""
-        check_id(saga_id, "saga_id")
+        check_saga_id(saga_id)
         head = self.log.head(saga_id)
         if head.empty:
             raise NoSuchSaga(no_such_saga(saga_id))
@@ -107,7 +107,7 @@ class EventStore:
 
     def exists(self, saga_id: str) -> bool:
         """Whether ``saga_id`` names a saga (its log exists); checks the id first."""
-        check_id(saga_id, "saga_id")
+        check_saga_id(saga_id)
         return bool(command(self.redis, "EXISTS", keys.saga_log(saga_id)))
 
     def require(self, saga_id: str) -> None:
@@ -143,7 +143,7 @@ class EventStore:
         return paid
 
     def state(self, saga_id: str) -> SagaState:
-        check_id(saga_id, "saga_id")
+        check_saga_id(saga_id)
         try:
             with paused_gc():
                 return fold(saga_id, self.log.bodies(saga_id))

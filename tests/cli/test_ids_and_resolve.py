@@ -119,3 +119,17 @@ def test_a_saga_stuck_on_a_bad_mapping_is_resolved_by_a_person_and_acknowledged(
     assert run(redis_url, "attention", "--ack", sid, "--note", "checked").exit_code == 0
     assert not client.sismember(keys.NEEDS_ATTENTION, sid)
     assert run(redis_url, "verify").exit_code == 0
+
+
+@pytest.mark.parametrize("sid", ["order.1", "a/b", "me@x", "a+b", "k=v", "ünï"])
+def test_a_saga_id_rq_would_refuse_is_refused_before_anything_is_written(
+        saga_store: SagaStore, client: redis.Redis, sid: str) -> None:
+    """RQ refuses job ids with . / @ + = (a worker building one would die); a saga id
+    is checked against that rule before a key is written."""
+    from saga_store import InvalidInput
+    before = snapshot(client)
+    with pytest.raises(InvalidInput, match="a saga id takes only letters, digits"):
+        saga_store.submit([{"tool": "noop", "args": {}}], agent_id="a", saga_id=sid)
+    with pytest.raises(InvalidInput, match="a saga id takes only letters, digits"):
+        saga_store.saga(agent_id="a", saga_id=sid)
+    assert snapshot(client) == before

@@ -63,3 +63,22 @@ def test_any_single_byte_change_in_an_export_is_detected(tmp_path: Path, pos: in
         i = (i + 1) % len(body)  # a newline is a line boundary, not event content
     path.write_bytes(raw[:header_end] + _flip(body, i, delta))
     assert not verify_file(path, Chain(None)).ok
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(min_size=1, max_size=140))
+def test_a_saga_id_that_is_accepted_makes_job_ids_rq_accepts(text: str) -> None:
+    """One definition of a saga id, checked against RQ's own rule for job ids: an id
+    check_saga_id accepts never makes a worker raise on its jobs; one it refuses is
+    refused with InvalidInput before anything is written."""
+    from rq.job import validate_job_id
+
+    from saga_store.errors import InvalidInput
+    from saga_store.execution import jobs
+    from saga_store.ids import check_saga_id
+    try:
+        sid = check_saga_id(text)
+    except InvalidInput:
+        return
+    validate_job_id(jobs.step_job_id("ab" * 32, 7, sid))
+    validate_job_id(jobs.compensation_job_id(sid))
