@@ -1,5 +1,5 @@
 """The peer workload: N concurrent 5-step workflows of 10 ms I/O tools, with and
-without 20% failing at step 3, through Saga EventStore (durable) beside an in-memory
+without 20% failing at step 3, through Saga Store (durable) beside an in-memory
 asyncio saga engine (no durability), in the same run.
 
     python -m benchmarks.bench_workflows [--workers 26] [--quick]

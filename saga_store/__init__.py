@@ -1,4 +1,4 @@
-"""Saga EventStore: durable, verifiable sagas for AI agent tool calls.
+"""Saga Store: durable, verifiable sagas for AI agent tool calls.
 
 >>> from saga_store import tool, Reversibility
 """

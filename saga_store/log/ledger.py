@@ -184,7 +184,7 @@ class Ledger:
                 if body is None:
                     break
                 bodies.append(body)
-            if not bodies:  # written by something else than Saga EventStore: set it aside
+            if not bodies:  # written by something else than Saga Store: set it aside
                 log.error("ledger: pending entry is not a ledger entry, dropped: %r",
                           rows[0][:200])
                 r.lpop(keys.LEDGER_PENDING)

@@ -1,4 +1,4 @@
-"""Helpers for testing code built on Saga EventStore (and for Saga Store's own tests).
+"""Helpers for testing code built on Saga Store (and for Saga Store's own tests).
 
 ``RedisServer`` runs a private ``redis-server`` on a free loopback port with
 AOF on, in a temporary directory, and removes it afterwards: tests never touch
