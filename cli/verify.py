@@ -63,7 +63,8 @@ def verify(ctx: Context, saga_id: str | None, anchor_file: str | None,
         store = ctx.store()
         if saga_id:
             store.require(saga_id)
-        store.ledger.flush()  # chain what is pending first, when this user may write
+        # no write: what is pending is read as it is and checked against the chains
+        # (sealing is the workers' job, and a verifier never blesses what it checks)
         total = _count_events(store, saga_id) if sys.stderr.isatty() and not as_json else None
         update, close = progress_reporter(not as_json, total, "verifying")
         try:

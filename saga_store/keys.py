@@ -16,6 +16,8 @@ touches a single Redis Cluster slot.
     ss:ledger:{ledger}:pending list  ledger entries written, not yet chained (the
                                    sealer chains them in batches)
     ss:ledger:{ledger}:lease string  the sealer's lease
+    ss:ledger:{ledger}:rejected stream  pending entries the sealer refused to chain
+                                   (their saga's chain does not bear them out), with why
     ss:idem:{<key>}       hash     dedupe record of one idempotency key
     ss:ctx:{<agent_id>}   stream   context-sync events for one agent
     ss:active             zset     sagas with work in flight, scored by the time
@@ -38,6 +40,7 @@ LEDGER_ID = "ledger"
 LEDGER_LOG = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:log"
 LEDGER_PENDING = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:pending"
 LEDGER_LEASE = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:lease"
+LEDGER_REJECTED = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:rejected"
 
 
 def saga_log(saga_id: str) -> str:

@@ -65,6 +65,10 @@ SEAL_BATCH = 500
 SEAL_AT = 64  # a deferred writer whose entry makes 64, 128, ... pending seals them
 SEAL_LEASE_MS = 5000
 _KINDS = (EventKind.LEDGER_OPENED, EventKind.LEDGER_CLOSED)
+# the final events, by the state a ledger close records for them
+CLOSING_KINDS: dict[Any, str] = {EventKind.SAGA_COMMITTED: "committed",
+                                 EventKind.SAGA_COMPENSATED: "compensated",
+                                 EventKind.SAGA_NEEDS_ATTENTION: "needs_attention"}
 Then = Callable[[list[Any]], int]  # takes the pipeline's replies; returns entries sealed
 
 
@@ -145,6 +149,15 @@ class Ledger:
                 return left
             time.sleep(0.01)
 
+    def rejected(self) -> list[tuple[bytes, str]]:
+        """Entries the sealer refused to chain, with why, oldest first."""
+        rows = command(self.log.raw, "XRANGE", keys.LEDGER_REJECTED, "-", "+", "COUNT", 1000)
+        out = []
+        for _eid, fields in rows:
+            named = dict(zip(fields[::2], fields[1::2], strict=False))
+            out.append((named.get(b"entry", b""), named.get(b"why", b"").decode()))
+        return out
+
     def pending(self) -> list[dict[str, Any]]:
         """The bodies of entries written and not yet chained, oldest first."""
         raw = command(self.log.redis, "LRANGE", keys.LEDGER_PENDING, 0, -1)
@@ -184,10 +197,19 @@ class Ledger:
                 if body is None:
                     break
                 bodies.append(body)
-            if not bodies:  # written by something else than Saga Store: set it aside
-                log.error("ledger: pending entry is not a ledger entry, dropped: %r",
+            why = self._underived(bodies)
+            if why:  # only entries the sagas' own chains bear out are chained
+                bodies = bodies[:next(i for i, w in enumerate(why) if w)]
+            if not bodies:  # forged, or written by something else than Saga Store
+                reason = why[0] if why else "not a ledger entry"
+                log.error("ledger: pending entry rejected (%s), never chained: %r", reason,
                           rows[0][:200])
-                r.lpop(keys.LEDGER_PENDING)
+                if self.log.metrics is not None:
+                    self.log.metrics.verify_failures.inc()
+                pipe = r.pipeline(transaction=False)  # kept for 'saga verify' to report
+                pipe.xadd(keys.LEDGER_REJECTED, {"entry": rows[0], "why": reason})
+                pipe.lpop(keys.LEDGER_PENDING)  # this sealer holds the lease: it is the head
+                pipe.execute()
                 continue
             final = len(rows) < SEAL_BATCH and len(bodies) == len(rows)
             call = self.log.prepare(keys.LEDGER_ID, bodies, head,
@@ -209,6 +231,19 @@ class Ledger:
             if final:
                 return sealed, left
         raise StoreUnavailable("ledger seal kept losing the race; is something rewriting it?")
+
+    def _underived(self, bodies: list[dict[str, Any]]) -> list[str | None]:
+        """For each pending entry, why its saga's chain does not bear it out (None: it
+        does); an empty list when every one is derived. One pipelined read."""
+        pipe: Any = self.log.raw.pipeline(transaction=False)
+        for body in bodies:
+            data = body["data"]
+            seq = 0 if body["kind"] == EventKind.LEDGER_OPENED else _int(data.get("seq"))
+            eid = keys.entry_id(max(seq, 0))
+            pipe.execute_command("XRANGE", keys.saga_log(data["saga_id"]), eid, eid)
+        why = [underived(body, rows[0] if rows else None)
+               for body, rows in zip(bodies, pipe.execute(), strict=True)]
+        return why if any(why) else []
 
     # -- anchors ---------------------------------------------------------
 
@@ -265,6 +300,33 @@ def read_anchor(text: bytes) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise InvalidInput("anchor file must hold a JSON object; make one with 'saga anchor'")
     return doc
+
+
+def underived(entry: dict[str, Any], row: Any) -> str | None:
+    """Why ``entry`` (a ledger entry's body) is not borne out by ``row``, the stored
+    event it names in its saga's chain (the first for an opening, the one at its
+    seq for a close); None when it is. A close must name a final event."""
+    data = entry["data"]
+    if row is None:
+        return "the saga has no such event"
+    body, h = body_and_hash(row[1])
+    try:
+        ev = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return "the event it names is not an event"
+    if entry["kind"] == EventKind.LEDGER_OPENED:
+        if ev.get("kind") != EventKind.SAGA_STARTED or data.get("first") != h.hex():
+            return "its first hash is not the saga's first event"
+        return None
+    if data.get("hash") != h.hex():
+        return f"its hash is not that of the saga's event {data.get('seq')}"
+    if CLOSING_KINDS.get(ev.get("kind")) != data.get("state"):
+        return f"the saga's event {data.get('seq')} is not a close as {data.get('state')}"
+    return None
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
 
 
 def _entry(raw: bytes) -> dict[str, Any] | None:

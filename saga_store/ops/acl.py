@@ -47,7 +47,8 @@ def worker_rules() -> list[str]:
             f"~{P}:{{*}}:blob:*", f"~{P}:idem:*", f"~{P}:ctx:*", f"~{P}:active",
             f"~{P}:needs_attention", f"~{P}:approvals",
             f"~{P}:gateway:*",  # the MCP gateway runs calls like a worker: it uses this user
-            f"~{P}:ledger:{{*}}:meta", f"~{P}:ledger:{{*}}:lease"]
+            f"~{P}:ledger:{{*}}:meta", f"~{P}:ledger:{{*}}:lease",
+            f"~{P}:ledger:{{*}}:rejected"]
     return [
         # RQ's keys and channels: RQ's own bookkeeping, including its deletes
         "resetchannels", "&rq:*", "~rq:*", "+@all", "-@dangerous", *CONNECTION,
@@ -79,7 +80,8 @@ def agent_rules(agent_id: str, saga_prefix: str) -> list[str]:
         _selector(f"~{mine}:*", f"~{P}:ledger:*", *SCRIPTS),
         _selector(f"~{mine}:log", f"~{P}:ledger:{{*}}:log", "+xadd"),
         _selector(f"~{mine}:meta", f"~{mine}:lease", f"~{mine}:secrets", f"~{mine}:blob:*",
-                  f"~{P}:ledger:{{*}}:meta", f"~{P}:ledger:{{*}}:lease", f"~{P}:idem:*",
+                  f"~{P}:ledger:{{*}}:meta", f"~{P}:ledger:{{*}}:lease",
+                  f"~{P}:ledger:{{*}}:rejected", f"~{P}:idem:*",
                   f"~{P}:active",
                   *SIDE_WRITES),
         _selector(*LEDGER_QUEUE),

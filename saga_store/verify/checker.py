@@ -20,6 +20,8 @@ and names a reason class:
     saga_deleted    the ledger opened a saga that no longer exists
     unregistered    a saga with events that the ledger never opened
     ledger_conflict the ledger holds two different openings or closes of the saga
+    forged_close    the ledger closed the saga at an event that is not its close
+    forged_entry    someone pushed ledger entries that no saga's chain bears out
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from saga_store import keys
 from saga_store.log.chain import Chain
 from saga_store.log.events import KNOWN_KINDS, SCHEMA_VERSION
 from saga_store.log.events import EventKind as K
-from saga_store.log.ledger import Ledger
+from saga_store.log.ledger import CLOSING_KINDS, Ledger
 from saga_store.log.stream import SagaLog, body_and_hash
 from saga_store.verify.invariants import Invariants
 
@@ -195,6 +197,7 @@ class LedgerView:
     opened: dict[str, bytes] = field(default_factory=dict)  # saga -> first hash
     closed: dict[str, tuple[int, bytes]] = field(default_factory=dict)  # saga -> (seq, hash)
     conflicts: dict[str, str] = field(default_factory=dict)  # saga -> what disagrees
+    closed_as: dict[str, str] = field(default_factory=dict)  # saga -> the state it closed in
 
     def note(self, ev: dict[str, Any]) -> str | None:
         """Fold one ledger event; returns a reason if it is malformed. The same entry
@@ -213,6 +216,7 @@ class LedgerView:
                 end = (int(data["seq"]), bytes.fromhex(str(data["hash"])))
                 if self.closed.setdefault(sid, end) != end:
                     self.conflicts[sid] = "the ledger closed this saga twice, differently"
+                self.closed_as.setdefault(sid, str(data.get("state")))
         except (KeyError, TypeError, ValueError):
             return f"malformed ledger entry for saga {sid}"
         return None
@@ -250,6 +254,10 @@ def cross_check(rep: ChainReport, view: LedgerView) -> None:
         rep.fail(seq + 1, "invariant", f"events after the ledger closed the saga at seq {seq}")
     elif rep.head_hash != h:
         rep.fail(seq, "rewritten", "final hash differs from the one the ledger recorded")
+    elif CLOSING_KINDS.get(rep.last_kind) != view.closed_as.get(sid):
+        rep.fail(seq, "forged_close", f"the ledger closed this saga at seq {seq} as "
+                 f"{view.closed_as.get(sid)}, but that event is a {rep.last_kind}: the "
+                 "close was not written by the saga's own close")
 
 
 @dataclass
@@ -324,6 +332,13 @@ class Verifier:
         if ledger.ok:
             for rep in reports:
                 cross_check(rep, view)
+        rejected = Ledger(self.log).rejected()
+        if rejected:
+            entry, why = rejected[0]
+            ledger.fail(ledger.head_seq + 1, "forged_entry",
+                        f"{len(rejected)} pending ledger entries were refused by the sealer "
+                        f"because their sagas' chains do not bear them out; the first ({why}): "
+                        f"{entry[:160]!r}")
         return VerifyResult([ledger, *reports])
 
     def _check_many(self, ids: list[str], progress: Progress | None) -> list[ChainReport]:
