@@ -191,25 +191,12 @@ class Ledger:
                 pipe.llen(keys.LEDGER_PENDING)
                 return sealed, pipe.execute()[1]
             head = head_of(last[0]) if last else EMPTY
-            bodies = []
-            for raw in rows:
-                body = _entry(raw)
-                if body is None:
-                    break
-                bodies.append(body)
-            why = self._underived(bodies)
-            if why:  # only entries the sagas' own chains bear out are chained
-                bodies = bodies[:next(i for i, w in enumerate(why) if w)]
+            parsed = [_entry(raw) for raw in rows]
+            why = self._underived(parsed)  # only what the sagas' chains bear out is chained
+            good = next((i for i, w in enumerate(why) if w), len(rows))
+            bodies = [b for b in parsed[:good] if b is not None]
             if not bodies:  # forged, or written by something else than Saga Store
-                reason = why[0] if why else "not a ledger entry"
-                log.error("ledger: pending entry rejected (%s), never chained: %r", reason,
-                          rows[0][:200])
-                if self.log.metrics is not None:
-                    self.log.metrics.verify_failures.inc()
-                pipe = r.pipeline(transaction=False)  # kept for 'saga verify' to report
-                pipe.xadd(keys.LEDGER_REJECTED, {"entry": rows[0], "why": reason})
-                pipe.lpop(keys.LEDGER_PENDING)  # this sealer holds the lease: it is the head
-                pipe.execute()
+                self._reject(rows, why)
                 continue
             final = len(rows) < SEAL_BATCH and len(bodies) == len(rows)
             call = self.log.prepare(keys.LEDGER_ID, bodies, head,
@@ -232,18 +219,40 @@ class Ledger:
                 return sealed, left
         raise StoreUnavailable("ledger seal kept losing the race; is something rewriting it?")
 
-    def _underived(self, bodies: list[dict[str, Any]]) -> list[str | None]:
+    def _underived(self, parsed: list[dict[str, Any] | None]) -> list[str | None]:
         """For each pending entry, why its saga's chain does not bear it out (None: it
-        does); an empty list when every one is derived. One pipelined read."""
+        does). One pipelined read of the events the entries name."""
         pipe: Any = self.log.raw.pipeline(transaction=False)
-        for body in bodies:
+        named = [b for b in parsed if b is not None]
+        for body in named:
             data = body["data"]
             seq = 0 if body["kind"] == EventKind.LEDGER_OPENED else _int(data.get("seq"))
             eid = keys.entry_id(max(seq, 0))
             pipe.execute_command("XRANGE", keys.saga_log(data["saga_id"]), eid, eid)
-        why = [underived(body, rows[0] if rows else None)
-               for body, rows in zip(bodies, pipe.execute(), strict=True)]
-        return why if any(why) else []
+        found = iter(pipe.execute() if named else [])
+        out: list[str | None] = []
+        for entry in parsed:
+            if entry is None:
+                out.append("not a ledger entry")
+            else:
+                rows = next(found)
+                out.append(underived(entry, rows[0] if rows else None))
+        return out
+
+    def _reject(self, rows: list[bytes], why: list[str | None]) -> None:
+        """Set aside the leading pending entries that may not be chained, in one
+        round trip: kept with why in the rejected stream for 'saga verify' to report,
+        and trimmed off the list (this sealer holds the lease: they are its head)."""
+        bad = next((i for i, w in enumerate(why) if w is None), len(rows))
+        log.error("ledger: %d pending entries rejected, never chained; the first (%s): %r",
+                  bad, why[0], rows[0][:200])
+        if self.log.metrics is not None:
+            self.log.metrics.verify_failures.inc(bad)
+        pipe = self.log.redis.pipeline(transaction=False)
+        for raw, reason in zip(rows[:bad], why[:bad], strict=True):
+            pipe.xadd(keys.LEDGER_REJECTED, {"entry": raw, "why": reason or ""})
+        pipe.ltrim(keys.LEDGER_PENDING, bad, -1)
+        pipe.execute()
 
     # -- anchors ---------------------------------------------------------
 

@@ -21,7 +21,7 @@ and names a reason class:
     unregistered    a saga with events that the ledger never opened
     ledger_conflict the ledger holds two different openings or closes of the saga
     forged_close    the ledger closed the saga at an event that is not its close
-    forged_entry    someone pushed ledger entries that no saga's chain bears out
+    rejected_entry  the sealer set aside ledger entries no saga's chain bears out
 """
 
 from __future__ import annotations
@@ -199,6 +199,19 @@ class LedgerView:
     conflicts: dict[str, str] = field(default_factory=dict)  # saga -> what disagrees
     closed_as: dict[str, str] = field(default_factory=dict)  # saga -> the state it closed in
 
+    def merge(self, other: LedgerView) -> None:
+        """Take in what another part of the same ledger said (parallel checks)."""
+        for sid, first in other.opened.items():
+            if self.opened.setdefault(sid, first) != first:
+                self.conflicts[sid] = "the ledger opened this saga twice, differently"
+        for sid, end in other.closed.items():
+            if self.closed.setdefault(sid, end) != end:
+                self.conflicts[sid] = "the ledger closed this saga twice, differently"
+        for sid, state in other.closed_as.items():
+            self.closed_as.setdefault(sid, state)
+        for sid, why in other.conflicts.items():
+            self.conflicts.setdefault(sid, why)
+
     def note(self, ev: dict[str, Any]) -> str | None:
         """Fold one ledger event; returns a reason if it is malformed. The same entry
         twice is one fact (a debt paid twice, see :mod:`saga_store.ledger`); two
@@ -335,9 +348,10 @@ class Verifier:
         rejected = Ledger(self.log).rejected()
         if rejected:
             entry, why = rejected[0]
-            ledger.fail(ledger.head_seq + 1, "forged_entry",
-                        f"{len(rejected)} pending ledger entries were refused by the sealer "
-                        f"because their sagas' chains do not bear them out; the first ({why}): "
+            ledger.fail(ledger.head_seq + 1, "rejected_entry",
+                        f"{len(rejected)} pending ledger entries were set aside by the sealer "
+                        "because their sagas' chains do not bear them out (forged, or the log "
+                        f"was cut or rewritten since they were written); the first ({why}): "
                         f"{entry[:160]!r}")
         return VerifyResult([ledger, *reports])
 

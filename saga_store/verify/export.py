@@ -91,8 +91,7 @@ def _merge(parts: list[Part], path: str | Path, chain: Chain,
         reports.update(chains)
     view = LedgerView()
     for _, v, _ in parts:
-        view.opened.update(v.opened)
-        view.closed.update(v.closed)
+        view.merge(v)
     broken = [b for _, _, b in parts if b is not None]
     ledger = reports.pop(keys.LEDGER_ID, ChainReport(keys.LEDGER_ID))
     for _, rep in sorted(reports.items()):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import orjson
 import pytest
 import redis
 from click.testing import CliRunner
@@ -149,15 +150,31 @@ def test_a_client_killed_between_its_commit_and_the_ledger_close(
 
 def test_a_backlog_of_any_size_seals_without_raising(saga_store: SagaStore,
                                                      client: redis.Redis) -> None:
-    """120,000 pending entries (more than the old bound of 200 batches of 500) seal."""
+    """120,000 pending entries (more than the old bound of 200 batches of 500) seal:
+    copies of one saga's real close (a debt paid many times over is still one fact)."""
+    from ..helpers import committed_saga
+    committed_saga(saga_store.events)
+    saga_store.events.ledger.flush()
+    close = next(e for e in saga_store.events.log.bodies(keys.LEDGER_ID)
+             if e["kind"] == K.LEDGER_CLOSED)
+    entry = orjson.dumps({"kind": close["kind"], "data": close["data"]})
     pipe = client.pipeline(transaction=False)
-    entry = (b'{"kind":"saga_opened","data":{"saga_id":"S%d","agent_id":"a",'
-             b'"first":"00"}}')
     for i in range(120_000):
-        pipe.rpush(keys.LEDGER_PENDING, entry % i)
+        pipe.rpush(keys.LEDGER_PENDING, entry)
         if i % 10_000 == 9_999:
             pipe.execute()
     pipe.execute()
     assert Ledger(saga_store.events.log).seal() == 120_000
     assert client.llen(keys.LEDGER_PENDING) == 0
-    assert saga_store.events.log.head(keys.LEDGER_ID).seq == 119_999
+    assert saga_store.events.log.head(keys.LEDGER_ID).seq == 120_001
+    assert Ledger(saga_store.events.log).rejected() == []
+
+
+def test_a_flood_of_junk_on_the_pending_list_is_set_aside_in_batches(
+        saga_store: SagaStore, client: redis.Redis) -> None:
+    """20,000 entries no chain bears out cost the sealer a round trip per batch, not
+    one per entry, and leave every one of them reported."""
+    client.rpush(keys.LEDGER_PENDING, *[b"junk %d" % i for i in range(20_000)])
+    assert Ledger(saga_store.events.log).seal() == 0
+    assert client.llen(keys.LEDGER_PENDING) == 0
+    assert client.xlen(keys.LEDGER_REJECTED) == 20_000

@@ -78,7 +78,7 @@ def test_a_forged_close_for_a_cut_saga_is_caught_before_and_after_sealing(
     assert [e["kind"] for e in ledger] == ["saga_opened"]
     code, out = verify(redis_url)
     assert code == 1, out
-    assert "forged_entry" in out
+    assert "rejected_entry" in out
 
 
 @pytest.mark.parametrize("forged", [
