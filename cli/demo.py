@@ -22,7 +22,7 @@ from saga_store.verify.checker import Verifier
 
 from .common import Context, errors_to_exit, pass_ctx
 
-TOOLS = "examples.order_tools"
+TOOLS = "saga_store.cli.demo_tools"
 
 
 def order(customer: str, crm_note: str) -> list[dict[str, Any]]:

@@ -63,6 +63,10 @@ def show(ctx: Context, saga_id: str, as_json: bool) -> None:
                        "events": events})
             return
         click.echo(f"saga {saga_id}  agent {state.agent_id}  state {state.status}")
+        if state.status is Status.STUCK and isinstance(state.reason, dict):
+            click.echo(f"  stuck at step {state.reason.get('step')}: "
+                       f"{state.reason.get('error')}")
+            click.echo(f"  next: {state.reason.get('hint')}")
         for ev in events:
             click.echo(timeline_line(ev))
 

@@ -22,6 +22,10 @@ def cli(ctx: click.Context, redis_url: str | None, hmac_key_file: str | None) ->
     """Durable, verifiable sagas for AI agent tool calls."""
     with errors_to_exit():
         import os
+        import sys
+        # --tools names modules as python -m does: the current folder first (rq does too)
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
         key = load_key(os.environ.get("SAGA_HMAC_KEY"), hmac_key_file)
         ctx.obj = Context(redis_url, Settings.from_env(hmac_key=key))
 

@@ -230,7 +230,9 @@ def resume(ctx: Context, saga_id: str) -> None:
             click.echo(f"error: saga {saga_id} is {store.state(saga_id).status}, not stuck",
                        err=True)
             sys.exit(EXIT_USAGE)
-        click.echo(f"saga {saga_id}: unwind queued again")
+        click.echo(f"saga {saga_id}: unwind queued again (if it gets stuck again, a person "
+                   f"can undo the step by hand and record it: 'saga resolve {saga_id} STEP "
+                   "--note ...')")
 
 
 @click.command("resolve")

@@ -20,7 +20,7 @@ from typing import Any
 from saga_store import Registry, SagaState, SagaStore
 from saga_store.client.context import rebuild_history
 
-TOOLS = "examples.order_tools"
+TOOLS = "saga_store.cli.demo_tools"
 CARD = "tok_visa_4242"
 # the order story: stock, payment, then a CRM call that hangs (and is in doubt)
 ORDER: list[tuple[str, dict[str, Any], str]] = [

@@ -129,7 +129,8 @@ def decide(store: SagaStore, saga_id: str, step: int, *, grant: bool, by: str,
             raise NoSuchSaga(no_such_saga(saga_id))
         s = st.steps.get(step)
         if s is None or s.approval is not Approval.REQUESTED:
-            state = s.approval if s is not None else "no such step"
+            state = ("no such step" if s is None else
+                     f"already {s.approval}" if s.approval else "it never asked for one")
             raise InvalidInput(f"step {step} of saga {saga_id} has no pending approval "
                                f"({state}); 'saga approvals' lists the pending ones",
                                field="step")

@@ -112,17 +112,27 @@ def closing_note(state: SagaState) -> str | None:
              if s.compensation in (CompStatus.NOT_COMPENSABLE, CompStatus.FAILED)]
     if state.status is Status.RUNNING or (state.status is Status.COMMITTED and not undone):
         return None
-    parts = [f"Saga {state.saga_id} is {state.status}."]
+    parts = [f"Saga {state.saga_id} is {_PHRASE.get(state.status, state.status)}."]
     if undone:
         parts.append("Rolled back, latest first: " + "; ".join(
-            f"{s.tool} was undone by its compensation"
-            + (f" ({_short(s.compensation_result)})" if s.compensation_result else "")
-            for s in reversed(undone)) + ".")
+            _undone(s) for s in reversed(undone)) + ".")
         parts.append("Treat the results of those calls as void.")
     if stuck:
         parts.append("Still in effect and needing a person: "
                      + ", ".join(f"{s.tool} (step {s.step})" for s in stuck) + ".")
     return " ".join(parts)
+
+
+_PHRASE = {Status.NEEDS_ATTENTION: "waiting for a person's attention"}
+
+
+def _undone(s: StepState) -> str:
+    if s.compensation is CompStatus.RESOLVED:
+        by = s.resolved_by if isinstance(s.resolved_by, dict) else {}
+        return (f"{s.tool} was undone by hand by {by.get('by', 'a person')}"
+                f" ({_short(by.get('note'))})")
+    return f"{s.tool} was undone by its compensation" + (
+        f" ({_short(s.compensation_result)})" if s.compensation_result else "")
 
 
 def rebuild_history(states: Iterable[SagaState], fmt: str = "openai") -> list[dict[str, Any]]:

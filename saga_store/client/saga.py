@@ -25,7 +25,7 @@ from saga_store.log.events import EventKind as K
 from saga_store.log.store import ChainWriter
 from saga_store.log.stream import Head
 from saga_store.protocol import build
-from saga_store.protocol.forward import commit_blocker
+from saga_store.protocol.forward import commit_blocker, repeat_of
 from saga_store.protocol.state import SagaState, Status
 from saga_store.protocol.vocab import OutcomeKind, Phase, StepStatus
 from saga_store.tools.spec import ToolSpec
@@ -76,10 +76,11 @@ class Saga:
         logged, secret_values = self.store.secrets.redact(validated, spec.secret, salt)
         key = explicit_key(idempotency_key) if idempotency_key else \
             step_key(self.saga_id, spec.name, logged)
-        if key in self.state.by_key:  # the agent repeated a call: answer from the log
+        repeated = repeat_of(self.state, key, spec.name, logged)
+        if repeated is not None:  # the agent repeated a call: answer from the log
             if self.store.metrics is not None:
                 self.store.metrics.dedupe_hits.labels("repeated_call").inc()
-            return self._answer(self.state.by_key[key], timeout or spec.timeout + 30)
+            return self._answer(repeated, timeout or spec.timeout + 30)
         n = self.state.next_step
         if idempotency_key:
             claim = self.store.dedupe.claim(key, args_digest(spec.name, validated),

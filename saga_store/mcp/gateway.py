@@ -44,7 +44,7 @@ from saga_store.mcp.argcheck import Check, compile_check
 from saga_store.mcp.classify import Classification, classify
 from saga_store.mcp.leases import Leases
 from saga_store.protocol import build, unwind
-from saga_store.protocol.forward import commit_blocker
+from saga_store.protocol.forward import commit_blocker, repeat_of
 from saga_store.protocol.mapping import resolve_all
 from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.state import SagaState, Status, StepState, fold
@@ -392,8 +392,12 @@ class Gateway:
         explicit = (meta or {}).get(META_IDEMPOTENCY)
         key = explicit_key(str(explicit)) if explicit else step_key(writer.saga_id, name,
                                                                     logged)
-        if key in st.by_key:  # the same call again in this saga: its recorded answer
-            return self._repeat(writer, st, st.by_key[key])
+        try:
+            repeated = repeat_of(st, key, name, logged)
+        except KeyReuseError as exc:
+            return CallOutcome(False, None, str(exc))  # nothing ran; nothing to undo
+        if repeated is not None:  # the same call again in this saga: its recorded answer
+            return self._repeat(writer, st, repeated)
         if explicit:
             try:
                 claim = self.dedupe.claim(key, args_digest(name, args), writer.saga_id,

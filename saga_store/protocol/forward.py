@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from saga_store.errors import KeyReuseError
 from saga_store.protocol import build
 from saga_store.protocol.build import Item
 from saga_store.protocol.outcome import Outcome
@@ -24,6 +25,21 @@ def commit_blocker(state: SagaState) -> str | None:
             continue
         return f"step {n} ({st.tool}) is {st.status}, not succeeded"
     return None
+
+
+def repeat_of(state: SagaState, key: str, tool: str, logged_args: Any) -> int | None:
+    """The step a call repeats (the same idempotency key in this saga), or None for a
+    new call; raises :class:`KeyReuseError` when the key came with another tool or
+    other arguments (the Stripe rule, in the saga as across sagas)."""
+    n = state.by_key.get(key)
+    if n is None:
+        return None
+    prior = state.steps[n]
+    if prior.tool != tool or prior.args != logged_args:
+        raise KeyReuseError(f"idempotency key was already used in this saga for step {n} "
+                            f"({prior.tool}) with other arguments; use a new key for a "
+                            "different call")
+    return n
 
 
 def outcome_events(step: int, intent: Mapping[str, Any], outcome: Outcome, *,

@@ -222,3 +222,21 @@ def test_attention_lists_and_acknowledges(store: EventStore, client: redis.Redis
     again = run(redis_url, "attention", "--ack", w.saga_id, "--by", "dana")
     assert again.exit_code == 2
     assert "not waiting for attention" in again.output
+
+
+def test_tools_modules_are_found_in_the_current_folder(
+        redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """'saga run --tools shop_tools' from the app's own folder, as 'python -m' would
+    find it, with no PYTHONPATH set."""
+    import sys
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    (tmp_path / "shop_tools.py").write_text(
+        "from saga_store import tool, Reversibility\n\n"
+        "@tool(reversibility=Reversibility.READONLY)\n"
+        "def look(sku: str) -> dict:\n    return {'sku': sku}\n")
+    (tmp_path / "plan.json").write_text(
+        '{"agent_id": "a", "steps": [{"tool": "look", "args": {"sku": "X"}}]}')
+    monkeypatch.chdir(tmp_path)
+    res = run(redis_url, "run", "--tools", "shop_tools", "plan.json")
+    assert res.exit_code == 0, res.output
+    assert len(res.output.strip()) == 26  # the new saga's id

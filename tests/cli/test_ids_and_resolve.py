@@ -114,6 +114,10 @@ def test_a_saga_stuck_on_a_bad_mapping_is_resolved_by_a_person_and_acknowledged(
     assert state.steps[1].resolved_by == {"by": "ana", "note": "released B by hand",
                                           "at_ms": state.steps[1].resolved_by["at_ms"]}
     assert state.steps[0].compensation == "succeeded"  # the unwind went on past it
+    from saga_store.client.context import rebuild_history
+    note = rebuild_history([state], "plain")[0]["note"]
+    assert "reserve_forgetful was undone by hand by ana (released B by hand)" in note
+    assert "waiting for a person's attention" in note
     assert len(effects("release")) == 1
     assert stuck_gauge(client) == 0
     assert run(redis_url, "attention", "--ack", sid, "--note", "checked").exit_code == 0
