@@ -49,7 +49,7 @@ def verify(ctx: Context, saga_id: str | None, anchor_file: str | None,
         if export_file and (saga_id or anchor_file):
             click.echo("error: --file verifies a whole export; drop --saga/--anchor", err=True)
             sys.exit(EXIT_USAGE)
-        if saga_id:
+        if saga_id is not None:  # an empty --saga is a mistake, never "verify nothing"
             check_saga_id(saga_id)
         anchor = read_anchor(_read(anchor_file)) if anchor_file else None
         if export_file:

@@ -33,6 +33,7 @@ from saga_store.protocol.state import SagaState, StepState, fold
 from saga_store.protocol.vocab import LeaseMode, Reversibility
 from saga_store.tools.registry import Registry
 from saga_store.tools.spec import StepContext, ToolSpec
+from saga_store.verify.checker import read_verified
 
 from .invoke import Invoker
 
@@ -118,7 +119,14 @@ class Compensator:
                 release_lease(r, keys.saga_lease(saga_id), token)
 
     def _unwind(self, saga_id: str, token: str, ctx: list[Any] | None) -> str:
-        bodies, head = self.store.events.log.bodies_and_head(saga_id)
+        bodies, head, verdict = read_verified(self.store.events.log, saga_id)
+        if not verdict.ok:  # a compensation's arguments come from this log: never forged ones
+            log.error("saga %s: its log does not verify (%s at seq %s); nothing is undone "
+                      "(run 'saga verify --saga %s')", saga_id, verdict.reason,
+                      verdict.first_bad_seq, saga_id)
+            if self.store.metrics is not None:
+                self.store.metrics.verify_failures.inc()
+            return "untrusted"
         state = fold(saga_id, bodies)
         if isinstance(unwind.next_action(state, self.tools), unwind.Done):
             project(self.store.events, saga_id)

@@ -140,7 +140,31 @@ class StepRunner:
             view.conversation_id = (started.get("data") or {}).get("conversation_id")
             plan = (started.get("data") or {}).get("plan")
             view.plan = plan if isinstance(plan, list) else None
+        if view.intent is not None and not self._links_hold(saga_id, rows, first):
+            log.error("saga %s: its log does not verify where step %d was read; the step "
+                      "is not run (run 'saga verify --saga %s')", saga_id, step, saga_id)
+            if self.store.metrics is not None:
+                self.store.metrics.verify_failures.inc()
+            view.intent = None  # a forged intent or plan never drives a tool
         return view
+
+    def _links_hold(self, saga_id: str, rows: list[Any], first: list[Any]) -> bool:
+        """Whether the entries read link up under this worker's chain key: each row
+        from the second on to the one before it, the saga's first event (its plan) to
+        the genesis. Someone who can write Redis but lacks the HMAC key cannot make
+        them link, so what the step does comes from the saga's own chain."""
+        chain = self.store.events.log.chain
+        heads = [(self.store.events.log.chain.genesis(saga_id), first[0])] if first else []
+        prev = None
+        for eid, fields in rows:
+            if keys.seq_of_entry_id(eid) == 0:
+                prev = chain.genesis(saga_id)
+            body, h = body_and_hash(fields)
+            if prev is not None and chain.link(prev, body) != h:
+                return False
+            prev = h
+        return all(chain.link(g, body_and_hash(row[1])[0]) == body_and_hash(row[1])[1]
+                   for g, row in heads)
 
     def _decide(self, saga_id: str, step: int, intent_seq: int, view: StepView,
                 extra: Any) -> str:

@@ -66,6 +66,10 @@ def acknowledge(client: redis.Redis, saga_id: str, by: str, note: str = "") -> N
                            field="by")
     if not client.exists(keys.saga_log(saga_id)):
         raise NoSuchSaga(no_such_saga(saga_id))
+    state = fold(saga_id, SagaLog(client).bodies(saga_id))
+    if state.status is not Status.NEEDS_ATTENTION:  # the log decides, not the set
+        raise InvalidInput(f"saga {saga_id} is {state.status}, not waiting for attention; "
+                           "'saga attention' lists those that are")
     if not client.sismember(keys.NEEDS_ATTENTION, saga_id):
         raise InvalidInput(f"saga {saga_id} is not waiting for attention; "
                            "'saga attention' lists those that are")

@@ -242,14 +242,20 @@ class SagaStore:
     def resume(self, saga_id: str) -> bool:
         """Try a stuck saga's unwind again (after its cause was fixed); False if not stuck.
         Raises :class:`NoSuchSaga` (writing nothing) for an id that names no saga."""
-        self.events.require(saga_id)
-        state = self.state(saga_id)
-        if state.status is not Status.STUCK:
-            return False
-        self._run_by_workers(saga_id, "start 'saga mcp-guard' for its server again: a gateway "
-                                      "finishes the unwinds it finds before serving", state)
-        writer = self.events.writer(saga_id)
-        writer.append_many([build.saga_resumed(state.reason)])
+        for _ in range(20):
+            state, writer = self.events.read_for_write(saga_id)
+            if state.status is not Status.STUCK:
+                return False
+            self._run_by_workers(saga_id, "start 'saga mcp-guard' for its server again: a "
+                                          "gateway finishes the unwinds it finds before serving",
+                                 state)
+            try:
+                writer.append_many([build.saga_resumed(state.reason)])
+                break
+            except ConflictError:
+                continue  # someone else resumed or resolved it meanwhile: decide again
+        else:
+            raise ConflictError(f"saga {saga_id} kept changing; try again")
         pipe = lean(self.redis)
         pipe.zadd(keys.ACTIVE, {saga_id: now_ms() + 2 * self.settings.lease_ms})
         enqueue_compensation(pipe, saga_id)
@@ -266,11 +272,10 @@ class SagaStore:
             raise InvalidInput("--note must say what was done by hand (1-2000 characters)",
                                field="note")
         for _ in range(20):
-            state = self.state(saga_id)
+            state, writer = self.events.read_for_write(saga_id)
             why = unwind.resolvable(state, step)
             if why is not None:
                 raise InvalidInput(why, field="step")
-            writer = self.events.writer(saga_id)
             try:
                 writer.append_many([build.compensation_resolved(step, by, note, now_ms()),
                                     build.saga_resumed(state.reason)], phase=Phase.UNWINDING)

@@ -65,6 +65,8 @@ SEAL_BATCH = 500
 SEAL_AT = 64  # a deferred writer whose entry makes 64, 128, ... pending seals them
 SEAL_LEASE_MS = 5000
 _KINDS = (EventKind.LEDGER_OPENED, EventKind.LEDGER_CLOSED)
+OPEN_FIELDS = frozenset({"saga_id", "agent_id", "first"})
+CLOSE_FIELDS = frozenset({"saga_id", "state", "seq", "hash"})
 # the final events, by the state a ledger close records for them
 CLOSING_KINDS: dict[Any, str] = {EventKind.SAGA_COMMITTED: "committed",
                                  EventKind.SAGA_COMPENSATED: "compensated",
@@ -316,6 +318,9 @@ def underived(entry: dict[str, Any], row: Any) -> str | None:
     event it names in its saga's chain (the first for an opening, the one at its
     seq for a close); None when it is. A close must name a final event."""
     data = entry["data"]
+    fields = OPEN_FIELDS if entry["kind"] == EventKind.LEDGER_OPENED else CLOSE_FIELDS
+    if set(data) != fields:
+        return f"its fields are {sorted(data)}, not {sorted(fields)}"
     if row is None:
         return "the saga has no such event"
     body, h = body_and_hash(row[1])
@@ -326,6 +331,8 @@ def underived(entry: dict[str, Any], row: Any) -> str | None:
     if entry["kind"] == EventKind.LEDGER_OPENED:
         if ev.get("kind") != EventKind.SAGA_STARTED or data.get("first") != h.hex():
             return "its first hash is not the saga's first event"
+        if data.get("agent_id") != ev.get("agent_id"):
+            return "its agent is not the saga's"
         return None
     if data.get("hash") != h.hex():
         return f"its hash is not that of the saga's event {data.get('seq')}"

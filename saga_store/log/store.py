@@ -105,6 +105,15 @@ class EventStore:
             raise NoSuchSaga(no_such_saga(saga_id))
         return ChainWriter(self, saga_id, head)
 
+    def read_for_write(self, saga_id: str) -> tuple[SagaState, ChainWriter]:
+        """The saga's state and a writer at the head that state was folded from, from
+        one read: an append decided on the state loses its compare-and-set if anyone
+        appended since, so two people deciding at once cannot both act."""
+        self.require(saga_id)
+        bodies, head = self.log.bodies_and_head(saga_id)
+        with paused_gc():
+            return fold(saga_id, bodies), ChainWriter(self, saga_id, head)
+
     def exists(self, saga_id: str) -> bool:
         """Whether ``saga_id`` names a saga (its log exists); checks the id first."""
         check_saga_id(saga_id)

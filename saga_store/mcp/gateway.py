@@ -50,6 +50,7 @@ from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.state import SagaState, Status, StepState, fold
 from saga_store.protocol.vocab import Approval, OutcomeKind, Phase, StepStatus
 from saga_store.tools.secrets import Secrets, scrub
+from saga_store.verify.checker import read_verified
 
 if TYPE_CHECKING:
     from saga_store.client.api import SagaStore
@@ -566,8 +567,13 @@ class Gateway:
         workers' retries and backoff. Works from the log, so a later gateway can
         finish it. Returns how the saga ended and what was undone, last first."""
         import anyio
-        st = fold(writer.saga_id, self.store.log.bodies(writer.saga_id))
-        writer.head = self.store.log.head(writer.saga_id)
+        bodies, head, verdict = read_verified(self.store.log, writer.saga_id)
+        if not verdict.ok:  # compensations take their arguments from this log
+            log.error("saga %s: its log does not verify (%s at seq %s); nothing is undone",
+                      writer.saga_id, verdict.reason, verdict.first_bad_seq)
+            return "untrusted: its log does not verify", []
+        st = fold(writer.saga_id, bodies)
+        writer.head = head
         if st.final:
             self._close(writer)
             return str(st.status), []
@@ -645,8 +651,14 @@ class Gateway:
                         "saga %s belongs to a gateway for this server that is still "
                         "running; left to it", sid)
                 continue
-            st = fold(sid, self.store.log.bodies(sid))
-            writer = ChainWriter(self.store, sid, self.store.log.head(sid), self.leases.lease)
+            bodies, head, verdict = read_verified(self.store.log, sid)
+            if not verdict.ok:  # never settle, nor enter in the ledger, a forged saga
+                log.error("saga %s: its log does not verify (%s at seq %s); left alone (run "
+                          "'saga verify --saga %s')", sid, verdict.reason,
+                          verdict.first_bad_seq, sid)
+                continue
+            st = fold(sid, bodies)
+            writer = ChainWriter(self.store, sid, head, self.leases.lease)
             self.store.pay_ledger_debts(sid, st)  # what a gateway killed mid-close owed
             if st.final:
                 self._close(writer)

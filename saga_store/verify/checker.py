@@ -36,11 +36,12 @@ from typing import Any
 import orjson
 
 from saga_store import keys
+from saga_store.log.canonical import canonical
 from saga_store.log.chain import Chain
 from saga_store.log.events import KNOWN_KINDS, SCHEMA_VERSION
 from saga_store.log.events import EventKind as K
 from saga_store.log.ledger import CLOSING_KINDS, Ledger
-from saga_store.log.stream import SagaLog, body_and_hash
+from saga_store.log.stream import EMPTY, Head, SagaLog, body_and_hash
 from saga_store.verify.invariants import Invariants
 
 Progress = Callable[[int], None]
@@ -198,6 +199,8 @@ class LedgerView:
     closed: dict[str, tuple[int, bytes]] = field(default_factory=dict)  # saga -> (seq, hash)
     conflicts: dict[str, str] = field(default_factory=dict)  # saga -> what disagrees
     closed_as: dict[str, str] = field(default_factory=dict)  # saga -> the state it closed in
+    opened_as: dict[str, bytes] = field(default_factory=dict)  # saga -> its opening, whole
+    closed_whole: dict[str, bytes] = field(default_factory=dict)  # saga -> its close, whole
 
     def merge(self, other: LedgerView) -> None:
         """Take in what another part of the same ledger said (parallel checks)."""
@@ -209,6 +212,11 @@ class LedgerView:
                 self.conflicts[sid] = "the ledger closed this saga twice, differently"
         for sid, state in other.closed_as.items():
             self.closed_as.setdefault(sid, state)
+        for mine, theirs in ((self.opened_as, other.opened_as),
+                             (self.closed_whole, other.closed_whole)):
+            for sid, whole in theirs.items():
+                if mine.setdefault(sid, whole) != whole:
+                    self.conflicts[sid] = "the ledger holds two different entries of it"
         for sid, why in other.conflicts.items():
             self.conflicts.setdefault(sid, why)
 
@@ -223,11 +231,15 @@ class LedgerView:
         try:
             if ev["kind"] == K.LEDGER_OPENED:
                 first = bytes.fromhex(str(data["first"]))
-                if self.opened.setdefault(sid, first) != first:
+                whole = canonical(data)  # the agent and every field, not the hash alone
+                if self.opened.setdefault(sid, first) != first \
+                        or self.opened_as.setdefault(sid, whole) != whole:
                     self.conflicts[sid] = "the ledger opened this saga twice, differently"
             elif ev["kind"] == K.LEDGER_CLOSED:
                 end = (int(data["seq"]), bytes.fromhex(str(data["hash"])))
-                if self.closed.setdefault(sid, end) != end:
+                whole = canonical(data)
+                if self.closed.setdefault(sid, end) != end \
+                        or self.closed_whole.setdefault(sid, whole) != whole:
                     self.conflicts[sid] = "the ledger closed this saga twice, differently"
                 self.closed_as.setdefault(sid, str(data.get("state")))
         except (KeyError, TypeError, ValueError):
@@ -271,6 +283,23 @@ def cross_check(rep: ChainReport, view: LedgerView) -> None:
         rep.fail(seq, "forged_close", f"the ledger closed this saga at seq {seq} as "
                  f"{view.closed_as.get(sid)}, but that event is a {rep.last_kind}: the "
                  "close was not written by the saga's own close")
+
+
+def read_verified(log: SagaLog, saga_id: str) -> tuple[list[dict[str, Any]], Head, ChainReport]:
+    """A saga's event bodies and head, and the verdict on its chain, from one read:
+    what a driver needs before it acts on the log (a compensation's arguments come
+    from it), so nobody without the HMAC key can make it act on forged events."""
+    checker = ChainChecker(log.chain, saga_id)
+    bodies: list[dict[str, Any]] = []
+    head = EMPTY
+    for rows in log.pages(saga_id):
+        for eid, fields in rows:
+            body, h = body_and_hash(fields)
+            if checker.report.ok:
+                checker.feed(body, h, eid=eid)
+            bodies.append(orjson.loads(body))
+            head = Head(keys.seq_of_entry_id(eid), h)
+    return bodies, head, checker.finish()
 
 
 @dataclass

@@ -13,6 +13,7 @@ from saga_store.cli.main import cli
 
 from saga_store import keys
 from saga_store.client.api import SagaStore
+from saga_store.errors import InvalidInput
 from saga_store.log.events import EventKind as K
 from saga_store.ops.metrics import RedisCollector
 from saga_store.protocol.state import Status
@@ -137,3 +138,46 @@ def test_a_saga_id_rq_would_refuse_is_refused_before_anything_is_written(
     with pytest.raises(InvalidInput, match="a saga id takes only letters, digits"):
         saga_store.saga(agent_id="a", saga_id=sid)
     assert snapshot(client) == before
+
+
+def test_an_empty_saga_id_is_a_usage_error_not_an_all_clear(
+        saga_store: SagaStore, client: redis.Redis, redis_url: str) -> None:
+    """'saga verify --saga \"$SID\"' with an empty variable must not verify nothing."""
+    w = committed_saga(saga_store.events)
+    client.xdel(keys.saga_log(w.saga_id), client.xrange(keys.saga_log(w.saga_id))[3][0])
+    assert run(redis_url, "verify").exit_code == 1
+    res = run(redis_url, "verify", "--saga", "")
+    assert res.exit_code == 2, res.output
+
+
+def test_an_ack_needs_the_log_to_say_the_saga_needs_attention(
+        saga_store: SagaStore, client: redis.Redis, redis_url: str) -> None:
+    """The attention set is an index: listed without a needs_attention close (a
+    compensator killed between the two), an ack is refused, not recorded and lost."""
+    w = committed_saga(saga_store.events)
+    client.sadd(keys.NEEDS_ATTENTION, w.saga_id)
+    res = run(redis_url, "attention", "--ack", w.saga_id)
+    assert res.exit_code == 2
+    assert "is committed, not waiting for attention" in res.output
+    assert client.xlen(keys.ATTENTION_ACKS) == 0
+
+
+def test_two_people_resolving_at_once_cannot_both_act(
+        saga_store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """Each decides on the state its append is checked against: the one who loses the
+    race is refused, and the log keeps one resolution."""
+    from saga_store.errors import ConflictError
+    from saga_store.protocol import build
+    sid = saga_store.submit([{"tool": "reserve_forgetful", "args": {"sku": "B"}},
+                             {"tool": "fail_always", "args": {}}], agent_id="agent-r")
+    with workers(worker_env, TOOLS):
+        assert saga_store.wait(sid, timeout=60).status is Status.STUCK
+    state, writer = saga_store.events.read_for_write(sid)  # bob reads ...
+    saga_store.resolve(sid, 0, by="alice", note="released by hand")  # ... alice acts
+    with pytest.raises(ConflictError):  # bob's append, decided on what he read
+        writer.append_many([build.compensation_resolved(0, "bob", "me too", 1),
+                            build.saga_resumed(state.reason)])
+    with pytest.raises(InvalidInput):  # bob again, the way the command does it
+        saga_store.resolve(sid, 0, by="bob", note="me too")
+    kinds = [e["kind"] for e in saga_store.events.log.events(sid)]
+    assert kinds.count(K.COMPENSATION_RESOLVED) == 1

@@ -220,3 +220,34 @@ def test_context_cli_formats(saga_store: SagaStore, worker_env: dict[str, str], 
 def sys_env() -> dict[str, str]:
     import os
     return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+
+
+def test_a_forged_log_drives_no_compensation(client: redis.Redis,
+                                             worker_env: dict[str, str],
+                                             ledger: Path) -> None:
+    """Someone who can write Redis but lacks the workers' HMAC key writes a 'failed'
+    saga whose reservation is a victim's, and queues its unwind: the compensator
+    finds the chain does not verify and undoes nothing."""
+    from saga_store import Registry, Settings
+    from saga_store.execution.enqueue import enqueue_compensation
+    from saga_store.protocol import build
+    from saga_store.protocol.vocab import OutcomeKind
+    forger = SagaStore(client, Registry.from_modules(TOOLS),
+                       Settings(hmac_key=b"not-the-workers-key-0123456789ab"))
+    w = forger.events.open("agent-f")
+    w.append_many([
+        build.step_intent(0, "reserve_inventory", {"sku": "S", "qty": 1}, "compensable",
+                          None, "k0"),
+        build.step_started(0, 1),
+        build.step_outcome(0, OutcomeKind.SUCCEEDED,
+                           result={"reservation_id": "VICTIMS-RESERVATION"}),
+        build.saga_failed("forged")])
+    enqueue_compensation(client, w.saga_id)
+    env = {**worker_env, "SAGA_HMAC_KEY": "the-workers-own-key-0123456789abc"}
+    with workers(env, TOOLS):
+        job = jobs.job_key(jobs.compensation_job_id(w.saga_id))
+        # acknowledged: the compensator ran and returned (the ack shortens the job's TTL)
+        assert_eventually(lambda: 0 < client.ttl(job) <= jobs.ACKED_JOB_TTL_S, timeout=30,
+                          what="the compensation job to be run and acknowledged")
+    assert effects("release") == []
+    assert forger.state(w.saga_id).status is Status.COMPENSATING  # nothing was appended

@@ -88,7 +88,11 @@ def test_a_forged_close_for_a_cut_saga_is_caught_before_and_after_sealing(
     {"kind": "saga_closed", "data": {"saga_id": "SID", "state": "compensated", "seq": -1,
                                      "hash": "HEAD"}},
     {"kind": "saga_opened", "data": {"saga_id": "SID", "agent_id": "a", "first": "ab" * 32}},
-], ids=["open-of-no-saga", "close-at-a-step", "close-in-the-wrong-state", "wrong-first"])
+    {"kind": "saga_opened", "data": {"saga_id": "SID", "agent_id": "mallory", "first": "FIRST"}},
+    {"kind": "saga_closed", "data": {"saga_id": "SID", "state": "committed", "seq": -1,
+                                     "hash": "HEAD", "approved_by": "ceo"}},
+], ids=["open-of-no-saga", "close-at-a-step", "close-in-the-wrong-state", "wrong-first",
+        "another-agent", "an-extra-field"])
 def test_the_sealer_chains_only_entries_the_chains_bear_out(
         store: EventStore, client: redis.Redis, forged: dict[str, object]) -> None:
     """A forged entry between real ones: the real ones are chained, the forged one is
@@ -97,6 +101,7 @@ def test_the_sealer_chains_only_entries_the_chains_bear_out(
     entries = client.xrange(keys.saga_log(w.saga_id))
     text = orjson.dumps(forged).decode().replace("SID", w.saga_id)
     text = text.replace("HASH1", entries[1][1][b"h"].hex())
+    text = text.replace("FIRST", entries[0][1][b"h"].hex())
     text = text.replace("HEAD", entries[-1][1][b"h"].hex())
     text = text.replace('"seq":-1', f'"seq":{len(entries) - 1}')
     client.rpush(keys.LEDGER_PENDING, text)
