@@ -201,9 +201,11 @@ class Ledger:
                 self._reject(rows, why)
                 continue
             final = len(rows) < SEAL_BATCH and len(bodies) == len(rows)
-            call = self.log.prepare(keys.LEDGER_ID, bodies, head,
-                                    lease=Lease(token, LeaseMode.RELEASE if final
-                                                else LeaseMode.HOLD),
+            # every batch renews the lease (a long backlog outlasts one lease time);
+            # the last gives it up
+            lease = Lease(token, LeaseMode.RELEASE) if final else \
+                Lease(token, LeaseMode.ACQUIRE, SEAL_LEASE_MS)
+            call = self.log.prepare(keys.LEDGER_ID, bodies, head, lease=lease,
                                     consumed=keys.LEDGER_PENDING)
             pipe = r.pipeline(transaction=False)
             call.send(pipe)

@@ -270,6 +270,9 @@ def cross_check(rep: ChainReport, view: LedgerView) -> None:
         return
     closed = view.closed.get(sid)
     if closed is None:
+        if rep.last_kind in CLOSING_KINDS:  # its cut would go unseen until the close is in
+            rep.warnings.append("closed, but the ledger has no close for it yet (a writer "
+                                "killed before writing it; a worker's sweeper writes it)")
         return
     seq, h = closed
     if rep.head_seq < seq:
