@@ -88,7 +88,7 @@ class Invoker:
                 raise StepTimeout from None
 
 
-_alarm = {"armed": False, "installed": False}
+_alarm = {"armed": False}
 
 
 def _on_alarm(signum: int, frame: Any) -> None:
@@ -97,11 +97,11 @@ def _on_alarm(signum: int, frame: Any) -> None:
 
 
 def _with_alarm(spec: ToolSpec, kwargs: dict[str, Any]) -> Any:
-    # the handler is installed once per process (setting it per call cost more than
-    # a no-op step's own work); a stray alarm while no tool runs is ignored
-    if not _alarm["installed"]:
+    # the handler is set once, and again only if something else replaced it (setting
+    # it per call cost more than a no-op step's own work; looking is cheap); a stray
+    # alarm while no tool runs is ignored
+    if signal.getsignal(signal.SIGALRM) is not _on_alarm:
         signal.signal(signal.SIGALRM, _on_alarm)
-        _alarm["installed"] = True
     _alarm["armed"] = True
     signal.setitimer(signal.ITIMER_REAL, spec.timeout)
     try:

@@ -85,16 +85,15 @@ def embedded() -> redis.Redis:
 
 
 def connect_or_embedded(url: str | None) -> tuple[redis.Redis, bool]:
-    """``url`` if given; else the default address if Redis answers there; else
-    the embedded store, with a one-line notice. Returns (client, is_embedded)."""
+    """``url`` if given; else the embedded store, with a one-line notice (never a
+    Redis that merely answers on the default address: a demo must not write into
+    a deployment nobody named). Returns (client, is_embedded)."""
     if url:
         return connect(url), False
-    try:
-        return connect(DEFAULT_URL, timeout_s=0.5), False
-    except StoreUnavailable:
-        print("notice: no Redis at 127.0.0.1:6379 and SAGA_REDIS_URL unset; "
-              "using the embedded in-process store", file=sys.stderr)
-        return embedded(), True
+    print("notice: SAGA_REDIS_URL unset; using the embedded in-process store "
+          "(give --redis-url or SAGA_REDIS_URL to run on a Redis with workers)",
+          file=sys.stderr)
+    return embedded(), True
 
 
 def redact(url: str) -> str:

@@ -141,11 +141,23 @@ def test_ls_and_show(store: EventStore, redis_url: str) -> None:
 
 
 def test_demo_runs_on_the_embedded_store_without_redis(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With no Redis anywhere, the demo falls back to the embedded store with a notice."""
+    """With no Redis named, the demo runs on the embedded store with a notice."""
     monkeypatch.setattr("saga_store.ops.connection.DEFAULT_URL", "redis://127.0.0.1:1/0")
     res = CliRunner().invoke(cli, ["demo"], env={"SAGA_REDIS_URL": ""})
     assert res.exit_code == 0, res.output
     assert "embedded" in res.output
+
+
+@pytest.mark.real_redis
+def test_the_demo_never_writes_into_a_redis_nobody_named(
+        redis_url: str, client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Redis answering on the default address (a deployment's) keeps its keys."""
+    monkeypatch.setattr("saga_store.ops.connection.DEFAULT_URL", redis_url)
+    client.set("theirs", "untouched")
+    res = CliRunner().invoke(cli, ["demo"], env={"SAGA_REDIS_URL": ""})
+    assert res.exit_code == 0, res.output
+    assert "embedded" in res.output
+    assert client.keys("*") == [b"theirs"]
 
 
 @pytest.mark.real_redis
