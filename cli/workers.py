@@ -14,9 +14,10 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from saga_store.client.api import SagaStore
-from saga_store.errors import InvalidInput
+from saga_store.errors import InvalidInput, StepPending
 from saga_store.execution import jobs
 from saga_store.ids import check_saga_id
+from saga_store.protocol.vocab import Status
 from saga_store.tools.registry import Registry
 
 from .common import (
@@ -25,6 +26,7 @@ from .common import (
     Context,
     emit_json,
     errors_to_exit,
+    fail,
     operator,
     pass_ctx,
 )
@@ -161,6 +163,12 @@ def metrics(ctx: Context, port: int, host: str, once: bool) -> None:
         threading.Event().wait()
 
 
+# saga run --wait: the saga's end in the exit code (1-3 mean what they mean everywhere)
+EXIT_COMPENSATED, EXIT_NEEDS_ATTENTION, EXIT_STUCK, EXIT_WAIT_TIMEOUT = 4, 5, 6, 7
+RUN_EXIT = {Status.COMMITTED: 0, Status.COMPENSATED: EXIT_COMPENSATED,
+            Status.NEEDS_ATTENTION: EXIT_NEEDS_ATTENTION, Status.STUCK: EXIT_STUCK}
+
+
 @click.command("run")
 @click.argument("plan_file", type=click.Path(dir_okay=False, allow_dash=True))
 @click.option("--tools", "tools", multiple=True, required=True, envvar="SAGA_TOOLS",
@@ -175,7 +183,12 @@ def metrics(ctx: Context, port: int, host: str, once: bool) -> None:
 @pass_ctx
 def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeout: float,
         as_json: bool, interactive: bool) -> None:
-    """Submit a plan file; workers drive it to the end."""
+    """Submit a plan file; workers drive it to the end.
+
+    With --wait, the exit code says how it ended: 0 committed, 4 compensated,
+    5 needs attention, 6 stuck, 7 not done when --timeout ran out (it goes on);
+    1-3 as for every command.
+    """
     with errors_to_exit():
         plan = _read_plan(plan_file)
         store = SagaStore(ctx.store().redis, Registry.from_modules(*tools), ctx.settings)
@@ -184,20 +197,28 @@ def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeou
         if not wait:
             emit_json({"saga_id": sid, "state": "running"}) if as_json else click.echo(sid)
             return
-        if interactive:
-            from .approvals import wait_interactively
-            state = wait_interactively(store, sid, timeout)
-        else:
-            state = store.wait(sid, timeout)
+        try:
+            if interactive:
+                from .approvals import wait_interactively
+                state = wait_interactively(store, sid, timeout)
+            else:
+                state = store.wait(sid, timeout)
+        except StepPending:
+            fail(f"saga {sid} is not done after {timeout:g} s; it goes on (is 'saga worker' "
+                 f"running?); 'saga show {sid}' follows it", EXIT_WAIT_TIMEOUT)
         steps = [{"step": s.step, "tool": s.tool, "status": s.status,
-                  "compensation": s.compensation} for s in state.steps.values()]
+                  "compensation": s.compensation,
+                  **({"error": s.error} if s.error else {})} for s in state.steps.values()]
+        code = RUN_EXIT.get(state.status, EXIT_WAIT_TIMEOUT)
         if as_json:
             emit_json({"saga_id": sid, "state": str(state.status), "steps": steps})
-            return
+            sys.exit(code)
         click.echo(f"{sid} {state.status}")
         for s in steps:
             comp = f", compensation {s['compensation']}" if s["compensation"] else ""
-            click.echo(f"  #{s['step']} {s['tool']}: {s['status']}{comp}")
+            why = f": {str(s['error'])[:200]}" if s.get("error") else ""
+            click.echo(f"  #{s['step']} {s['tool']}: {s['status']}{comp}{why}")
+        sys.exit(code)
 
 
 def _read_plan(path: str) -> Plan:
