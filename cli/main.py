@@ -12,11 +12,12 @@ from .common import Context, errors_to_exit
 
 
 @click.group(context_settings={"auto_envvar_prefix": "SAGA", "help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="saga-store", prog_name="saga")
 @click.option("--redis-url", envvar="SAGA_REDIS_URL", default=None, metavar="URL",
-              help="Redis to use (redis://, rediss://, unix://). Env: SAGA_REDIS_URL.")
+              help="Redis to use (redis://, rediss://, unix://).")
 @click.option("--hmac-key-file", envvar="SAGA_HMAC_KEY_FILE", default=None, metavar="FILE",
-              help="Chain with HMAC-SHA256 using this key (kept outside Redis). "
-                   "Env: SAGA_HMAC_KEY_FILE, or SAGA_HMAC_KEY for the key itself.")
+              help="Chain with HMAC-SHA256 using this key (kept outside Redis); "
+                   "SAGA_HMAC_KEY holds the key itself.")
 @click.pass_context
 def cli(ctx: click.Context, redis_url: str | None, hmac_key_file: str | None) -> None:
     """Durable, verifiable sagas for AI agent tool calls."""
@@ -34,6 +35,19 @@ for module in (acl, approvals, attention, console, demo, inspect, mcp_guard, ver
                workers):
     for command in module.COMMANDS:
         cli.add_command(command)
+
+
+def _show_envvars(command: click.Command) -> None:
+    """Every option's --help names its environment variable (the README promises
+    each option has one: SAGA_<OPTION>, or SAGA_<COMMAND>_<OPTION> by default)."""
+    for param in command.params:
+        if isinstance(param, click.Option) and not param.hidden and not param.is_eager:
+            param.show_envvar = True
+    for sub in getattr(command, "commands", {}).values():
+        _show_envvars(sub)
+
+
+_show_envvars(cli)
 
 
 def main() -> None:

@@ -252,3 +252,20 @@ def test_tools_modules_are_found_in_the_current_folder(
     res = run(redis_url, "run", "--tools", "shop_tools", "plan.json")
     assert res.exit_code == 0, res.output
     assert len(res.output.strip()) == 26  # the new saga's id
+
+
+def test_every_option_names_its_environment_variable_and_saga_has_a_version() -> None:
+    """--help of every command shows each option's variable, as the README promises."""
+    import click as _click
+    from saga_store.cli.main import cli as group
+    runner = CliRunner()
+    for name, command in group.commands.items():
+        text = " ".join(runner.invoke(group, [name, "--help"]).output.split())
+        for param in command.params:
+            if isinstance(param, _click.Option) and not param.hidden and not param.is_eager:
+                assert param.show_envvar, f"saga {name} {param.opts[0]}"
+        assert "env var:" in text or not [p for p in command.params
+                                          if isinstance(p, _click.Option)], name
+    version = runner.invoke(group, ["--version"])
+    assert version.exit_code == 0
+    assert version.output.startswith("saga, version ")
