@@ -221,10 +221,9 @@ class Writer:
     def __init__(self, chain: ChainWriter, known: list[dict[str, Any]], ctx: list[Any],
                  state: SagaState) -> None:
         self.chain, self.known, self.state = chain, known, state  # known: every event
-        cur, agent, conv = ctx
-        self.cursor = int(cur) if cur is not None else -1
-        self.agent = agent.decode() if agent else None
-        self.conversation = conv.decode() if conv else None
+        self.cursor = int(ctx[0]) if ctx[0] is not None else -1
+        # whose context this is comes from the verified log, never from the cache
+        self.agent, self.conversation = state.agent_id, state.conversation_id
 
     def append(self, items: list[Item], lease: Lease) -> None:
         if not items:
@@ -245,4 +244,4 @@ class Writer:
 
 
 def _context_of(pipe: Any, saga_id: str) -> None:
-    pipe.hmget(keys.saga_meta(saga_id), "ctx_seq", "agent_id", "conversation_id")
+    pipe.hmget(keys.saga_meta(saga_id), "ctx_seq")

@@ -19,7 +19,7 @@ from saga_store.client.api import SagaStore
 from saga_store.client.context import project
 from saga_store.execution.enqueue import enqueue_compensation, enqueue_step
 from saga_store.log.stream import command
-from saga_store.protocol.state import fold
+from saga_store.protocol.state import fold, phase_of
 from saga_store.protocol.sweep import Sweep, on_sweep
 from saga_store.verify.checker import Verifier
 
@@ -78,6 +78,8 @@ class Sweeper:
             if paid:
                 log.warning("sweeper %s: saga %s: wrote the ledger entries its writer owed "
                             "(%s)", self.name, sid, ", ".join(paid))
+        if state.seq >= 0:
+            self._repair_projection(sid, state)
         left_ms = r.pttl(keys.saga_lease(sid)) if state.seq >= 0 and not state.final else 0
         swept = on_sweep(state, left_ms)
         if swept.what is Sweep.RETIRE:
@@ -105,6 +107,17 @@ class Sweeper:
         if queued:
             log.info("sweeper %s: redelivered %d job(s) of saga %s", self.name, queued, sid)
         return queued
+
+    def _repair_projection(self, sid: str, state: Any) -> None:
+        """Put the cached state back to the fold of the log if someone changed it (no
+        decision rests on it, but 'saga ls', the console and the metrics show it)."""
+        cached = self.store.redis.hmget(keys.saga_meta(sid), "state", "phase")
+        if cached != [str(state.status).encode(), str(phase_of(state.status)).encode()]:
+            self.store.events.rebuild_meta(sid)
+            log.warning("sweeper %s: saga %s: its cached state (%s) was not its log's (%s); "
+                        "rebuilt from the log", self.name, sid,
+                        b"/".join(c or b"-" for c in cached).decode(errors="replace"),
+                        state.status)
 
     def _verifies(self, sid: str, verdict: list[bool]) -> bool:
         """Whether the saga's chain verifies, checked once per look (``verdict``)."""

@@ -37,16 +37,19 @@ def project(store: Any, saga_id: str) -> int:
     """Emit the context events of every log event after the saga's cursor; returns
     how many. Safe to call from anywhere, any number of times."""
     r = store.redis
-    meta_key = keys.saga_meta(saga_id)
-    cur, agent, conv = r.hmget(meta_key, "ctx_seq", "agent_id", "conversation_id")
-    if not agent:
-        return 0
+    cur = r.hget(keys.saga_meta(saga_id), "ctx_seq")
     start = int(cur) + 1 if cur is not None else 0
-    events = store.log.bodies(saga_id, start)
-    if not events:
+    # whose context it is comes from the log's first event, never from the cache
+    events = store.log.bodies(saga_id)
+    if not events or events[0]["kind"] != K.SAGA_STARTED:
+        return 0
+    agent = events[0].get("agent_id")
+    conv = (events[0].get("data") or {}).get("conversation_id")
+    events = events[start:]
+    if not agent or not events:
         return 0
     pipe = r.pipeline(transaction=False)
-    n = tell(pipe, saga_id, agent.decode(), conv.decode() if conv else None, events)
+    n = tell(pipe, saga_id, agent, conv, events)
     pipe.execute()
     return n
 

@@ -51,6 +51,7 @@ from saga_store.log.stream import (
     Head,
     Lease,
     SagaLog,
+    SideWrite,
     body_and_hash,
     command,
     head_of,
@@ -206,7 +207,7 @@ class Ledger:
             lease = Lease(token, LeaseMode.RELEASE) if final else \
                 Lease(token, LeaseMode.ACQUIRE, SEAL_LEASE_MS)
             call = self.log.prepare(keys.LEDGER_ID, bodies, head, lease=lease,
-                                    consumed=keys.LEDGER_PENDING)
+                                    side=[SideWrite("trim", keys.LEDGER_PENDING)])
             pipe = r.pipeline(transaction=False)
             call.send(pipe)
             pipe.llen(keys.LEDGER_PENDING)

@@ -22,23 +22,22 @@ from saga_store.log.events import EventKind as K
 from saga_store.log.events import body_dict
 from saga_store.log.ledger import CLOSE_FLAG, OPEN_FLAG, Ledger
 from saga_store.log.pipeline import lean
-from saga_store.log.stream import EMPTY, Head, Lease, PreparedAppend, SagaLog, command, head_of
+from saga_store.log.stream import (
+    EMPTY,
+    STATUS_AFTER,
+    Head,
+    Lease,
+    PreparedAppend,
+    SagaLog,
+    command,
+    head_of,
+)
 from saga_store.ops.connection import connect
 from saga_store.protocol.state import FINAL, SagaState, Status, fold, paused_gc, phase_of
 from saga_store.protocol.vocab import Phase
 from saga_store.settings import Settings
 
-# The cached projection each kind moves a saga to: (state, phase).
-_META: dict[str, Status] = {
-    K.SAGA_FAILED: Status.COMPENSATING,
-    K.COMPENSATION_INTENT: Status.COMPENSATING,
-    K.STEP_NOT_COMPENSABLE: Status.COMPENSATING,
-    K.SAGA_RESUMED: Status.COMPENSATING,
-    K.SAGA_STUCK: Status.STUCK,
-    K.SAGA_COMMITTED: Status.COMMITTED,
-    K.SAGA_COMPENSATED: Status.COMPENSATED,
-    K.SAGA_NEEDS_ATTENTION: Status.NEEDS_ATTENTION,
-}
+_META = STATUS_AFTER  # the cached projection each kind moves a saga to
 
 
 class EventStore:
@@ -169,13 +168,24 @@ class EventStore:
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     def rebuild_meta(self, saga_id: str) -> dict[str, str]:
-        """Recompute the cached projection from the log (repair after tampering or loss)."""
-        st = self.state(saga_id)
-        meta = {"agent_id": st.agent_id or "", "state": str(st.status),
-                "phase": phase_of(st.status), "seq": str(st.seq)}
-        command(self.redis, "HSET", keys.saga_meta(saga_id),
-                *(x for kv in meta.items() for x in kv))
-        return meta
+        """Recompute the cached projection from the log (repair after tampering or
+        loss). Written only if the log did not move meanwhile (WATCH), so a repair
+        never puts back a state an append just left."""
+        for _ in range(20):
+            with self.redis.pipeline() as pipe:
+                pipe.watch(keys.saga_log(saga_id))  # type: ignore[no-untyped-call]
+                st = self.state(saga_id)
+                meta = {"agent_id": st.agent_id or "", "state": str(st.status),
+                        "phase": str(phase_of(st.status)), "seq": str(st.seq)}
+                pipe.multi()
+                pipe.hset(keys.saga_meta(saga_id),
+                          mapping=meta)  # type: ignore[arg-type]
+                try:
+                    pipe.execute()
+                except redis.WatchError:
+                    continue  # appended to meanwhile: fold again
+                return meta
+        raise ConflictError(f"saga {saga_id} kept changing; try again")
 
     def saga_ids(self, limit: int | None = None, agent_id: str | None = None) -> list[str]:
         """Saga ids from the ledger's opening entries, newest first (of one agent if
@@ -252,8 +262,9 @@ class ChainWriter:
         bodies = [body_dict(self.saga_id, 0, kind, **f) for kind, f in items]
         meta = dict(meta or {})
         last = items[-1][0]
-        if last in _META and "state" not in meta:
-            status = _META[last]
+        moved = next((kind for kind, _ in reversed(items) if kind in _META), None)
+        if moved is not None and "state" not in meta:
+            status = _META[moved]
             meta.update(state=status, phase=phase_of(status))
             if status in FINAL:  # its ledger entry is owed until pushed
                 meta[CLOSE_FLAG] = 0

@@ -31,7 +31,7 @@ from saga_store.log.canonical import canonical, check_json
 from saga_store.log.chain import Chain
 from saga_store.log.events import EventKind
 from saga_store.log.scripts import APPEND, RELEASE_LEASE, Scripts
-from saga_store.protocol.vocab import Fence, LeaseMode, Phase
+from saga_store.protocol.vocab import Fence, LeaseMode, Phase, Status, phase_of
 from saga_store.settings import Settings
 
 if TYPE_CHECKING:  # importing prometheus_client early would fix its process mode
@@ -53,6 +53,37 @@ class Head:
 
 
 EMPTY = Head(-1, b"")
+
+# The state a saga is in after an event of each kind, and so its phase (other
+# kinds leave both as they were). The append script stamps the phase on every
+# entry and reads it back from the last; the meta hash caches both for readers.
+STATUS_AFTER: dict[str, Status] = {
+    EventKind.SAGA_STARTED: Status.RUNNING,
+    EventKind.SAGA_FAILED: Status.COMPENSATING,
+    EventKind.COMPENSATION_INTENT: Status.COMPENSATING,
+    EventKind.STEP_NOT_COMPENSABLE: Status.COMPENSATING,
+    EventKind.SAGA_RESUMED: Status.COMPENSATING,
+    EventKind.SAGA_STUCK: Status.STUCK,
+    EventKind.SAGA_COMMITTED: Status.COMMITTED,
+    EventKind.SAGA_COMPENSATED: Status.COMPENSATED,
+    EventKind.SAGA_NEEDS_ATTENTION: Status.NEEDS_ATTENTION,
+}
+PHASE_AFTER: dict[str, Phase] = {
+    **{kind: phase_of(status) for kind, status in STATUS_AFTER.items()},
+    EventKind.LEDGER_OPENED: Phase.FORWARD,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SideWrite:
+    """A write the append script makes only if the append succeeds, to a key of
+    the chain's own hash tag: ``op`` is 'hset' (field/value pairs), 'set' (a
+    value), 'pexpire' (ms) or 'trim' (drop the first n items of a list, n being
+    the number of events: the pending entries they came from)."""
+
+    op: str
+    key: str
+    args: tuple[Any, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +130,20 @@ def body_and_hash(fields: Sequence[bytes] | Mapping[bytes, bytes]) -> tuple[byte
     """The b and h fields of a stored entry (b"" for one that is missing)."""
     if isinstance(fields, Mapping):
         return fields.get(b"b", b""), fields.get(b"h", b"")
-    if len(fields) == 4 and fields[0] == b"b" and fields[2] == b"h":
+    if len(fields) >= 4 and fields[0] == b"b" and fields[2] == b"h":
         return fields[1], fields[3]
     named = {fields[i]: fields[i + 1] for i in range(0, len(fields) - 1, 2)}
     return named.get(b"b", b""), named.get(b"h", b"")
+
+
+def stamp_of(fields: Sequence[bytes] | Mapping[bytes, bytes]) -> bytes | None:
+    """The p field (the phase after the entry) of a stored entry, None if missing."""
+    if isinstance(fields, Mapping):
+        return fields.get(b"p")
+    for i in range(0, len(fields) - 1, 2):
+        if fields[i] == b"p":
+            return fields[i + 1]
+    return None
 
 
 @dataclass(frozen=True)
@@ -117,6 +158,7 @@ class PreparedAppend:
     first_hash: bytes
     last_hash: bytes
     phase: Phase
+    events: int
 
     def send(self, client: Any) -> Any:
         if isinstance(client, Pipeline):
@@ -135,9 +177,9 @@ class PreparedAppend:
         metrics = self.log.metrics
         if code == 1:
             if metrics is not None:
-                metrics.appends.inc(self.argv[6])
+                metrics.appends.inc(self.events)
             return Head(int(seq), self.last_hash)
-        if code == 0 and extra == self.last_hash and int(seq) == self.argv[0] + self.argv[6]:
+        if code == 0 and extra == self.last_hash and int(seq) == self.argv[0] + self.events:
             # the head is this very append: an earlier send of it succeeded and its
             # reply was lost with the connection, then the client sent it again
             return Head(int(seq), self.last_hash)
@@ -225,12 +267,13 @@ class SagaLog:
     def prepare(self, chain_id: str, bodies: Sequence[dict[str, Any]], expect: Head, *,
                 lease: Lease | None = None, phase: Phase | None = None,
                 meta: Mapping[str, str | int] | None = None,
-                consumed: str | None = None) -> PreparedAppend:
+                side: Sequence[SideWrite] = ()) -> PreparedAppend:
         """Encode an append without sending it, so it can go in a pipeline.
-        ``consumed``: a list (same slot) whose first items these bodies came from,
-        trimmed in the same script call. Only a saga's opening (``saga_started``
-        first) or the ledger's first append creates a chain: any other append to a
-        chain that does not exist raises :class:`NoSuchSaga` and writes nothing."""
+        ``side``: writes to keys of the same slot made in the same script call,
+        only if the append succeeds (a refused append writes nothing). Only a
+        saga's opening (``saga_started`` first) or the ledger's first append
+        creates a chain: any other append to a chain that does not exist raises
+        :class:`NoSuchSaga` and writes nothing."""
         linked = self.encode(chain_id, bodies, expect)
         token, mode, ttl = lease if lease is not None else ("", LeaseMode.HOLD, 0)
         if expect.empty and (chain_id == keys.LEDGER_ID
@@ -238,15 +281,20 @@ class SagaLog:
             phase = Phase.OPEN
         phase = phase or Phase.ANY
         argv: list[Any] = [expect.seq, expect.hash, token, mode, ttl, phase, len(linked)]
-        for raw, _prev, h in linked:
-            argv += (raw, h)
-        if meta:
-            for k, v in meta.items():
-                argv += (k, v)
+        for body, (raw, _prev, h) in zip(bodies, linked, strict=True):
+            argv += (raw, h, PHASE_AFTER.get(body["kind"], ""))
+        argv.append(len(meta or ()))
+        for kv in (meta or {}).items():
+            argv += kv
         k = keys.log_key_for(chain_id)
-        chain_keys = [k, k[:-4] + ":meta", k[:-4] + ":lease", *([consumed] if consumed else [])]
+        chain_keys = [k, k[:-4] + ":meta", k[:-4] + ":lease"]
+        argv.append(len(side))
+        for w in side:
+            if w.key not in chain_keys:
+                chain_keys.append(w.key)
+            argv += (w.op, chain_keys.index(w.key) + 1, len(w.args), *w.args)
         return PreparedAppend(self, chain_id, chain_keys, argv,
-                              linked[0][2], linked[-1][2], phase)
+                              linked[0][2], linked[-1][2], phase, len(linked))
 
     def _store_blob(self, chain_id: str, data: Any) -> dict[str, Any]:
         raw = canonical(data)

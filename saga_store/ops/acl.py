@@ -54,7 +54,7 @@ def worker_rules() -> list[str]:
         "resetchannels", "&rq:*", "~rq:*", "+@all", "-@dangerous", *CONNECTION,
         *[f"-{c}" for c in FORBIDDEN if c not in ("del", "unlink")],
         # Saga Store's keys: read all, run the append script, append to logs only
-        _selector(f"%R~{P}:*", "+@read", "-keys", *SCRIPTS, "+scan"),
+        _selector(f"%R~{P}:*", "+@read", "-keys", *SCRIPTS, "+scan", "+watch"),
         _selector(f"~{P}:*", *SCRIPTS),
         _selector(f"~{P}:*:log", "+xadd"),
         _selector(*side, *SIDE_WRITES),

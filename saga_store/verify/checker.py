@@ -22,6 +22,10 @@ and names a reason class:
     ledger_conflict the ledger holds two different openings or closes of the saga
     forged_close    the ledger closed the saga at an event that is not its close
     rejected_entry  the sealer set aside ledger entries no saga's chain bears out
+    phase_mismatch  an entry's phase stamp (what the append script decides by)
+                    is not what the event kinds up to it make it
+    projection      the saga's cached state or phase (``ss:{S}:meta``) is not
+                    the fold of its log (the sweeper rebuilds it)
 """
 
 from __future__ import annotations
@@ -41,7 +45,16 @@ from saga_store.log.chain import Chain
 from saga_store.log.events import KNOWN_KINDS, SCHEMA_VERSION
 from saga_store.log.events import EventKind as K
 from saga_store.log.ledger import CLOSING_KINDS, Ledger
-from saga_store.log.stream import EMPTY, Head, SagaLog, body_and_hash
+from saga_store.log.stream import (
+    EMPTY,
+    PHASE_AFTER,
+    STATUS_AFTER,
+    Head,
+    SagaLog,
+    body_and_hash,
+    stamp_of,
+)
+from saga_store.protocol.vocab import Phase, Status
 from saga_store.verify.invariants import Invariants
 
 Progress = Callable[[int], None]
@@ -59,6 +72,8 @@ class ChainReport:
     head_hash: bytes = b""
     first_hash: bytes = b""
     last_kind: str | None = None
+    status: Status | None = None  # the fold's state and phase (of a saga's chain)
+    phase: Phase | None = None
     warnings: list[str] = field(default_factory=list)
 
     def fail(self, seq: int, reason: str, detail: str) -> None:
@@ -75,8 +90,8 @@ class ChainReport:
 class ChainChecker:
     """Checks one chain; feed entries in stored order, then read ``report``."""
 
-    __slots__ = ("chain_id", "expect", "expect_eid", "invariants", "last", "link", "prev",
-                 "prev_hex", "report", "version")
+    __slots__ = ("chain_id", "expect", "expect_eid", "invariants", "last", "link", "phase",
+                 "prev", "prev_hex", "report", "stamped", "status", "version")
 
     def __init__(self, chain: Chain, chain_id: str) -> None:
         self.chain_id = chain_id
@@ -89,12 +104,16 @@ class ChainChecker:
         self.invariants = None if chain_id == keys.LEDGER_ID else Invariants()
         self.report = ChainReport(chain_id)
         self.last: dict[str, Any] = {}  # the last event that passed
+        self.phase = Phase.FORWARD  # what the kinds so far make it, and the state
+        self.status = Status.RUNNING
+        self.stamped = False  # entries carry their phase from some point on, then always
 
     def feed(self, body: bytes, h: bytes, *, eid: bytes | None = None,
-             ev: dict[str, Any] | None = None) -> bool:
+             ev: dict[str, Any] | None = None, stamp: bytes | None = None) -> bool:
         """Check the next entry as stored in Redis; False once the chain is bad.
 
-        ``eid`` is the stored entry id; ``ev`` the parsed body, if the caller has it.
+        ``eid`` is the stored entry id; ``ev`` the parsed body, if the caller has it;
+        ``stamp`` the entry's phase field (None for entries written before it).
         """
         rep, n = self.report, self.expect
         if not rep.ok:
@@ -104,7 +123,21 @@ class ChainChecker:
         if self.link(self.prev, body) != h:
             rep.fail(n, "hash_mismatch", "hash does not match the event's bytes and its prev")
             return False
-        return self._accept(n, body, h, ev)
+        if not self._accept(n, body, h, ev):
+            return False
+        if stamp is None:
+            if self.stamped:
+                rep.fail(n, "phase_mismatch", "entry lacks the phase stamp entries before it "
+                         "carry")
+                return False
+        elif stamp != self.phase.encode():
+            rep.fail(n, "phase_mismatch", f"entry is stamped {stamp.decode(errors='replace')!r}"
+                     f" but its events make the saga {self.phase!r}: the append script would "
+                     "decide by a phase the log does not bear out")
+            return False
+        else:
+            self.stamped = True
+        return True
 
     def feed_export(self, body: bytes, h_hex: str, prev_hex: str, ev: dict[str, Any]) -> bool:
         """Check the next event of an export, whose prev and hash are hex text.
@@ -136,6 +169,10 @@ class ChainChecker:
                 return False
         if not self._check_body(n, ev):
             return False
+        kind = ev["kind"]
+        if kind in STATUS_AFTER:
+            self.status = STATUS_AFTER[kind]
+        self.phase = PHASE_AFTER.get(kind, self.phase)
         self.last = ev
         if n == 0:
             self.report.first_hash = h
@@ -160,6 +197,7 @@ class ChainChecker:
         if self.expect:
             rep.head_seq, rep.head_hash = self.expect - 1, self.prev
             rep.last_kind = self.last.get("kind")
+            rep.status, rep.phase = self.status, self.phase
         return rep
 
     def _check_body(self, n: int, ev: Any) -> bool:
@@ -299,7 +337,7 @@ def read_verified(log: SagaLog, saga_id: str) -> tuple[list[dict[str, Any]], Hea
         for eid, fields in rows:
             body, h = body_and_hash(fields)
             if checker.report.ok:
-                checker.feed(body, h, eid=eid)
+                checker.feed(body, h, eid=eid, stamp=stamp_of(fields))
             bodies.append(orjson.loads(body))
             head = Head(keys.seq_of_entry_id(eid), h)
     return bodies, head, checker.finish()
@@ -342,10 +380,10 @@ class Verifier:
         feed = checker.feed
         for rows in self.log.pages(chain_id):
             for eid, fields in rows:
-                if len(fields) == 4 and fields[0] == b"b" and fields[2] == b"h":
-                    ok = feed(fields[1], fields[3], eid=eid)
+                if len(fields) == 6 and fields[0] == b"b" and fields[4] == b"p":
+                    ok = feed(fields[1], fields[3], eid=eid, stamp=fields[5])
                 else:
-                    ok = feed(*body_and_hash(fields), eid=eid)
+                    ok = feed(*body_and_hash(fields), eid=eid, stamp=stamp_of(fields))
                 if not ok:
                     break
                 if view is not None and (why := view.note(checker.last)):
@@ -377,6 +415,7 @@ class Verifier:
         if ledger.ok:
             for rep in reports:
                 cross_check(rep, view)
+        self._check_projections(reports)
         rejected = Ledger(self.log).rejected()
         if rejected:
             entry, why = rejected[0]
@@ -386,6 +425,28 @@ class Verifier:
                         f"was cut or rewritten since they were written); the first ({why}): "
                         f"{entry[:160]!r}")
         return VerifyResult([ledger, *reports])
+
+    def _check_projections(self, reports: list[ChainReport]) -> None:
+        """Fail each saga whose cached state or phase is not the fold of its log: no
+        decision rests on the cache, but 'saga ls', the console and the metrics
+        show it. Read in pipelined batches."""
+        sound = [rep for rep in reports if rep.ok and rep.events]
+        for i in range(0, len(sound), 1000):
+            batch = sound[i:i + 1000]
+            pipe = self.log.redis.pipeline(transaction=False)
+            for rep in batch:
+                pipe.hmget(keys.saga_meta(rep.chain_id), "state", "phase")
+            for rep, (state, phase) in zip(batch, pipe.execute(), strict=True):
+                if state is None and phase is None:
+                    rep.warnings.append("no cached state (a chain loaded from an export?); "
+                                        "a worker's sweeper rebuilds it from the log")
+                elif (state, phase) != (str(rep.status).encode(), str(rep.phase).encode()):
+                    shown = f"{(state or b'-').decode(errors='replace')}/" \
+                            f"{(phase or b'-').decode(errors='replace')}"
+                    rep.fail(rep.head_seq, "projection",
+                             f"its cached state is {shown}, its log says {rep.status}/"
+                             f"{rep.phase}: the meta hash was changed by hand; a worker's "
+                             "sweeper rebuilds it from the log")
 
     def _check_many(self, ids: list[str], progress: Progress | None) -> list[ChainReport]:
         kwargs = getattr(self.log.redis.connection_pool, "connection_kwargs", {})

@@ -11,6 +11,7 @@ import orjson
 import pytest
 import redis
 
+from saga_store import keys
 from saga_store.client.api import SagaStore
 from saga_store.client.context import Subscriber, rebuild_history
 from saga_store.execution import jobs
@@ -251,3 +252,53 @@ def test_a_forged_log_drives_no_compensation(client: redis.Redis,
                           what="the compensation job to be run and acknowledged")
     assert effects("release") == []
     assert forger.state(w.saga_id).status is Status.COMPENSATING  # nothing was appended
+
+
+def test_a_projection_set_by_hand_does_not_stop_the_unwind(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path, tmp_path: Path) -> None:
+    """Someone sets the saga's cached phase to closed (and its state to committed)
+    between two compensations: the append script decides by the log's own phase,
+    so the unwind still finishes, every step undone once, LIFO; the sweeper puts
+    the cache back, and verify passes once it has."""
+    sid = saga_store.submit(THREE_THEN_FAIL, agent_id="agent-c")
+    kill_at(worker_env, TOOLS, "comp_after_outcome", tmp_path, at=1)
+    client.hset(f"ss:{{{sid}}}:meta", mapping={"phase": "closed", "state": "committed",
+                                                "agent_id": "victim"})
+    with workers(worker_env, TOOLS):
+        state = saga_store.wait(sid, timeout=30)
+    assert state.status is Status.COMPENSATED
+    # whose context hears of the unwind comes from the log, not from the cache
+    assert client.xlen(keys.agent_ctx("victim")) == 0
+    assert client.xlen(keys.agent_ctx("agent-c")) > 0
+    assert comp_order(saga_store, sid) == [2, 1, 0]
+    assert len(effects("release")) == 3
+    assert Verifier(saga_store.events.log).verify().ok
+
+
+def test_verify_reports_a_projection_or_a_phase_stamp_changed_by_hand(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path) -> None:
+    """The cache disagreeing with the log, and an entry's phase stamp rewritten (the
+    chain's bytes untouched), are each reported; the sweeper rebuilds the cache."""
+    from saga_store.workers.sweeper import Sweeper
+    sid = saga_store.submit(THREE_THEN_FAIL, agent_id="agent-c")
+    with workers(worker_env, TOOLS):
+        saga_store.wait(sid, timeout=60)
+    meta = f"ss:{{{sid}}}:meta"
+    client.hset(meta, "state", "running")
+    bad = Verifier(saga_store.events.log).verify(sid)
+    assert [(f.chain_id, f.reason) for f in bad.failures] == [(sid, "projection")]
+    client.zadd("ss:active", {sid: 0})
+    Sweeper(saga_store, "test").sweep()
+    assert client.hget(meta, "state") == b"compensated"
+    assert Verifier(saga_store.events.log).verify(sid).ok
+    # the last entry put back with another phase stamp: same body, same hash
+    log_key = f"ss:{{{sid}}}:log"
+    (eid, fields), (before, _) = client.xrevrange(log_key, count=2)
+    assert fields[b"p"] == b"closed"
+    client.xdel(log_key, eid)
+    client.execute_command("XSETID", log_key, before)
+    client.xadd(log_key, {b"b": fields[b"b"], b"h": fields[b"h"], b"p": b"forward"}, id=eid)
+    bad = Verifier(saga_store.events.log).verify(sid)
+    assert [(f.chain_id, f.reason) for f in bad.failures] == [(sid, "phase_mismatch")]

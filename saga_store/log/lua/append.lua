@@ -5,8 +5,7 @@
 -- (one Cluster slot).
 --
 -- KEYS[1] chain log stream      KEYS[2] chain meta hash      KEYS[3] lease key
--- KEYS[4] (optional) a list whose first n items the events came from: trimmed
---         off in the same step (the ledger's pending entries)
+-- KEYS[4 ..] the keys of the side writes (same hash tag)
 -- ARGV[1] expected head seq (-1 for an empty chain)
 -- ARGV[2] expected head hash (32 raw bytes; empty for an empty chain)
 -- ARGV[3] lease token ('' = no lease check)
@@ -20,9 +19,18 @@
 --         Only an opening creates a chain: any other append to a chain that
 --         does not exist is refused. A saga whose phase is 'closed' (it has its
 --         final event) takes no append at all.
+--         The phase is read from the log: every entry carries, in its 'p'
+--         field, the phase the chain is in after it (the verifier checks each
+--         against the event kinds). Only a chain written before entries carried
+--         it falls back to the meta hash, which is otherwise a cache for readers.
 -- ARGV[7] n, the number of events
--- ARGV[8 .. 7+2n] body and hash of each event, in order
--- ARGV[8+2n ..] field/value pairs written to meta after the append
+-- ARGV[8 .. 7+3n] body, hash and phase after it ('' = unchanged) of each event
+-- ARGV[m = 8+3n] k, then k field/value pairs written to meta after the append
+-- ARGV[m+1+2k] s, then s side writes, each: op, key index (into KEYS), argc,
+--         args. ops: 'hset' (field/value pairs), 'set' (value), 'pexpire' (ms),
+--         'trim' (LTRIM the first n items off: the ledger's pending entries the
+--         events came from). Side writes happen only when the append does, so
+--         a refused append writes nothing at all.
 -- returns {1, new head seq, ''}            appended
 --         {0, head seq, head hash}         head moved: re-read, decide again
 --         {-1, 0, holder}                  lease held by another token (fenced off)
@@ -30,12 +38,12 @@
 --         {-3, 0, ''}                      no such chain, and this is no opening
 local unpack = unpack or table.unpack
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-local seq, head = -1, ''
+local seq, head, phase = -1, '', nil
 if last[1] then
   seq = tonumber(string.match(last[1][1], '^0%-(%d+)$') or '0') - 1
   local f = last[1][2]
   for i = 1, #f, 2 do
-    if f[i] == 'h' then head = f[i + 1] end
+    if f[i] == 'h' then head = f[i + 1] elseif f[i] == 'p' then phase = f[i + 1] end
   end
 end
 local want = ARGV[6]
@@ -54,24 +62,37 @@ if token ~= '' then
     return {-1, 0, holder or ''}
   end
 end
-if want ~= 'open' then
-  local phase = redis.call('HGET', KEYS[2], 'phase') or 'forward'
-  if phase == 'closed' or (want ~= '' and phase ~= want) then
-    return {-2, 0, phase}
-  end
+if phase == nil then
+  phase = seq == -1 and 'forward' or (redis.call('HGET', KEYS[2], 'phase') or 'forward')
+end
+if want ~= 'open' and (phase == 'closed' or (want ~= '' and phase ~= want)) then
+  return {-2, 0, phase}
 end
 local n = tonumber(ARGV[7])
 for i = 0, n - 1 do
-  local a = 8 + 2 * i
+  local a = 8 + 3 * i
   seq = seq + 1
-  redis.call('XADD', KEYS[1], '0-' .. (seq + 1), 'b', ARGV[a], 'h', ARGV[a + 1])
+  if ARGV[a + 2] ~= '' then phase = ARGV[a + 2] end
+  redis.call('XADD', KEYS[1], '0-' .. (seq + 1), 'b', ARGV[a], 'h', ARGV[a + 1], 'p', phase)
 end
-if KEYS[4] then
-  redis.call('LTRIM', KEYS[4], n, -1)
+local m = 8 + 3 * n
+local k = tonumber(ARGV[m])
+if k > 0 then
+  redis.call('HSET', KEYS[2], 'seq', seq, unpack(ARGV, m + 1, m + 2 * k))
 end
-local m = 8 + 2 * n
-if #ARGV >= m then
-  redis.call('HSET', KEYS[2], 'seq', seq, unpack(ARGV, m))
+local q = m + 1 + 2 * k
+for _ = 1, tonumber(ARGV[q]) do
+  local op, key, argc = ARGV[q + 1], KEYS[tonumber(ARGV[q + 2])], tonumber(ARGV[q + 3])
+  if op == 'hset' then
+    redis.call('HSET', key, unpack(ARGV, q + 4, q + 3 + argc))
+  elseif op == 'set' then
+    redis.call('SET', key, ARGV[q + 4])
+  elseif op == 'pexpire' then
+    redis.call('PEXPIRE', key, ARGV[q + 4])
+  elseif op == 'trim' then
+    redis.call('LTRIM', key, n, -1)
+  end
+  q = q + 3 + argc
 end
 if token ~= '' then
   if mode == 'acquire' then
