@@ -188,7 +188,6 @@ class Compensator:
         writer.tell(pipe)  # the saga's close, before it leaves ss:active: the sweeper's cue
         settle = writer.chain.close_on(pipe)  # the ledger's closing entry, in the same trip
         pipe.zrem(keys.ACTIVE, state.saga_id)
-        pipe.pexpire(keys.saga_secrets(state.saga_id), 0)
         execute(pipe, settle)
         notify.needs_attention(state.saga_id, state.agent_id, act.attention)
         return ended

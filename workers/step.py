@@ -340,7 +340,6 @@ class StepRunner:
     @staticmethod
     def _closed(pipe: Any, saga_id: str) -> None:
         pipe.zrem(keys.ACTIVE, saga_id)
-        pipe.pexpire(keys.saga_secrets(saga_id), 0)  # secret values: no longer needed
 
     def _claimable(self, step: int, view: StepView, follow: Follow,
                    ) -> tuple[ToolSpec, int] | None:

@@ -13,6 +13,7 @@ saga's stream with XREAD BLOCK, not by polling and not on RQ's result API.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,7 +52,6 @@ class _Planned:
     saga_id: str
     opening: Opening
     idem_key: str
-    secrets: dict[int, dict[str, Any]]
 
 
 class SagaStore:
@@ -145,7 +145,8 @@ class SagaStore:
         sid = check_saga_id(saga_id) if saga_id else new_id()
         logged_plan: list[dict[str, Any]] = []
         secret_values: dict[int, dict[str, Any]] = {}
-        salt = self.secrets.salt(sid) if any(s.secret for s, _, _ in plan) else b""
+        # a new saga's salt: written with its opening, so a refused open writes none
+        salt = os.urandom(16) if any(s.secret for s, _, _ in plan) else b""
         for n, (spec, args, call_id) in enumerate(plan):
             logged, values = Secrets.redact(args, spec.secret, salt)
             if values:
@@ -153,21 +154,19 @@ class SagaStore:
             logged_plan.append({"tool": spec.name, "args": logged, "tool_call_id": call_id})
         first_spec, _, first_call_id = plan[0]
         first = intent(sid, 0, first_spec, logged_plan[0]["args"], first_call_id)
-        opening = self.events.prepare_open(agent_id, saga_id=sid,
-                                          conversation_id=conversation_id,
-                                          data={"plan": logged_plan},
-                                          then=[first])
-        return _Planned(sid, opening, first[1]["idem_key"], secret_values)
+        opening = self.events.prepare_open(
+            agent_id, saga_id=sid, conversation_id=conversation_id, data={"plan": logged_plan},
+            then=[first], side=self.secrets.writes(sid, secret_values, salt or None))
+        return _Planned(sid, opening, first[1]["idem_key"])
 
     def _write(self, planned: list[_Planned]) -> list[str]:
-        # in ss:active (and their secrets stored) before they exist, in the opens'
-        # round trip: should this process die after an open, the sweeper finds it
+        # in ss:active before they exist, in the opens' round trip: should this
+        # process die after an open, the sweeper finds it. NX: a saga that is
+        # already there (an id taken, this open refused) keeps its own schedule
         ahead = lean(self.redis)
         look_at = now_ms() + 2 * self.settings.lease_ms
         for p in planned:
-            ahead.zadd(keys.ACTIVE, {p.saga_id: look_at})
-            for n, values in p.secrets.items():
-                self.secrets.put(ahead, p.saga_id, n, values)
+            ahead.zadd(keys.ACTIVE, {p.saga_id: look_at}, nx=True)
         at = []
         for p in planned:
             at.append(len(ahead))
@@ -176,6 +175,13 @@ class SagaStore:
         for i, got in enumerate(replies):
             if isinstance(got, Exception) and i not in at:
                 raise got
+        taken = [p for p, i in zip(planned, at, strict=True) if p.opening.refused(replies[i])]
+        if taken:  # only ids a caller chose can be taken: submit, one plan
+            added = [p.saga_id for k, p in enumerate(planned) if p in taken and replies[k]]
+            if added:
+                self.redis.zrem(keys.ACTIVE, *added)
+            raise InvalidInput(f"saga {taken[0].saga_id} already exists; choose another id or "
+                               "omit it (nothing was written)", field="saga_id")
         fault("submit_between")
         # the ledger entries go with the first jobs, chained by a sweeper of the
         # workers that run the plans; a process killed before this round trip owes

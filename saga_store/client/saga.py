@@ -112,9 +112,11 @@ class Saga:
         while True:
             pipe = r.pipeline(transaction=False)
             pipe.zadd(keys.ACTIVE, {self.saga_id: now_ms() + 2 * self.store.settings.lease_ms})
-            if secret_values:
-                self.store.secrets.put(pipe, self.saga_id, n, secret_values)
-            call = self.writer.prepare([(K.STEP_INTENT, fields)], phase=Phase.FORWARD)
+            # the secret values go with the intent: a lost race leaves none behind
+            side = self.store.secrets.writes(self.saga_id, {n: secret_values}) \
+                if secret_values else []
+            call = self.writer.prepare([(K.STEP_INTENT, fields)], phase=Phase.FORWARD,
+                                       side=side)
             at_append = len(pipe)
             call.send(pipe)
             # the job goes in the same round trip: if the append loses, the worker

@@ -18,8 +18,8 @@ from saga_store import keys
 from saga_store.errors import ConflictError, IntegrityError, InvalidInput, NoSuchSaga, no_such_saga
 from saga_store.faults import fault
 from saga_store.ids import check_id, check_saga_id, new_id
+from saga_store.log.events import TERMINAL_KINDS, body_dict
 from saga_store.log.events import EventKind as K
-from saga_store.log.events import body_dict
 from saga_store.log.ledger import CLOSE_FLAG, OPEN_FLAG, Ledger
 from saga_store.log.pipeline import lean
 from saga_store.log.stream import (
@@ -29,6 +29,7 @@ from saga_store.log.stream import (
     Lease,
     PreparedAppend,
     SagaLog,
+    SideWrite,
     command,
     head_of,
 )
@@ -36,6 +37,7 @@ from saga_store.ops.connection import connect
 from saga_store.protocol.state import FINAL, SagaState, Status, fold, paused_gc, phase_of
 from saga_store.protocol.vocab import Phase
 from saga_store.settings import Settings
+from saga_store.tools.secrets import Secrets
 
 _META = STATUS_AFTER  # the cached projection each kind moves a saga to
 
@@ -60,21 +62,22 @@ class EventStore:
     def open(self, agent_id: str, *, saga_id: str | None = None,
              conversation_id: str | None = None, data: Mapping[str, Any] | None = None,
              then: Sequence[tuple[str, Mapping[str, Any]]] = (),
-             lease: Lease | None = None) -> ChainWriter:
+             lease: Lease | None = None, side: Sequence[SideWrite] = ()) -> ChainWriter:
         """Start a saga: ``saga_started`` (and ``then``, in the same append) in its
         chain, then its opening in the ledger. With ``lease``, the writer holds the
         saga's lease from its first event on, and carries it on every append."""
         opening = self.prepare_open(agent_id, saga_id=saga_id,
                                     conversation_id=conversation_id, data=data, then=then,
-                                    lease=lease)
+                                    lease=lease, side=side)
         return opening.applied(opening.call.send(self.redis))
 
     def prepare_open(self, agent_id: str, *, saga_id: str | None = None,
                      conversation_id: str | None = None,
                      data: Mapping[str, Any] | None = None,
                      then: Sequence[tuple[str, Mapping[str, Any]]] = (),
-                     lease: Lease | None = None) -> Opening:
-        """The opening append of :meth:`open`, encoded, to send in a pipeline."""
+                     lease: Lease | None = None, side: Sequence[SideWrite] = ()) -> Opening:
+        """The opening append of :meth:`open`, encoded, to send in a pipeline;
+        ``side``: writes made only if the saga is opened (see :class:`SideWrite`)."""
         check_id(agent_id, "agent_id")
         sid = check_saga_id(saga_id) if saga_id is not None else new_id()
         if conversation_id is not None:
@@ -92,7 +95,8 @@ class EventStore:
             [(K.SAGA_STARTED, {"agent_id": agent_id, "data": payload or None}), *then],
             meta={"agent_id": agent_id, "state": Status.RUNNING, "phase": Phase.FORWARD,
                   "ctx_seq": len(then), OPEN_FLAG: 0,
-                  **({"conversation_id": conversation_id} if conversation_id else {})})
+                  **({"conversation_id": conversation_id} if conversation_id else {})},
+            side=side)
         return Opening(writer, call, agent_id)
 
     def writer(self, saga_id: str) -> ChainWriter:
@@ -214,6 +218,17 @@ class Opening:
     # with a pipe given to applied(): takes that pipeline's replies (see Ledger)
     ledger_written: Callable[[list[Any]], int] = lambda replies: 0
 
+    def refused(self, reply: Any) -> bool:
+        """Whether the open's reply says the saga id was already taken (a resent
+        open whose first reply was lost is not refused: it is this very open)."""
+        if isinstance(reply, Exception) or int(reply[0]) != 0:
+            return False
+        try:
+            self.call.result(reply)
+        except ConflictError:
+            return True
+        return False
+
     def applied(self, reply: Any, pipe: Any = None,
                 defer_ledger: bool | None = None) -> ChainWriter:
         """Take the append's reply, then write the ledger's opening entry; with
@@ -257,8 +272,10 @@ class ChainWriter:
 
     def prepare(self, items: Sequence[tuple[str, Mapping[str, Any]]], *,
                 lease: Lease | None = None, phase: Phase | None = None,
-                meta: Mapping[str, str | int] | None = None) -> PreparedAppend:
-        """Encode an append to send later (alone or in a pipeline); see :meth:`applied`."""
+                meta: Mapping[str, str | int] | None = None,
+                side: Sequence[SideWrite] = ()) -> PreparedAppend:
+        """Encode an append to send later (alone or in a pipeline); see :meth:`applied`.
+        A close also retires the saga's secret values, in the same script call."""
         bodies = [body_dict(self.saga_id, 0, kind, **f) for kind, f in items]
         meta = dict(meta or {})
         last = items[-1][0]
@@ -268,9 +285,11 @@ class ChainWriter:
             meta.update(state=status, phase=phase_of(status))
             if status in FINAL:  # its ledger entry is owed until pushed
                 meta[CLOSE_FLAG] = 0
+        if last in TERMINAL_KINDS:
+            side = [*side, Secrets.retire(self.saga_id)]
         call = self.store.log.prepare(self.saga_id, bodies, self.head,
                                       lease=lease if lease is not None else self.lease,
-                                      phase=phase, meta=meta)
+                                      phase=phase, meta=meta, side=side)
         self._last_kind = last
         return call
 

@@ -171,6 +171,8 @@ class PreparedAppend:
         return self.log.scripts.call_append(client, self.keys, self.argv)
 
     def result(self, reply: Any) -> Head:
+        if isinstance(reply, redis.exceptions.NoPermissionError):
+            raise reply  # this user may not write that saga: not an outage
         if isinstance(reply, Exception):
             raise StoreUnavailable(f"append failed: {reply}")
         code, seq, extra = reply
@@ -227,9 +229,10 @@ class SagaLog:
     # -- writing ---------------------------------------------------------
 
     def encode(self, chain_id: str, bodies: Sequence[dict[str, Any]], expect: Head,
-               ) -> list[tuple[bytes, bytes, bytes]]:
-        """Number, size-check and link ``bodies`` after ``expect``. Writes nothing
-        except content-addressed blobs for large payloads."""
+               blobs: list[SideWrite]) -> list[tuple[bytes, bytes, bytes]]:
+        """Number, size-check and link ``bodies`` after ``expect``. Writes nothing:
+        large payloads become content-addressed blobs, added to ``blobs`` for the
+        append to write with itself."""
         prev = expect.hash if not expect.empty else self.chain.genesis(chain_id)
         seq = expect.seq
         out = []
@@ -238,7 +241,7 @@ class SagaLog:
             body["seq"] = seq
             raw = canonical(body)
             if len(raw) > self.settings.blob_threshold and "data" in body:
-                body["data"] = self._store_blob(chain_id, body["data"])
+                body["data"] = self._blob(chain_id, body["data"], blobs)
                 raw = canonical(body)
             if len(raw) > self.settings.max_event_bytes:
                 raise InvalidInput(
@@ -274,7 +277,8 @@ class SagaLog:
         saga's opening (``saga_started`` first) or the ledger's first append
         creates a chain: any other append to a chain that does not exist raises
         :class:`NoSuchSaga` and writes nothing."""
-        linked = self.encode(chain_id, bodies, expect)
+        blobs: list[SideWrite] = []
+        linked = self.encode(chain_id, bodies, expect, blobs)
         token, mode, ttl = lease if lease is not None else ("", LeaseMode.HOLD, 0)
         if expect.empty and (chain_id == keys.LEDGER_ID
                              or bodies[0]["kind"] == EventKind.SAGA_STARTED):
@@ -288,6 +292,7 @@ class SagaLog:
             argv += kv
         k = keys.log_key_for(chain_id)
         chain_keys = [k, k[:-4] + ":meta", k[:-4] + ":lease"]
+        side = [*blobs, *side]
         argv.append(len(side))
         for w in side:
             if w.key not in chain_keys:
@@ -296,14 +301,14 @@ class SagaLog:
         return PreparedAppend(self, chain_id, chain_keys, argv,
                               linked[0][2], linked[-1][2], phase, len(linked))
 
-    def _store_blob(self, chain_id: str, data: Any) -> dict[str, Any]:
+    def _blob(self, chain_id: str, data: Any, blobs: list[SideWrite]) -> dict[str, Any]:
         raw = canonical(data)
         if len(raw) > self.settings.max_event_bytes:
             raise InvalidInput(
                 f"payload of {len(raw)} bytes exceeds the {self.settings.max_event_bytes}-byte "
                 "limit; store it elsewhere and pass a reference, or raise SAGA_MAX_EVENT_BYTES")
         digest = hashlib.sha256(raw).hexdigest()
-        self.redis.set(keys.saga_blob(chain_id, digest), raw)
+        blobs.append(SideWrite("set", keys.saga_blob(chain_id, digest), (raw,)))
         return {"$blob": f"sha256:{digest}", "bytes": len(raw)}
 
     def load_blob(self, chain_id: str, ref: Mapping[str, Any]) -> Any:

@@ -18,6 +18,7 @@ import redis
 
 from saga_store import keys
 from saga_store.log.canonical import canonical
+from saga_store.log.stream import SideWrite
 
 
 class Secrets:
@@ -44,9 +45,26 @@ class Secrets:
             logged[name] = {"$secret": digest}
         return logged, values
 
-    def put(self, pipe: Any, saga_id: str, step: int, values: Mapping[str, Any]) -> None:
-        pipe.hset(keys.saga_secrets(saga_id), str(step), canonical(dict(values)))
-        pipe.expire(keys.saga_secrets(saga_id), self.ttl_s)
+    def writes(self, saga_id: str, values: Mapping[int, Mapping[str, Any]],
+               salt: bytes | None = None) -> list[SideWrite]:
+        """The secret values of steps (and a new saga's salt) as writes the append
+        script makes with the step's intent: an append that is refused (a saga id
+        already taken, a lost race) leaves no secret behind."""
+        if not values and salt is None:
+            return []
+        pairs: list[Any] = [] if salt is None else ["_salt", salt]
+        for step, vals in values.items():
+            pairs += (str(step), canonical(dict(vals)))
+        key = keys.saga_secrets(saga_id)
+        return [SideWrite("hset", key, tuple(pairs)),
+                SideWrite("pexpire", key, (self.ttl_s * 1000,))]
+
+    @staticmethod
+    def retire(saga_id: str) -> SideWrite:
+        """The write, with a saga's close, that drops its secret values and salt:
+        once it is closed no step of it runs again, and without the salt the
+        digests in the log cannot be brute-forced back to the values."""
+        return SideWrite("pexpire", keys.saga_secrets(saga_id), (0,))
 
     def restore(self, saga_id: str, step: int, logged: Mapping[str, Any]) -> dict[str, Any]:
         """The arguments with their secret values put back (for calling the tool)."""

@@ -324,6 +324,56 @@ def test_submit_many_writes_all_plans_or_none(saga_store: SagaStore, client: red
     assert Verifier(saga_store.events.log).verify().ok
 
 
+def _contents(client: redis.Redis) -> dict[bytes, bytes | None]:
+    """Every key and what it holds (DUMP: type and value, not the TTL)."""
+    return {k: client.dump(k) for k in client.scan_iter(count=1000)}
+
+
+def test_a_refused_submit_writes_nothing(saga_store: SagaStore, client: redis.Redis,
+                                         worker_env: dict[str, str], ledger: Path) -> None:
+    """Submitting under a taken saga id is refused before anything is written: the
+    victim's secret card, its schedule and its log are as they were, and its charge
+    runs with its own card. Its secret values are gone once it closes."""
+    sid = saga_store.submit(ORDER, agent_id="agent-v", saga_id="victim-1")
+    before, score = _contents(client), client.zscore(keys.ACTIVE, sid)
+    forged = [dict(ORDER[0]), {**ORDER[1], "args": {"amount_cents": 1200,
+                                                    "card_number": "4999999999999999"}}]
+    with pytest.raises(InvalidInput, match="already exists"):
+        saga_store.submit(forged, agent_id="agent-x", saga_id="victim-1")
+    assert _contents(client) == before
+    assert client.zscore(keys.ACTIVE, sid) == score
+    with workers(worker_env, TOOLS):
+        assert saga_store.wait(sid, timeout=30).status is Status.COMMITTED
+    assert len(effects("charge")) == 1
+    assert not client.exists(keys.saga_secrets(sid))
+
+
+def test_submit_many_refused_late_leaves_no_blob(saga_store: SagaStore,
+                                                 client: redis.Redis) -> None:
+    """A plan that is only found too large while it is encoded (after earlier plans
+    were): the earlier plans' payload blobs are not left behind."""
+    big = [{"tool": "update_crm", "args": {"note": "x" * 20_000}}]
+    too_big = [{"tool": "update_crm", "args": {"note": "y" * 300_000}}]
+    before = _contents(client)
+    with pytest.raises(InvalidInput, match="exceeds"):
+        saga_store.submit_many([big, big, too_big], agent_id="agent-m")
+    assert _contents(client) == before
+
+
+def test_a_client_driven_commit_retires_its_secrets(saga_store: SagaStore,
+                                                    client: redis.Redis,
+                                                    worker_env: dict[str, str],
+                                                    ledger: Path) -> None:
+    """The card number given to a client-driven saga is gone from Redis once the
+    saga commits, in the commit's own script call."""
+    with workers(worker_env, TOOLS), saga_store.saga("agent-d") as saga:
+        saga.call("charge_payment", {"amount_cents": 5, "card_number": CARD})
+        assert client.exists(keys.saga_secrets(saga.saga_id))
+    assert saga_store.state(saga.saga_id).status is Status.COMMITTED
+    assert not client.exists(keys.saga_secrets(saga.saga_id))
+    assert not any(CARD.encode() in repr(v).encode() for v in _contents(client).values())
+
+
 def test_plan_file_through_the_cli(redis_url: str, worker_env: dict[str, str], ledger: Path,
                                    tmp_path: Path) -> None:
     """saga run --wait --json prints saga_id and state; a bad plan writes nothing."""
