@@ -12,9 +12,10 @@ step already claimed when this worker runs it too); tools may call
 ``comp_before_close``, ``comp_after_close`` (the close appended, its ledger
 entry not yet pushed), and ``in_comp_tool`` in compensation tools. Client
 points: ``submit_between`` (a plan's opening appended, its ledger entry and
-first job not yet pushed) and ``before_ledger_close`` (any writer that closes a
-saga itself: appended, its ledger entry not yet pushed). Off unless both
-variables are set.
+first job not yet pushed), ``after_claim`` (a client-driven call's explicit
+idempotency key claimed, its intent not yet appended) and
+``before_ledger_close`` (any writer that closes a saga itself: appended, its
+ledger entry not yet pushed). Off unless both variables are set.
 """
 
 from __future__ import annotations

@@ -19,7 +19,8 @@ from saga_store.errors import (
     StepPending,
 )
 from saga_store.execution.enqueue import enqueue_step, intent, now_ms
-from saga_store.execution.idempotency import args_digest, explicit_key, step_key
+from saga_store.execution.idempotency import args_digest, claim_fate, explicit_key, step_key
+from saga_store.faults import fault
 from saga_store.ids import check_id
 from saga_store.log.events import EventKind as K
 from saga_store.log.store import ChainWriter
@@ -82,16 +83,38 @@ class Saga:
                 self.store.metrics.dedupe_hits.labels("repeated_call").inc()
             return self._answer(repeated, timeout or spec.timeout + 30)
         n = self.state.next_step
-        if idempotency_key:
-            claim = self.store.dedupe.claim(key, args_digest(spec.name, validated),
-                                            self.saga_id, n)
+        wait = timeout or spec.timeout + 30
+        if not idempotency_key:
+            item = intent(self.saga_id, n, spec, logged, tool_call_id, key)
+            return self._answer(self._append_intent(n, item[1], secret_values), wait)
+        digest = args_digest(spec.name, validated, spec.secret,
+                             self.store.settings.hmac_key)
+        claim = self.store.dedupe.claim(key, digest, self.saga_id, n)
+        if claim.status == "exists":
+            claim = self._take_over(key, digest, claim, n)
             if claim.status == "exists":
-                return self._elsewhere(claim, timeout or spec.timeout + 30)
+                return self._elsewhere(claim, key, wait)
+        fault("after_claim")  # a client killed here leaves a claim with no step
         # an explicit key: the worker updates the key's record
-        item = intent(self.saga_id, n, spec, logged, tool_call_id, key,
-                      keyed=bool(idempotency_key))
-        self._append_intent(n, item[1], secret_values)
-        return self._answer(n, timeout or spec.timeout + 30)
+        item = intent(self.saga_id, n, spec, logged, tool_call_id, key, keyed=True)
+        try:
+            step = self._append_intent(n, item[1], secret_values)
+        except BaseException:
+            # the intent was not logged: no step can ever run under this claim
+            self.store.dedupe.release(key, digest, self.saga_id, n)
+            raise
+        return self._answer(step, wait)
+
+    def _take_over(self, key: str, digest: str, claim: Any, n: int) -> Any:
+        """Take over a pending claim of the key that can never become a step (its
+        saga was aborted, or its client died and the saga was swept); otherwise
+        ``claim`` as it was."""
+        if claim.state != "pending" or claim.saga_id == self.saga_id:
+            return claim
+        fate, _ = claim_fate(self.store.events.state(str(claim.saga_id)), key)
+        if fate != "never":
+            return claim
+        return self.store.dedupe.claim(key, digest, self.saga_id, n, take_from=claim)
 
     def _validate(self, tool: str, args: Any) -> tuple[ToolSpec, dict[str, Any]]:
         try:
@@ -106,7 +129,9 @@ class Saga:
             raise
 
     def _append_intent(self, n: int, fields: dict[str, Any],
-                       secret_values: Mapping[str, Any]) -> None:
+                       secret_values: Mapping[str, Any]) -> int:
+        """Log the intent as the next step (its number moves if someone else wrote
+        first) and queue its job; returns the step it became."""
         r = self.store.redis
         self._sync_head()
         while True:
@@ -128,7 +153,7 @@ class Saga:
                 self.writer.applied(call, replies[at_append])
                 self.state.apply({**fields, "kind": K.STEP_INTENT, "seq": self.writer.head.seq})
                 self.state.head_hash = self.writer.head.hash
-                return
+                return n
             except FencedOff:
                 self._catch_up()
                 raise SagaAborted(f"saga {self.saga_id} is unwinding; no more calls") from None
@@ -159,15 +184,16 @@ class Saga:
         raise StepError(f"step {n} ({st.tool}) failed: {st.error}; the saga is being unwound",
                         data=st.error)
 
-    def _elsewhere(self, claim: Any, timeout: float) -> dict[str, Any]:
-        """An explicit key already used by (claim.saga_id, claim.step): same answer."""
+    def _elsewhere(self, claim: Any, key: str, timeout: float) -> dict[str, Any]:
+        """An explicit key already used by another call: the same answer."""
         if claim.state == OutcomeKind.SUCCEEDED:
             return dict(claim.result or {})
         other = self.store.events.state(claim.saga_id)
-        if claim.step not in other.steps:
+        _, step = claim_fate(other, key)
+        if step is None:
             raise StepPending("that idempotency key is in progress; try again shortly")
-        sub = self.store.follow(other, lambda s: s.steps[claim.step].finished, timeout)
-        st = sub.steps[claim.step]
+        sub = self.store.follow(other, lambda s: s.steps[step].finished, timeout)
+        st = sub.steps[step]
         if st.status is StepStatus.SUCCEEDED:
             return dict(st.result or {})
         raise StepError(f"the call with that idempotency key ended {st.status}: {st.error}")

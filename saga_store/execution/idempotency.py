@@ -6,14 +6,17 @@ deduplicated by the saga's own log (it keeps every intent with its key).
 
 Explicit key (Stripe-style): given by the caller, it replaces the saga-derived
 part, so it deduplicates across sagas. Its record ``ss:idem:{key}`` holds a
-digest of the arguments, where the step is and how it ended, with its own
-retention (default 7 days), never tied to RQ's job TTLs. A claim is one
-script (``lua/claim.lua``).
+digest of the arguments (secret ones keyed, see :func:`args_digest`), where
+the step is and how it ended, with its own retention (default 7 days), never
+tied to RQ's job TTLs. A claim is one script (``lua/claim.lua``); a claim whose
+call never became a step is settled (released, or taken over by a retry).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +27,7 @@ from saga_store import keys
 from saga_store.errors import KeyReuseError
 from saga_store.log.canonical import canonical
 from saga_store.log.scripts import CLAIM
+from saga_store.protocol.state import SagaState, Status
 
 _DOMAIN = "saga-store/idem/v1"
 
@@ -42,8 +46,19 @@ def compensation_key(step_idem_key: str) -> str:
     return hashlib.sha256(canonical([_DOMAIN, "compensation", step_idem_key])).hexdigest()
 
 
-def args_digest(tool: str, args: Any) -> str:
-    return hashlib.sha256(canonical([_DOMAIN, "args", tool, args])).hexdigest()
+def args_digest(tool: str, args: Mapping[str, Any], secret: Iterable[str] = (),
+                key: bytes | None = None) -> str:
+    """What an explicit key's record keeps to tell "the same call" from another.
+    Secret arguments never enter it in the clear: with the deployment's HMAC key
+    they enter keyed (HMAC-SHA256, so a short PIN cannot be brute-forced from
+    the record without the key); without one they are left out (a retry with
+    another card counts as the same call)."""
+    hidden = frozenset(secret) & args.keys()
+    masked = dict(args)
+    for name in hidden:
+        masked[name] = {"$secret": hmac.new(key, canonical(args[name]), hashlib.sha256
+                                            ).hexdigest() if key else None}
+    return hashlib.sha256(canonical([_DOMAIN, "args", tool, masked])).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -60,10 +75,17 @@ class DedupeRecords:
         self.redis, self.ttl_s = client, ttl_s
         self._claim = client.register_script(CLAIM)
 
-    def claim(self, key: str, digest: str, saga_id: str, step: int) -> Claim:
+    def claim(self, key: str, digest: str, saga_id: str, step: int, *,
+              take_from: Claim | None = None) -> Claim:
         """Take ``key`` for (saga, step), or report who has it. Raises
-        :class:`KeyReuseError` if it was used with other arguments."""
-        reply = self._claim(keys=[keys.idem(key)], args=[digest, saga_id, step, self.ttl_s])
+        :class:`KeyReuseError` if it was used with other arguments. With
+        ``take_from``: take over that pending claim, which the caller found can
+        never become a step (see :func:`claim_fate`); if it moved on meanwhile,
+        who has it now is reported instead."""
+        args: list[Any] = [digest, saga_id, step, self.ttl_s]
+        if take_from is not None:
+            args += ["takeover", take_from.saga_id, take_from.step]
+        reply = self._claim(keys=[keys.idem(key)], args=args)
         status = reply[0].decode()
         if status == "conflict":
             raise KeyReuseError("idempotency key was already used with different arguments; "
@@ -79,6 +101,22 @@ class DedupeRecords:
         target = pipe if pipe is not None else self.redis
         target.hset(keys.idem(key), mapping={"state": state, "result": canonical(result)})
 
-    def release(self, key: str) -> None:
-        """Forget a claim that never became a step (its intent was not written)."""
-        self.redis.pexpire(keys.idem(key), 0)  # expire now (no DEL right needed)
+    def release(self, key: str, digest: str, saga_id: str, step: int) -> None:
+        """Forget this call's claim of ``key``, its intent never written (refused,
+        too large, the saga unwinding): a retry runs the call. A claim someone else
+        holds by now is left alone."""
+        self._claim(keys=[keys.idem(key)], args=[digest, saga_id, step, self.ttl_s, "release"])
+
+
+def claim_fate(holder: SagaState, key: str) -> tuple[str, int | None]:
+    """What a pending claim of ``key`` held by the saga ``holder`` (its log folded)
+    comes to: ("step", n) it became step n (follow it); ("never", None) it never
+    did and never can (that saga left its forward phase, so the append script
+    refuses any new intent of it; or it does not exist): take it over; ("pending",
+    None) it may yet (its caller is between the claim and the intent)."""
+    for st in holder.steps.values():
+        if st.idem_key == key:
+            return "step", st.step
+    if holder.seq < 0 or holder.status is not Status.RUNNING:
+        return "never", None
+    return "pending", None

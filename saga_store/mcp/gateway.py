@@ -36,7 +36,13 @@ from saga_store.approval import requests as approvals
 from saga_store.approval.policy import Decision, Policy, Verdict
 from saga_store.client.context import project, tell
 from saga_store.errors import ConflictError, FencedOff, InvalidInput, KeyReuseError, MappingError
-from saga_store.execution.idempotency import DedupeRecords, args_digest, explicit_key, step_key
+from saga_store.execution.idempotency import (
+    DedupeRecords,
+    args_digest,
+    claim_fate,
+    explicit_key,
+    step_key,
+)
 from saga_store.ids import new_id
 from saga_store.log.canonical import canonical
 from saga_store.log.store import ChainWriter
@@ -399,13 +405,16 @@ class Gateway:
             return CallOutcome(False, None, str(exc))  # nothing ran; nothing to undo
         if repeated is not None:  # the same call again in this saga: its recorded answer
             return self._repeat(writer, st, repeated)
+        digest = args_digest(name, args, cls.secret, self.saga_store.settings.hmac_key)
         if explicit:
             try:
-                claim = self.dedupe.claim(key, args_digest(name, args), writer.saga_id,
-                                          st.next_step)
+                claim = self._claim(key, digest, writer.saga_id, st.next_step)
             except KeyReuseError as exc:
                 return CallOutcome(False, None, str(exc))
             if claim.status == "exists":
+                if claim.state == "pending":  # nothing recorded yet: no answer to give
+                    return CallOutcome(False, None, "a call with that idempotency key is in "
+                                       "progress; try again shortly")
                 return CallOutcome(claim.state == OutcomeKind.SUCCEEDED, (claim.result or {}).get(
                     "structuredContent"), f"(repeated call, recorded answer) "
                     f"{(claim.result or {}).get('text', '')}")
@@ -415,10 +424,14 @@ class Gateway:
         intent = build.step_intent(step, name, logged, cls.reversibility, None, key,
                                    keyed=bool(explicit))
         started = build.step_started(step, 1, worker=EXECUTOR)
-        if verdict.decision is Decision.ALLOW:
-            self._add(writer, [intent, started], phase=Phase.FORWARD)
-        else:
-            self._add(writer, [intent], phase=Phase.FORWARD)
+        try:
+            self._add(writer, [intent, started] if verdict.decision is Decision.ALLOW
+                      else [intent], phase=Phase.FORWARD)
+        except BaseException:
+            if explicit:  # the intent is not logged: a retry must be able to run the call
+                self.dedupe.release(key, digest, writer.saga_id, step)
+            raise
+        if verdict.decision is not Decision.ALLOW:
             denial = await self._gate(writer, step, name, logged, cls, verdict)
             if denial is not None:
                 self._add(writer, [build.step_outcome(step, OutcomeKind.FAILED, error=denial)])
@@ -435,6 +448,16 @@ class Gateway:
         if outcome.ok and not outcome.in_doubt:
             return outcome  # the agent is told with the next append
         return await self._failed(writer, name, cls, outcome)
+
+    def _claim(self, key: str, digest: str, saga_id: str, step: int) -> Any:
+        """Claim an explicit key; a pending claim that can never become a step (its
+        session's saga was rolled back before the call was logged) is taken over."""
+        claim = self.dedupe.claim(key, digest, saga_id, step)
+        if claim.status == "exists" and claim.state == "pending" and claim.saga_id != saga_id:
+            fate, _ = claim_fate(self.store.state(str(claim.saga_id)), key)
+            if fate == "never":
+                claim = self.dedupe.claim(key, digest, saga_id, step, take_from=claim)
+        return claim
 
     async def _call(self, name: str, args: dict[str, Any], key: str) -> CallOutcome:
         """Call downstream, passing the idempotency key in ``_meta`` for servers that

@@ -25,6 +25,7 @@ from mcp.client.stdio import StdioServerParameters, stdio_client
 from saga_store import Registry, SagaStore, keys
 from saga_store.approval import requests as approvals
 from saga_store.errors import InvalidInput
+from saga_store.execution.idempotency import args_digest, explicit_key
 from saga_store.log.events import EventKind as K
 from saga_store.protocol.state import Status
 from saga_store.testing import assert_eventually
@@ -307,6 +308,31 @@ def test_repeated_calls_are_answered_from_the_log(gw: dict[str, Any]) -> None:
     kinds = [e["kind"] for st in _sagas(gw["store"])
              for e in gw["store"].events.log.bodies(st.saga_id)]
     assert K.STEP_DUPLICATE_SUPPRESSED in kinds
+
+
+def test_a_keyed_call_whose_claim_never_became_a_step_runs_on_retry(
+        gw: dict[str, Any]) -> None:
+    """A caller claimed the key, then died before logging the call: while its saga
+    could still log it, a retry is told to wait (nothing runs, no recorded answer
+    made up); once that saga was rolled back, the retry takes the key and runs."""
+    store = gw["store"]
+    holder = store.saga(agent_id="agent-gone")
+    digest = args_digest("charge", {"amount_cents": 9})
+    key = explicit_key("order-9")
+    assert store.dedupe.claim(key, digest, holder.saga_id, 0).status == "new"
+
+    async def call() -> Any:
+        async with _session(gw) as s:
+            return await s.call_tool("charge", {"amount_cents": 9},
+                                     meta={"dev.chronomcp/idempotency_key": "order-9"})
+    waiting = _run(call)
+    assert waiting.is_error
+    assert "in progress" in _text(waiting)
+    assert not [k for _, k, _ in _effects(gw["ledger"]) if k == "charge"]
+    assert store.abort(holder.saga_id)
+    ran = _run(call)
+    assert not ran.is_error, _text(ran)
+    assert [k for _, k, _ in _effects(gw["ledger"]) if k == "charge"] == ["charge"]
 
 
 def test_session_tools_begin_commit_abort(gw: dict[str, Any]) -> None:
