@@ -167,3 +167,10 @@ def reserve_forgetful(sku: str, ctx: StepContext) -> dict[str, Any]:
     """Reserves, but returns no reservation id: its compensation's mapping cannot resolve."""
     effect("reserve", ctx.idempotency_key, sku)
     return {"held": sku}
+
+
+@tool(compensation=revert_crm, mapping={"customer": "$.input.customer"})
+def crm_export(customer: str, ctx: StepContext) -> dict[str, Any]:
+    """Writes to the CRM, then returns far more than an event may hold."""
+    effect("crm", ctx.idempotency_key, customer)
+    return {"customer": customer, "dump": "x" * 300_000}

@@ -60,8 +60,10 @@ class Invoker:
                 return Outcome.failed(error, retryable=retryable, tries=tries)
             try:
                 result = as_result(raw)
-            except InvalidInput as exc:
-                return Outcome.failed(str(exc), tries=tries)
+            except InvalidInput as exc:  # it returned: whatever it does has been done
+                return Outcome(OutcomeKind.IN_DOUBT, error=f"the tool returned, but not a "
+                               f"result that can be logged ({exc}); its effect is assumed to "
+                               "stand", tries=tries)
             for post in spec.postconditions:
                 if not _holds(post, args, result):
                     return Outcome.succeeded(result, tries=tries,

@@ -40,7 +40,7 @@ from saga_store.protocol.build import Item
 from saga_store.protocol.delivery import Act, StepView, ToolFacts, on_delivery
 from saga_store.protocol.forward import outcome_events
 from saga_store.protocol.outcome import Outcome
-from saga_store.protocol.vocab import Follow, LeaseMode, Phase
+from saga_store.protocol.vocab import Follow, LeaseMode, OutcomeKind, Phase
 from saga_store.tools.spec import StepContext, ToolSpec
 
 from .invoke import Invoker
@@ -264,7 +264,17 @@ class StepRunner:
                 follow = Follow.EAGER
                 items.append(build.step_started(step + 1, 1, worker=self.name))
                 lease = Lease(token, LeaseMode.ACQUIRE, claim[1])
-            call = writer.prepare(items, lease=lease)
+            try:
+                call = writer.prepare(items, lease=lease)
+            except InvalidInput as exc:
+                if outcome.kind is not OutcomeKind.SUCCEEDED:
+                    raise
+                # the tool returned: its effect happened, though its result is too large
+                # (or too odd) to log; the unwind must still deal with it
+                outcome = Outcome(OutcomeKind.IN_DOUBT, error=f"the tool returned, but its "
+                                  f"result could not be logged ({exc}); its effect is "
+                                  "assumed to stand", tries=outcome.tries)
+                continue
             fault("after_tool")
             if follow in (Follow.NEXT, Follow.EAGER) and not acquire:
                 # plan: outcome, next job (or the claim of the next step), dedupe record

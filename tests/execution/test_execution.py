@@ -200,7 +200,7 @@ def test_same_key_with_different_args_is_rejected(saga_store: SagaStore,
 def test_secrets_never_reach_the_log(saga_store: SagaStore, client: redis.Redis,
                                      worker_env: dict[str, str], ledger: Path) -> None:
     """The card number is in no stream entry, even when the tool's error quotes it."""
-    from saga_store import StepError
+    from saga_store import StepInDoubt
     with workers(worker_env, TOOLS):
         with saga_store.saga(agent_id="a") as saga:
             saga.call("charge_payment", {"amount_cents": 1, "card_number": CARD})
@@ -218,13 +218,29 @@ def test_secrets_never_reach_the_log(saga_store: SagaStore, client: redis.Redis,
 
 def test_bad_results_and_retryable_errors(saga_store: SagaStore, worker_env: dict[str, str],
                                           ledger: Path) -> None:
-    from saga_store import StepError
+    from saga_store import StepInDoubt
     with workers(worker_env, TOOLS):
         with saga_store.saga(agent_id="a") as saga:
             assert saga.call("flaky", {"fail_times": 2}) == {"ok": True}
-        with pytest.raises(StepError, match="not a JSON object"), \
+        # it returned, so it ran: in doubt (a kind of StepError), never "failed"
+        with pytest.raises(StepInDoubt, match="not a JSON object"), \
                 saga_store.saga(agent_id="a") as s2:
             s2.call("bad_result", {})
+
+
+def test_a_result_too_large_to_log_is_an_effect_that_is_undone(
+        saga_store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """The tool ran and returned more than an event may hold: it ran once (not once
+    per redelivery), the step is in doubt, not failed, and the unwind undoes it."""
+    sid = saga_store.submit([{"tool": "crm_export", "args": {"customer": "c9"}}],
+                            agent_id="agent-big")
+    with workers(worker_env, TOOLS):
+        state = saga_store.wait(sid, timeout=60)
+    assert [e[0] for e in effects()] == ["crm", "crm-revert"]
+    assert state.steps[0].status == "in_doubt"
+    assert "could not be logged" in str(state.steps[0].error)
+    assert state.status is Status.COMPENSATED
+    assert Verifier(saga_store.events.log).verify().ok
 
 
 def test_sigterm_lets_the_current_step_finish(saga_store: SagaStore, worker_env: dict[str, str],
