@@ -1,6 +1,6 @@
 """Durability switched off at run time: ``CONFIG SET appendonly no`` moves the
 ``saga_redis_durable`` gauge to 0 and logs one line, in the exporter and in a
-real worker process."""
+real worker process; ``saga verify`` warns while Redis is not durable."""
 
 from __future__ import annotations
 
@@ -10,17 +10,23 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 import redis
+from click.testing import CliRunner
 from prometheus_client import CollectorRegistry
+from saga_store.cli.main import cli
 
 from saga_store import Settings
 from saga_store.errors import InvalidInput
+from saga_store.log.store import EventStore
 from saga_store.ops import acl
 from saga_store.ops.durability import DurabilityWatch
 from saga_store.ops.metrics import RedisCollector
 from saga_store.testing import RedisServer, assert_eventually, free_port
 from saga_store.testing.workers import workers
+
+from ..helpers import committed_saga
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
 ROOT = str(Path(__file__).resolve().parents[2])
@@ -178,3 +184,28 @@ def test_a_worker_notices_appendonly_turned_off_and_logs_it_once(
     assert text.count(NOT_DURABLE) == 1, text
     assert "saga_store.worker " + NOT_DURABLE + " (appendonly=no, appendfsync=everysec)" in text
     assert "Traceback" not in text
+
+
+def _verify(url: str, *args: str) -> tuple[int, str]:
+    res = CliRunner().invoke(cli, ["verify", *args], env={
+        "SAGA_REDIS_URL": url, "SAGA_HMAC_KEY": "", "SAGA_HMAC_KEY_FILE": ""})
+    return res.exit_code, res.output
+
+
+def test_verify_warns_while_redis_is_not_durable(admin: redis.Redis,
+                                                 server: RedisServer) -> None:
+    """Intact chains still exit 0, but plain verify says Redis is not durable and that
+    only an anchor shows what a crash took; --json carries it under "redis"."""
+    committed_saga(EventStore(admin, Settings()))
+    code, out = _verify(server.url)
+    assert (code, "not durable" in out) == (0, False), out
+    admin.config_set("appendonly", "no")
+    code, out = _verify(server.url)
+    assert code == 0, out
+    assert "warning: " + NOT_DURABLE + " (appendonly=no" in out
+    assert "verify with --anchor FILE" in out
+    assert "intact: 2 chains" in out
+    code, out = _verify(server.url, "--json")
+    doc = orjson.loads(out)
+    assert (code, doc["ok"], doc["redis"]["durable"]) == (0, True, False)
+    assert any(w.startswith("redis: " + NOT_DURABLE) for w in doc["warnings"])
