@@ -44,6 +44,8 @@ def verify(ctx: Context, saga_id: str | None, anchor_file: str | None,
     """Verify hash chains, the ledger and saga invariants.
 
     Exit codes: 0 intact, 1 integrity failure, 2 usage error, 3 could not verify.
+    While Redis does not persist every write, a warning says so (the exit code
+    is unchanged): what a crash took shows only against an --anchor.
     """
     with errors_to_exit():
         if export_file and (saga_id or anchor_file):
@@ -78,7 +80,25 @@ def verify(ctx: Context, saga_id: str | None, anchor_file: str | None,
                 anchor_msg = {"ok": True, "seq": anchor.get("seq"), "warnings": warnings}
             except AnchorMismatch as exc:
                 anchor_msg = {"ok": False, "seq": anchor.get("seq"), "reason": str(exc)}
-        _finish(result, anchor_msg, as_json)
+        _finish(result, anchor_msg, as_json, _durability(store, anchor is not None))
+
+
+def _durability(store: EventStore, anchored: bool) -> dict[str, object]:
+    """Whether Redis persists every write, with a warning if not: the chains can
+    verify intact after a crash took their last appends, and only an anchor kept
+    outside Redis shows that the ledger went back."""
+    from saga_store.ops.doctor import aof_findings, aof_settings, persistent
+    from saga_store.ops.durability import describe
+    findings = aof_findings(aof_settings(store.redis))
+    durable = persistent(findings)
+    out: dict[str, object] = {"durable": durable,
+                              **{f.setting: f.value for f in findings}}
+    if not durable:
+        then = ("" if anchored else "; without an anchor, verify cannot tell what a crash "
+                "took: keep one outside Redis ('saga anchor --out FILE') and verify with "
+                "--anchor FILE")
+        out["warning"] = describe(False, findings) + then
+    return out
 
 
 def _read(path: str) -> bytes:
@@ -102,13 +122,19 @@ def _count_events(store: EventStore, saga_id: str | None) -> int:
     return sum(pipe.execute())
 
 
-def _finish(result: VerifyResult, anchor: dict[str, object] | None, as_json: bool) -> None:
+def _finish(result: VerifyResult, anchor: dict[str, object] | None, as_json: bool,
+            durability: dict[str, object] | None = None) -> None:
     ok = result.ok and (anchor is None or bool(anchor["ok"]))
+    not_durable = durability.get("warning") if durability is not None else None
     if as_json:
         out = result.to_dict()
         out["ok"] = ok
         if anchor is not None:
             out["anchor"] = anchor
+        if durability is not None:
+            out["redis"] = durability
+        if not_durable is not None:
+            out["warnings"].append(f"redis: {not_durable}")
         emit_json(out)
     else:
         for c in result.failures:
@@ -117,6 +143,8 @@ def _finish(result: VerifyResult, anchor: dict[str, object] | None, as_json: boo
         for c in result.chains:
             for w in c.warnings:
                 click.echo(f"warning {c.chain_id}: {w}", err=True)
+        if not_durable is not None:
+            click.echo(f"warning: {not_durable}", err=True)
         if anchor is not None:
             if anchor["ok"]:
                 click.echo(f"anchor at ledger seq {anchor['seq']}: consistent")

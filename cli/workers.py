@@ -110,7 +110,8 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
         names = list(queues) or QUEUES
         logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(message)s")
         if metrics_port is not None:
-            serve_metrics(store.redis, metrics_port, metrics_host, multiprocess=True)
+            serve_metrics(store.redis, metrics_port, metrics_host, multiprocess=True,
+                          check_s=ctx.settings.durability_check_s)
         if n == 1:
             from rq.queue import Queue
             w = worker_class([Queue(q, connection=store.redis) for q in names],
@@ -123,12 +124,16 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
         pool.start(burst=burst, logging_level=log_level)
 
 
-def serve_metrics(client: Any, port: int, host: str, *, multiprocess: bool) -> None:
+def serve_metrics(client: Any, port: int, host: str, *, multiprocess: bool,
+                  check_s: float) -> None:
     """Serve /metrics in a background thread: the Redis gauges, plus every worker
-    process's counters when ``multiprocess``."""
+    process's counters when ``multiprocess``. Durability is re-read every
+    ``check_s`` seconds; the exporter logs its changes only when it runs alone
+    (beside workers, each worker logs them)."""
     from prometheus_client import CollectorRegistry, start_http_server
 
     from saga_store.ops.connection import fail_fast
+    from saga_store.ops.durability import DurabilityWatch
     from saga_store.ops.metrics import RedisCollector
     client = fail_fast(client)  # a scrape answers now, also while Redis is down
     registry = CollectorRegistry()
@@ -136,7 +141,9 @@ def serve_metrics(client: Any, port: int, host: str, *, multiprocess: bool) -> N
         from prometheus_client import multiprocess as mp
         # no-untyped-call: the library leaves it untyped
         mp.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    registry.register(RedisCollector(client))
+    log = None if multiprocess else logging.getLogger("saga_store.metrics")
+    watch = DurabilityWatch(client, check_s, log)
+    registry.register(RedisCollector(client, durability=watch))
     start_http_server(port, addr=host, registry=registry)
 
 
@@ -157,7 +164,9 @@ def metrics(ctx: Context, port: int, host: str, once: bool) -> None:
             registry.register(RedisCollector(store.redis))
             click.echo(generate_latest(registry).decode(), nl=False)
             return
-        serve_metrics(store.redis, port, host, multiprocess=False)
+        logging.basicConfig(level="INFO", format="%(asctime)s %(name)s %(message)s")
+        serve_metrics(store.redis, port, host, multiprocess=False,
+                      check_s=ctx.settings.durability_check_s)
         click.echo(f"serving /metrics on http://{host}:{port}/metrics", err=True)
         import threading
         threading.Event().wait()

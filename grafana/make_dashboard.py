@@ -45,6 +45,8 @@ PANELS = [
      ['sum by (kind) (rate(saga_dedupe_hits_total[5m]))']),
     ("Refused jobs and redeliveries (1h)", "stat", "short",
      ['sum(increase(saga_refused_jobs_total[1h]))', 'sum(increase(saga_redeliveries_total[1h]))']),
+    ("Redis durable (0 = a crash of Redis would lose acknowledged appends)", "stat", "short",
+     ['min(saga_redis_durable)']),
 ]
 
 

@@ -22,6 +22,9 @@ class Settings:
     # a worker runs a plan's next step itself, claimed in the outcome's append,
     # instead of queueing it (off: every step goes through the queue)
     eager_steps: bool = True
+    # how often workers and /metrics re-read whether Redis persists every write
+    # (CONFIG SET appendonly no at run time needs no restart)
+    durability_check_s: float = 30.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Self:
@@ -38,6 +41,9 @@ class Settings:
                           ("lease_ms", "SAGA_LEASE_MS")):
             if e.get(var):
                 values[name] = int(e[var])
+        if e.get("SAGA_DURABILITY_CHECK_S"):
+            values["durability_check_s"] = _seconds(e["SAGA_DURABILITY_CHECK_S"],
+                                                    "SAGA_DURABILITY_CHECK_S")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]  # checked at run time
 
@@ -49,3 +55,13 @@ def _flag(value: str, var: str) -> bool:
     if v in ("0", "false", "no", "off"):
         return False
     raise InvalidInput(f"{var}={value!r}: use 1 or 0 (true/false, yes/no, on/off)")
+
+
+def _seconds(value: str, var: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):  # NaN fails too: a check must come round again
+        raise InvalidInput(f"{var}={value!r}: use a number of seconds above 0, e.g. 30")
+    return seconds

@@ -7,10 +7,14 @@ for suspension, and around the job adds registries, status and result
 writes. Here heartbeats and the suspension check are throttled, state writes
 happen only on change, and a job is acknowledged in the same round trip as
 its outcome. Jobs naming any function but ours are refused and counted.
+
+Beside the sweeper, RQ's maintenance hook re-reads whether Redis still
+persists every write (``Settings.durability_check_s``), and logs when that changes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any, ClassVar
@@ -27,6 +31,7 @@ from saga_store.errors import StoreUnavailable
 from saga_store.execution import jobs
 from saga_store.ids import valid_id
 from saga_store.log.pipeline import lean
+from saga_store.ops.durability import DurabilityWatch
 from saga_store.settings import Settings
 from saga_store.tools.registry import Registry
 
@@ -91,6 +96,8 @@ class StepWorker(SimpleWorker):
         self._last_suspension_check = 0.0
         self._state_written: str | None = None
         self.sweeper = Sweeper(self.saga_store, self.name, self.sweep_interval_s)
+        self.durability = DurabilityWatch(self.connection, self.settings.durability_check_s,
+                                          log)
 
     # -- the job path ------------------------------------------------------
 
@@ -144,7 +151,8 @@ class StepWorker(SimpleWorker):
 
     @property
     def should_run_maintenance_tasks(self) -> bool:
-        return self.sweeper.due() or super().should_run_maintenance_tasks
+        return (self.sweeper.due() or self.durability.due()
+                or super().should_run_maintenance_tasks)
 
     def run_maintenance_tasks(self) -> None:
         if self.sweeper.due():
@@ -152,6 +160,10 @@ class StepWorker(SimpleWorker):
                 self.metrics.redeliveries.inc(self.sweeper.sweep())
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.error("sweeper: Redis unreachable (%s); next sweep later", exc)
+        if self.durability.due():
+            # unreachable: the sweeper has said so; the next read is a period away
+            with contextlib.suppress(redis.RedisError):
+                self.durability.check()
         if super().should_run_maintenance_tasks:
             # no-untyped-call: the library leaves it untyped
             super().run_maintenance_tasks()  # type: ignore[no-untyped-call]

@@ -5,6 +5,11 @@ A job is an ordinary RQ job hash (``rq:job:<id>``, ``data`` = zlib of the JSON
 and RQ's queues see it. It carries ids only; the worker reads what to do from
 the log. Only our two function names are ever accepted, and ``data`` is only
 ever parsed as JSON, never unpickled, whatever a job hash claims.
+
+Anyone who can write a job hash can also write a zip bomb into ``data`` (1.4 MB
+of zlib can take a worker to 2.9 GB). Our jobs carry ids only, well under
+a kilobyte inflated, so ``data`` longer than :data:`MAX_JOB_DATA` before or
+after inflating is not ours and is refused without inflating the rest.
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ STEP_QUEUE = "saga-steps"
 COMPENSATION_QUEUE = "saga-compensations"
 JOB_TTL_S = 7 * 24 * 3600  # a job hash outlives a crash long enough to be swept
 ACKED_JOB_TTL_S = 600  # after the outcome: long enough to see late duplicates
+# the most a job's data may take, compressed or inflated: ids only need a few hundred bytes
+MAX_JOB_DATA = 64 * 1024
 
 
 def queue_key(queue: str) -> str:
@@ -73,13 +80,13 @@ def push(pipe: Any, queue: str, job_id: str, func: str, args: list[Any]) -> None
 
 
 def decode(data: bytes | None) -> tuple[str, list[Any]] | None:
-    """``(func_name, args)`` of one of our jobs, or None for anything else."""
-    if not data:
+    """``(func_name, args)`` of one of our jobs, or None for anything else
+    (including data over :data:`MAX_JOB_DATA`, compressed or inflated)."""
+    if not data or len(data) > MAX_JOB_DATA:
         return None
-    try:
-        raw = zlib.decompress(data)
-    except zlib.error:
-        raw = data
+    raw = _inflate(data)
+    if raw is None:
+        return None
     try:
         func, _instance, args, kwargs = orjson.loads(raw)
     except (orjson.JSONDecodeError, ValueError, TypeError):
@@ -88,3 +95,17 @@ def decode(data: bytes | None) -> tuple[str, list[Any]] | None:
     if func not in OUR_FUNCS or not isinstance(args, list) or kwargs:
         return None
     return str(func), args
+
+
+def _inflate(data: bytes) -> bytes | None:
+    """``data`` inflated, at most :data:`MAX_JOB_DATA` of it (None past that, or
+    for a cut stream); ``data`` itself if it is not zlib at all (plain JSON)."""
+    inflater = zlib.decompressobj()
+    try:
+        # one byte over the cap tells "exactly the cap" from "more to come"
+        raw = inflater.decompress(data, MAX_JOB_DATA + 1)
+    except zlib.error:
+        return data
+    if len(raw) > MAX_JOB_DATA or not inflater.eof:
+        return None
+    return raw

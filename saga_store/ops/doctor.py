@@ -45,6 +45,37 @@ def examine(client: redis.Redis) -> list[Finding]:
         conf: dict[str, str] = {str(k): str(v) for k, v in client.config_get("*").items()}
     except redis.ResponseError:
         conf = _from_info(client)  # an ACL user without CONFIG (as recommended)
+    out += aof_findings(conf)
+    policy = conf.get("maxmemory-policy", "?")
+    fine = policy not in EVICTING and policy not in (UNKNOWN, "?")
+    out.append(Finding("maxmemory-policy", policy, fine,
+                       "" if fine else
+                       "set 'maxmemory-policy noeviction': an evicting policy can drop log keys"))
+    return out
+
+
+def aof_settings(client: redis.Redis, *, config: bool = True) -> dict[str, str]:
+    """``appendonly`` and ``appendfsync`` in one round trip, cheap enough to read
+    every few seconds: ``CONFIG GET append*`` (one pattern, so Redis 6.2 takes it
+    too), or, for a user without CONFIG or with ``config=False``, ``INFO
+    persistence``, where ``appendfsync`` is unknown."""
+    if config:
+        try:
+            return {str(k): str(v) for k, v in client.config_get("append*").items()}
+        except redis.ResponseError:
+            pass  # an ACL user without CONFIG (as recommended)
+    try:
+        persistence = client.info("persistence")
+    except redis.ResponseError:
+        return {"appendonly": UNKNOWN, "appendfsync": UNKNOWN}
+    return {"appendonly": "yes" if int(persistence.get("aof_enabled", 0)) else "no",
+            "appendfsync": UNKNOWN}
+
+
+def aof_findings(conf: dict[str, str]) -> list[Finding]:
+    """The ``appendonly`` and ``appendfsync`` findings of settings read by
+    :func:`examine` or :func:`aof_settings`."""
+    out: list[Finding] = []
     aof = conf.get("appendonly", "?")
     out.append(Finding("appendonly", aof, aof == "yes",
                        "" if aof == "yes" else "set 'appendonly yes': with snapshots only, "
@@ -58,24 +89,17 @@ def examine(client: redis.Redis) -> list[Finding]:
         out.append(Finding("appendfsync", fsync, fsync in ("everysec", "always"),
                            "" if fsync in ("everysec", "always") else
                            "set 'appendfsync everysec' (or 'always')"))
-    policy = conf.get("maxmemory-policy", "?")
-    fine = policy not in EVICTING and policy not in (UNKNOWN, "?")
-    out.append(Finding("maxmemory-policy", policy, fine,
-                       "" if fine else
-                       "set 'maxmemory-policy noeviction': an evicting policy can drop log keys"))
     return out
 
 
 def _from_info(client: redis.Redis) -> dict[str, str]:
     """The settings INFO shows (it needs no CONFIG right); appendfsync it does not."""
+    conf = aof_settings(client, config=False)
     try:
-        persistence = client.info("persistence")
         memory = client.info("memory")
     except redis.ResponseError:
-        return {"appendonly": UNKNOWN, "appendfsync": UNKNOWN, "maxmemory-policy": UNKNOWN}
-    return {"appendonly": "yes" if int(persistence.get("aof_enabled", 0)) else "no",
-            "appendfsync": UNKNOWN,
-            "maxmemory-policy": str(memory.get("maxmemory_policy", UNKNOWN))}
+        return {**conf, "maxmemory-policy": UNKNOWN}
+    return {**conf, "maxmemory-policy": str(memory.get("maxmemory_policy", UNKNOWN))}
 
 
 def persistent(findings: list[Finding]) -> bool:

@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from saga_store import keys
 from saga_store.execution import jobs
+from saga_store.ops.durability import DurabilityWatch
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0, 30.0)
@@ -64,11 +65,14 @@ class Metrics:
 class RedisCollector:
     """Gauges read from Redis when scraped: sagas in flight by state, sagas that
     need a person, calls waiting for a person's approval (from workers and MCP
-    gateways alike), and queue depth and oldest job age per queue."""
+    gateways alike), queue depth and oldest job age per queue, and whether Redis
+    persists every write (re-read once per ``durability``'s period, not per scrape)."""
 
     def __init__(self, client: Any, queues: tuple[str, ...] = (jobs.STEP_QUEUE,
-                                                                 jobs.COMPENSATION_QUEUE)) -> None:
+                                                                 jobs.COMPENSATION_QUEUE),
+                 durability: DurabilityWatch | None = None) -> None:
         self.redis, self.queues = client, queues
+        self.durability = durability or DurabilityWatch(client)
 
     def collect(self) -> Iterator[Metric]:
         up = GaugeMetricFamily("saga_redis_up",
@@ -82,6 +86,20 @@ class RedisCollector:
         up.add_metric([], 1)
         yield up
         yield from self._families(replies, active)
+        yield from self._durable()
+
+    def _durable(self) -> Iterator[Metric]:
+        try:
+            durable = self.durability.poll()
+        except RedisError:  # gone since the read above: the last answer stands
+            durable = self.durability.durable
+        if durable is None:
+            return
+        gauge = GaugeMetricFamily(
+            "saga_redis_durable", "1 if Redis persists every write (AOF on, fsync everysec "
+            "or always, or unknown to a user without CONFIG), 0 if not.")
+        gauge.add_metric([], 1 if durable else 0)
+        yield gauge
 
     def _read(self) -> tuple[list[Any], list[bytes]]:
         r = self.redis
@@ -148,5 +166,5 @@ def exported_names() -> set[str]:
     for family in reg.collect():
         names |= {family.name + s for s in suffixes.get(family.type, ("",))}
     names |= {"saga_sagas", "saga_queue_depth", "saga_queue_oldest_job_age_seconds",
-              "saga_redis_up", "saga_approvals_pending"}
+              "saga_redis_up", "saga_approvals_pending", "saga_redis_durable"}
     return names
