@@ -200,7 +200,7 @@ def test_same_key_with_different_args_is_rejected(saga_store: SagaStore,
 def test_secrets_never_reach_the_log(saga_store: SagaStore, client: redis.Redis,
                                      worker_env: dict[str, str], ledger: Path) -> None:
     """The card number is in no stream entry, even when the tool's error quotes it."""
-    from saga_store import StepInDoubt
+    from saga_store import StepError
     with workers(worker_env, TOOLS):
         with saga_store.saga(agent_id="a") as saga:
             saga.call("charge_payment", {"amount_cents": 1, "card_number": CARD})
