@@ -59,6 +59,11 @@ def saga_blob(saga_id: str, digest_hex: str) -> str:
     return f"{PREFIX}:{{{saga_id}}}:blob:{digest_hex}"
 
 
+def saga_driver(saga_id: str) -> str:
+    """The lease of a client-driven saga's caller (see ``Saga.keepalive``)."""
+    return f"{PREFIX}:{{{saga_id}}}:driver"
+
+
 def saga_secrets(saga_id: str) -> str:
     return f"{PREFIX}:{{{saga_id}}}:secrets"
 

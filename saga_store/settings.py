@@ -25,6 +25,10 @@ class Settings:
     # how often workers and /metrics re-read whether Redis persists every write
     # (CONFIG SET appendonly no at run time needs no restart)
     durability_check_s: float = 30.0
+    # a saga driven by its caller (``with store.saga(...)``) whose caller makes no
+    # call and no keepalive for this long is taken for abandoned: the sweeper
+    # aborts it and unwinds what ran
+    client_lease_s: float = 300.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Self:
@@ -44,6 +48,8 @@ class Settings:
         if e.get("SAGA_DURABILITY_CHECK_S"):
             values["durability_check_s"] = _seconds(e["SAGA_DURABILITY_CHECK_S"],
                                                     "SAGA_DURABILITY_CHECK_S")
+        if e.get("SAGA_CLIENT_LEASE_S"):
+            values["client_lease_s"] = _seconds(e["SAGA_CLIENT_LEASE_S"], "SAGA_CLIENT_LEASE_S")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]  # checked at run time
 

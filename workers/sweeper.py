@@ -17,10 +17,13 @@ from saga_store import keys
 from saga_store.approval import requests as approvals
 from saga_store.client.api import SagaStore
 from saga_store.client.context import project
+from saga_store.errors import ConflictError, FencedOff
 from saga_store.execution.enqueue import enqueue_compensation, enqueue_step
 from saga_store.log.stream import command
+from saga_store.protocol import build
 from saga_store.protocol.state import fold, phase_of
-from saga_store.protocol.sweep import Sweep, on_sweep
+from saga_store.protocol.sweep import Sweep, client_driven, on_sweep
+from saga_store.protocol.vocab import Phase
 from saga_store.verify.checker import Verifier
 
 log = logging.getLogger("saga_store.sweeper")
@@ -80,8 +83,13 @@ class Sweeper:
                             "(%s)", self.name, sid, ", ".join(paid))
         if state.seq >= 0:
             self._repair_projection(sid, state)
-        left_ms = r.pttl(keys.saga_lease(sid)) if state.seq >= 0 and not state.final else 0
-        swept = on_sweep(state, left_ms)
+        live = state.seq >= 0 and not state.final
+        left_ms = r.pttl(keys.saga_lease(sid)) if live else 0
+        driven = live and client_driven(state)
+        driver_ms = r.pttl(keys.saga_driver(sid)) if driven else None
+        swept = on_sweep(state, left_ms, driver_ms)
+        if swept.what is Sweep.ABANDON:
+            return self._abandon(sid, now_ms)
         if swept.what is Sweep.RETIRE:
             project(self.store.events, sid)  # a closer that died may not have
             if state.final and not self._verifies(sid, verdict):
@@ -94,6 +102,8 @@ class Sweeper:
         pipe: Any = r.pipeline(transaction=False)
         if swept.what is Sweep.WAIT:  # someone is working on it: look when the lease ends
             pipe.zadd(keys.ACTIVE, {sid: now_ms + left_ms + LOOK_AFTER_MS})
+        elif swept.what is Sweep.IDLE and driver_ms is not None:  # when its caller's lease ends
+            pipe.zadd(keys.ACTIVE, {sid: now_ms + max(driver_ms, 0) + LOOK_AFTER_MS})
         elif swept.what is Sweep.IDLE:  # waiting on its agent or a person: much later
             pipe.zadd(keys.ACTIVE, {sid: now_ms + 60 * lease_ms})
         else:
@@ -107,6 +117,31 @@ class Sweeper:
         if queued:
             log.info("sweeper %s: redelivered %d job(s) of saga %s", self.name, queued, sid)
         return queued
+
+    def _abandon(self, sid: str, now_ms: int) -> int:
+        """Abort a client-driven saga whose caller is gone (its lease lapsed with no
+        call and no keepalive) and queue its unwind. Decided again on a fresh read,
+        by compare-and-set: a caller that came back and called first wins."""
+        state, writer = self.store.events.read_for_write(sid)
+        lapsed = self.store.redis.pttl(keys.saga_driver(sid)) <= 0
+        if not (lapsed and on_sweep(state, 0, 0).what is Sweep.ABANDON):
+            self.store.redis.zadd(keys.ACTIVE, {sid: now_ms + LOOK_AFTER_MS})
+            return 0
+        lease_s = self.store.settings.client_lease_s
+        try:
+            writer.append_many([build.saga_failed(
+                f"abandoned: its caller made no call and no keepalive for {lease_s:g} s "
+                "(SAGA_CLIENT_LEASE_S)")], phase=Phase.FORWARD)
+        except (ConflictError, FencedOff):
+            self.store.redis.zadd(keys.ACTIVE, {sid: now_ms + LOOK_AFTER_MS})
+            return 0  # its caller (or someone) wrote meanwhile: look again
+        pipe = self.store.redis.pipeline(transaction=False)
+        pipe.zadd(keys.ACTIVE, {sid: now_ms + self.store.settings.lease_ms})
+        enqueue_compensation(pipe, sid)
+        pipe.execute()
+        log.warning("sweeper %s: saga %s: its caller is gone (no call for %g s); aborted, "
+                    "unwinding", self.name, sid, lease_s)
+        return 1
 
     def _repair_projection(self, sid: str, state: Any) -> None:
         """Put the cached state back to the fold of the log if someone changed it (no

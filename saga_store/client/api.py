@@ -33,6 +33,7 @@ from saga_store.faults import fault
 from saga_store.ids import check_id, check_saga_id, new_id
 from saga_store.log.pipeline import execute, lean
 from saga_store.log.store import EventStore, Opening
+from saga_store.log.stream import SideWrite
 from saga_store.ops.connection import connect
 from saga_store.protocol import build, unwind
 from saga_store.protocol.state import SagaState, Status, fold
@@ -87,11 +88,43 @@ class SagaStore:
 
     def saga(self, agent_id: str, *, conversation_id: str | None = None,
              saga_id: str | None = None) -> Saga:
-        """Open a saga; use it as a context manager (commit on exit, abort on error)."""
-        writer = self.events.open(agent_id, saga_id=saga_id, conversation_id=conversation_id)
-        state = SagaState(writer.saga_id, agent_id=agent_id, conversation_id=conversation_id,
+        """Open a saga; use it as a context manager (commit on exit, abort on error).
+
+        The caller holds the saga's client lease (``SAGA_CLIENT_LEASE_S``, default
+        300 s): each call renews it, and so does waiting for a call's outcome. A
+        caller that goes quiet for longer (killed, or thinking: call
+        :meth:`Saga.keepalive`) is taken for gone, and a worker's sweeper aborts
+        the saga and unwinds what ran."""
+        sid = check_saga_id(saga_id) if saga_id else new_id()
+        opening = self.events.prepare_open(agent_id, saga_id=sid,
+                                           conversation_id=conversation_id,
+                                           side=self.driver_lease(sid))
+        # in ss:active from its first event: should the caller die at once, the
+        # sweeper still finds it when the client lease lapses
+        pipe = lean(self.redis)
+        pipe.zadd(keys.ACTIVE, {sid: now_ms() + self.client_lease_ms + 1000}, nx=True)
+        opening.call.send(pipe)
+        added, reply = pipe.execute(raise_on_error=False)
+        if opening.refused(reply):
+            if added:
+                self.redis.zrem(keys.ACTIVE, sid)
+            raise InvalidInput(f"saga {sid} already exists; choose another id or omit it",
+                               field="saga_id")
+        writer = opening.applied(reply)
+        state = SagaState(sid, agent_id=agent_id, conversation_id=conversation_id,
                           seq=writer.head.seq)
         return Saga(self, writer, state)
+
+    @property
+    def client_lease_ms(self) -> int:
+        return int(self.settings.client_lease_s * 1000)
+
+    def driver_lease(self, saga_id: str) -> list[SideWrite]:
+        """The writes that (re)start a client-driven saga's caller lease, made with
+        the append they ride on."""
+        key = keys.saga_driver(saga_id)
+        return [SideWrite("set", key, ("1",)),
+                SideWrite("pexpire", key, (self.client_lease_ms,))]
 
     def asaga(self, agent_id: str, **kwargs: Any) -> AsyncSaga:
         """The asyncio form: ``async with store.asaga(...) as saga: await saga.call(...)``."""
@@ -200,10 +233,14 @@ class SagaStore:
         state = fold(saga_id, self.events.log.bodies(saga_id))
         return self.follow(state, lambda st: st.final or st.status is Status.STUCK, timeout)
 
-    def follow(self, state: SagaState, done: Any, timeout: float | None) -> SagaState:
-        """Apply new events of ``state``'s saga until ``done(state)``; XREAD BLOCK."""
+    def follow(self, state: SagaState, done: Any, timeout: float | None,
+               tick: Any = None) -> SagaState:
+        """Apply new events of ``state``'s saga until ``done(state)``; XREAD BLOCK.
+        ``tick`` is called about once a second while waiting."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not done(state):
+            if tick is not None:
+                tick()
             left_ms = WAIT_SLICE_MS if deadline is None else \
                 int(min(WAIT_SLICE_MS, (deadline - time.monotonic()) * 1000))
             if left_ms <= 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
@@ -41,6 +42,7 @@ class Saga:
     def __init__(self, store: SagaStore, writer: ChainWriter, state: SagaState) -> None:
         self.store, self.writer, self.state = store, writer, state
         self.invalid_calls = 0
+        self._renewed = time.monotonic()  # when the client lease was last renewed
 
     @property
     def saga_id(self) -> str:
@@ -140,6 +142,7 @@ class Saga:
             # the secret values go with the intent: a lost race leaves none behind
             side = self.store.secrets.writes(self.saga_id, {n: secret_values}) \
                 if secret_values else []
+            side += self.store.driver_lease(self.saga_id)  # a call renews the client lease
             call = self.writer.prepare([(K.STEP_INTENT, fields)], phase=Phase.FORWARD,
                                        side=side)
             at_append = len(pipe)
@@ -151,6 +154,7 @@ class Saga:
             replies = pipe.execute(raise_on_error=False)
             try:
                 self.writer.applied(call, replies[at_append])
+                self._renewed = time.monotonic()
                 self.state.apply({**fields, "kind": K.STEP_INTENT, "seq": self.writer.head.seq})
                 self.state.head_hash = self.writer.head.hash
                 return n
@@ -174,8 +178,20 @@ class Saga:
             self.state.apply(ev)
         self.writer.head = self.store.events.log.head(self.saga_id)
 
+    def keepalive(self) -> None:
+        """Renew the client lease without making a call: for a caller that thinks
+        (or waits on a person) longer than ``SAGA_CLIENT_LEASE_S`` between calls."""
+        self.store.redis.set(keys.saga_driver(self.saga_id), "1", px=self.store.client_lease_ms)
+        self._renewed = time.monotonic()
+
+    def _renew_now_and_then(self) -> None:
+        """While waiting on a step: renew the client lease once a third of it passed."""
+        if time.monotonic() - self._renewed > self.store.settings.client_lease_s / 3:
+            self.keepalive()
+
     def _answer(self, n: int, timeout: float) -> dict[str, Any]:
-        st = self.store.follow(self.state, lambda s: s.steps[n].finished, timeout).steps[n]
+        st = self.store.follow(self.state, lambda s: s.steps[n].finished, timeout,
+                               self._renew_now_and_then).steps[n]
         if st.status is StepStatus.SUCCEEDED:
             return dict(st.result or {})
         if st.status is StepStatus.IN_DOUBT:
@@ -253,6 +269,10 @@ class AsyncSaga:
                    **kwargs: Any) -> dict[str, Any]:
         assert self.saga is not None, "use 'async with store.asaga(...)'"
         return await asyncio.to_thread(self.saga.call, tool, args, **kwargs)
+
+    async def keepalive(self) -> None:
+        assert self.saga is not None
+        await asyncio.to_thread(self.saga.keepalive)
 
     async def abort(self, reason: str = "aborted by the caller") -> None:
         assert self.saga is not None

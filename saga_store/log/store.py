@@ -285,8 +285,9 @@ class ChainWriter:
             meta.update(state=status, phase=phase_of(status))
             if status in FINAL:  # its ledger entry is owed until pushed
                 meta[CLOSE_FLAG] = 0
-        if last in TERMINAL_KINDS:
-            side = [*side, Secrets.retire(self.saga_id)]
+        if last in TERMINAL_KINDS:  # nothing of it runs again: its secrets and lease go
+            side = [*side, Secrets.retire(self.saga_id),
+                    SideWrite("pexpire", keys.saga_driver(self.saga_id), (0,))]
         call = self.store.log.prepare(self.saga_id, bodies, self.head,
                                       lease=lease if lease is not None else self.lease,
                                       phase=phase, meta=meta, side=side)

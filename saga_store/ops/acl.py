@@ -43,7 +43,8 @@ LEDGER_QUEUE = (f"~{P}:ledger:{{*}}:pending", "+rpush", "+ltrim", "+lpop")
 
 def worker_rules() -> list[str]:
     """Rules (after ``ACL SETUSER name reset``) for ``saga worker`` processes."""
-    side = [f"~{P}:{{*}}:meta", f"~{P}:{{*}}:lease", f"~{P}:{{*}}:secrets",
+    side = [f"~{P}:{{*}}:meta", f"~{P}:{{*}}:lease", f"~{P}:{{*}}:driver",
+            f"~{P}:{{*}}:secrets",
             f"~{P}:{{*}}:blob:*", f"~{P}:idem:*", f"~{P}:ctx:*", f"~{P}:active",
             f"~{P}:needs_attention", f"~{P}:approvals",
             f"~{P}:gateway:*",  # the MCP gateway runs calls like a worker: it uses this user
@@ -79,7 +80,8 @@ def agent_rules(agent_id: str, saga_prefix: str) -> list[str]:
                   "-keys", "-scan"),
         _selector(f"~{mine}:*", f"~{P}:ledger:*", *SCRIPTS),
         _selector(f"~{mine}:log", f"~{P}:ledger:{{*}}:log", "+xadd"),
-        _selector(f"~{mine}:meta", f"~{mine}:lease", f"~{mine}:secrets", f"~{mine}:blob:*",
+        _selector(f"~{mine}:meta", f"~{mine}:lease", f"~{mine}:driver", f"~{mine}:secrets",
+                  f"~{mine}:blob:*",
                   f"~{P}:ledger:{{*}}:meta", f"~{P}:ledger:{{*}}:lease",
                   f"~{P}:ledger:{{*}}:rejected", f"~{P}:idem:*",
                   f"~{P}:active",

@@ -20,6 +20,7 @@ class Sweep(StrEnum):
     UNWIND = "unwind"  # unwinding with nobody at it: queue the compensation
     REDELIVER = "redeliver"  # steps with no outcome and nobody at them: queue them again
     IDLE = "idle"  # waiting on its agent or a person: look again much later
+    ABANDON = "abandon"  # driven by a caller whose lease lapsed: abort it, unwind
     HOLD = "hold"  # stuck: a person must act; look again after a lease
 
 
@@ -29,9 +30,18 @@ class Swept:
     steps: list[tuple[int, int, str]] = field(default_factory=list)  # (step, intent seq, key)
 
 
-def on_sweep(state: SagaState, lease_left_ms: int) -> Swept:
+def client_driven(state: SagaState) -> bool:
+    """Whether the saga's caller drives it call by call (``with store.saga()``), as
+    opposed to a plan the workers run or a session the MCP gateway runs."""
+    return not state.plan and state.executor is None
+
+
+def on_sweep(state: SagaState, lease_left_ms: int, driver_left_ms: int | None = None,
+             ) -> Swept:
     """What to do with ``state`` when its look is due; ``lease_left_ms`` is the
-    lease's PTTL (<= 0: nobody holds it)."""
+    lease's PTTL (<= 0: nobody holds it), ``driver_left_ms`` that of a
+    client-driven saga's caller (<= 0: it made no call and no keepalive for the
+    client lease; None: not client-driven)."""
     if state.final or state.seq < 0:
         return Swept(Sweep.RETIRE)
     if lease_left_ms > 0:
@@ -41,5 +51,9 @@ def on_sweep(state: SagaState, lease_left_ms: int) -> Swept:
     if state.status is Status.RUNNING:
         steps = [(st.step, st.intent_seq, st.idem_key) for st in state.steps.values()
                  if not st.finished and st.idem_key and st.approval is not Approval.REQUESTED]
-        return Swept(Sweep.REDELIVER, steps) if steps else Swept(Sweep.IDLE)
+        if steps:
+            return Swept(Sweep.REDELIVER, steps)
+        if driver_left_ms is not None and driver_left_ms <= 0:
+            return Swept(Sweep.ABANDON)
+        return Swept(Sweep.IDLE)
     return Swept(Sweep.HOLD)

@@ -26,6 +26,7 @@ from ..ledger_tools import effects
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
 TOOLS = "tests.ledger_tools"
+ROOT = Path(__file__).resolve().parents[2]
 CARD = "4111111111111111"
 SEED = [
     {"tool": "reserve_inventory", "args": {"sku": "LAPTOP-15", "qty": 1}, "tool_call_id": "call_1"},
@@ -302,3 +303,56 @@ def test_verify_reports_a_projection_or_a_phase_stamp_changed_by_hand(
     client.xadd(log_key, {b"b": fields[b"b"], b"h": fields[b"h"], b"p": b"forward"}, id=eid)
     bad = Verifier(saga_store.events.log).verify(sid)
     assert [(f.chain_id, f.reason) for f in bad.failures] == [(sid, "phase_mismatch")]
+
+
+ABANDONING_CLIENT = """
+import sys, time
+from saga_store import Registry, SagaStore, Settings
+store = SagaStore.from_url(sys.argv[1], Registry.from_modules("tests.ledger_tools"))
+saga = store.saga(agent_id="agent-gone")
+saga.call("reserve_inventory", {"sku": "GONE", "qty": 1})
+print(saga.saga_id, flush=True)
+time.sleep(600)  # killed here: the saga is neither committed nor aborted
+"""
+
+
+def test_a_client_driven_saga_whose_caller_died_is_aborted_and_unwound(
+        saga_store: SagaStore, client: redis.Redis, redis_url: str,
+        worker_env: dict[str, str], ledger: Path) -> None:
+    """kill -9 of the caller inside ``with store.saga()``, after one call: once its
+    client lease lapses the sweeper aborts the saga and the reservation is
+    released, once."""
+    env = {**worker_env, "SAGA_CLIENT_LEASE_S": "1"}
+    with workers(env, TOOLS):
+        proc = subprocess.Popen([sys.executable, "-c", ABANDONING_CLIENT, redis_url],
+                                env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
+        try:
+            assert proc.stdout is not None
+            sid = proc.stdout.readline().strip()
+            assert sid, "the client did not get its call done"
+        finally:
+            proc.kill()
+            proc.wait()
+        state = saga_store.wait(sid, timeout=30)
+    assert state.status is Status.COMPENSATED
+    assert "abandoned" in str(state.reason)
+    assert [e[0] for e in effects()] == ["reserve", "release"]
+    assert Verifier(saga_store.events.log).verify().ok
+
+
+def test_a_caller_that_waits_or_keeps_alive_is_not_taken_for_gone(
+        client: redis.Redis, worker_env: dict[str, str], ledger: Path) -> None:
+    """A 1 s client lease: a step that takes 2.5 s, then 2.5 s of thinking with a
+    keepalive in the middle; the sweeper leaves the saga alone and it commits."""
+    import time
+
+    from saga_store import Registry, Settings
+    store = SagaStore(client, Registry.from_modules(TOOLS), Settings(client_lease_s=1.0))
+    with workers({**worker_env, "SAGA_CLIENT_LEASE_S": "1"}, TOOLS), \
+            store.saga(agent_id="agent-slow") as saga:
+        saga.call("slow_noop", {"seconds": 2.5})
+        for _ in range(5):
+            time.sleep(0.5)
+            saga.keepalive()
+        saga.call("noop", {"n": 1})
+    assert store.state(saga.saga_id).status is Status.COMMITTED

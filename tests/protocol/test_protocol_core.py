@@ -222,19 +222,23 @@ def test_a_denial_names_who_and_why() -> None:
     assert on_delivery(StepView(intent={}, started=2), facts()).attempt == 3
 
 
-@pytest.mark.parametrize(("events", "lease", "what", "steps"), [
-    ([], 0, Sweep.RETIRE, []),
-    ([*done(0), build.saga_committed()], 0, Sweep.RETIRE, []),
-    ([intent(0)], 500, Sweep.WAIT, []),
-    ([intent(0)], 0, Sweep.REDELIVER, [(0, 1, "key0")]),
-    ([*done(0)], 0, Sweep.IDLE, []),
-    ([*done(0), FAILED], 0, Sweep.UNWIND, []),
-    ([*done(0), FAILED, build.saga_stuck(0, "e", "h")], 0, Sweep.HOLD, []),
+@pytest.mark.parametrize(("events", "lease", "driver", "what", "steps"), [
+    ([], 0, None, Sweep.RETIRE, []),
+    ([*done(0), build.saga_committed()], 0, None, Sweep.RETIRE, []),
+    ([intent(0)], 500, None, Sweep.WAIT, []),
+    ([intent(0)], 0, None, Sweep.REDELIVER, [(0, 1, "key0")]),
+    ([intent(0)], 0, 0, Sweep.REDELIVER, [(0, 1, "key0")]),  # its step first
+    ([*done(0)], 0, None, Sweep.IDLE, []),
+    ([*done(0)], 0, 900, Sweep.IDLE, []),  # its caller's lease still runs
+    ([*done(0)], 0, 0, Sweep.ABANDON, []),  # its caller is gone
+    ([*done(0)], 0, -2, Sweep.ABANDON, []),  # no lease at all
+    ([*done(0), FAILED], 0, 0, Sweep.UNWIND, []),
+    ([*done(0), FAILED, build.saga_stuck(0, "e", "h")], 0, None, Sweep.HOLD, []),
 ])
-def test_on_sweep(events: list[build.Item], lease: int, what: Sweep,
+def test_on_sweep(events: list[build.Item], lease: int, driver: int | None, what: Sweep,
                   steps: list[tuple[int, int, str]]) -> None:
     state = saga(*events) if events else SagaState(SID)
-    got = on_sweep(state, lease)
+    got = on_sweep(state, lease, driver)
     assert (got.what, got.steps) == (what, steps)
 
 
