@@ -52,6 +52,24 @@ def check_saga_id(value: object) -> str:
     return value
 
 
+# An agent whose id is made of these owns a namespace: its sagas' ids are
+# "<agent>_<ULID>", and since "_" never occurs in such an agent id, no agent's
+# namespace ("<agent>_*") covers another's (agent "a" does not cover "a-b_...").
+SCOPED_AGENT = re.compile(r"[A-Za-z0-9-]{1,64}")
+
+
+def scoped_saga_id(agent_id: str) -> str:
+    """A new saga id in ``agent_id``'s namespace (a plain ULID for an agent id that
+    cannot own one: with ``_`` or other characters, or longer than 64)."""
+    return f"{agent_id}_{new_id()}" if SCOPED_AGENT.fullmatch(agent_id) else new_id()
+
+
+def agent_of(saga_id: str) -> str | None:
+    """The agent whose namespace ``saga_id`` is in, if any ("<agent>_...")."""
+    head, sep, _ = saga_id.partition("_")
+    return head if sep and SCOPED_AGENT.fullmatch(head) else None
+
+
 def valid_id(value: object) -> bool:
     try:
         check_id(value)

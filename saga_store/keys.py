@@ -18,7 +18,13 @@ touches a single Redis Cluster slot.
     ss:ledger:{ledger}:lease string  the sealer's lease
     ss:ledger:{ledger}:rejected stream  pending entries the sealer refused to chain
                                    (their saga's chain does not bear them out), with why
-    ss:idem:{<key>}       hash     dedupe record of one idempotency key
+    ss:idem:{<key>}       hash     dedupe record of one idempotency key (of a saga
+                                   in no agent's namespace)
+    ss:{<A>_}:idem:<key>  hash     the same, for agent A's sagas (ids "<A>_...")
+    ss:{<A>_}:active      zset     ss:active for agent A's sagas, so an agent user
+                                   writes no index but its own
+    ss:agents             set      agents with an index of their own (the sweeper
+                                   looks at each)
     ss:ctx:{<agent_id>}   stream   context-sync events for one agent
     ss:active             zset     sagas with work in flight, scored by the time
                                    (ms) after which the sweeper looks at them
@@ -35,12 +41,39 @@ No key here is ever deleted: leases, secrets and idempotency claims expire
 
 from __future__ import annotations
 
+from saga_store.ids import agent_of
+
 PREFIX = "ss"
 LEDGER_ID = "ledger"
 LEDGER_LOG = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:log"
 LEDGER_PENDING = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:pending"
 LEDGER_LEASE = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:lease"
 LEDGER_REJECTED = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:rejected"
+
+
+AGENTS = f"{PREFIX}:agents"
+
+
+def active_for(saga_id: str) -> str:
+    """The index of sagas in flight that ``saga_id`` belongs in: its agent's own
+    (``ss:{<agent>_}:active``) for an id in an agent's namespace, else ss:active."""
+    agent = agent_of(saga_id)
+    return ACTIVE if agent is None else agent_active(agent)
+
+
+def agent_active(agent: str) -> str:
+    return f"{PREFIX}:{{{agent}_}}:active"
+
+
+def idem_for(saga_id: str, key: str) -> str:
+    """The dedupe record of an explicit key used in ``saga_id``: in its agent's
+    namespace when it has one (an agent's keys are its own, as an account's are)."""
+    agent = agent_of(saga_id)
+    return idem(key) if agent is None else agent_idem(agent, key)
+
+
+def agent_idem(agent: str, key: str) -> str:
+    return f"{PREFIX}:{{{agent}_}}:idem:{key}"
 
 
 def saga_log(saga_id: str) -> str:

@@ -32,6 +32,7 @@ import redis
 from saga_store import Registry, SagaStore, Settings, keys
 from saga_store.errors import InvalidInput
 from saga_store.execution import jobs
+from saga_store.execution.enqueue import in_flight
 from saga_store.ops.connection import connect
 from saga_store.protocol.state import SagaState, Status
 from saga_store.testing import RedisServer
@@ -184,7 +185,7 @@ def worker_names(r: redis.Redis, pids: set[int]) -> set[str]:
 
 def held_by(r: redis.Redis, names: set[str]) -> dict[str, int]:
     """Active sagas whose lease one of ``names`` holds, with their head seq."""
-    active = [s.decode() for s in r.zrange(keys.ACTIVE, 0, -1)]
+    active = in_flight(r)
     pipe = r.pipeline(transaction=False)
     for sid in active:
         pipe.get(keys.saga_lease(sid))
@@ -222,7 +223,7 @@ def run(cfg: Config, out: Any = sys.stdout) -> Report:
         def submit_all() -> None:
             try:
                 for n, shape in enumerate(shapes):
-                    while client.zcard(keys.ACTIVE) >= cfg.in_flight:
+                    while len(in_flight(client)) >= cfg.in_flight:
                         time.sleep(0.01)
                     sid = f"chaos-{n}"
                     try:
@@ -248,7 +249,7 @@ def run(cfg: Config, out: Any = sys.stdout) -> Report:
                 now = time.monotonic()
                 if errors:
                     raise errors[0]
-                active = client.zcard(keys.ACTIVE)
+                active = len(in_flight(client))
                 done = len(ids) - active if ids else 0
                 if submitted.is_set() and active == 0:
                     break

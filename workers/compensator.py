@@ -22,6 +22,7 @@ from saga_store.approval import notify
 from saga_store.client.api import SagaStore
 from saga_store.client.context import project, tell
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
+from saga_store.execution.enqueue import schedule, unschedule
 from saga_store.faults import fault
 from saga_store.log.pipeline import execute, lean
 from saga_store.log.store import ChainWriter
@@ -101,9 +102,9 @@ class Compensator:
         # should this process die, the sweeper looks as soon as the lease can lapse;
         # the agent's context cursor comes back in the same round trip
         pipe = lean(r)
-        pipe.zadd(keys.ACTIVE, {saga_id: secs * 1000 + micros // 1000 + lease_ms + 100})
+        schedule(pipe, saga_id, secs * 1000 + micros // 1000 + lease_ms + 100)
         _context_of(pipe, saga_id)
-        ctx: list[Any] | None = pipe.execute()[1]
+        ctx: list[Any] | None = pipe.execute()[-1]
         self._released = False
         try:
             for _ in range(MAX_REDECIDE):
@@ -187,7 +188,7 @@ class Compensator:
         pipe = lean(self.store.redis)
         writer.tell(pipe)  # the saga's close, before it leaves ss:active: the sweeper's cue
         settle = writer.chain.close_on(pipe)  # the ledger's closing entry, in the same trip
-        pipe.zrem(keys.ACTIVE, state.saga_id)
+        unschedule(pipe, state.saga_id)
         execute(pipe, settle)
         notify.needs_attention(state.saga_id, state.agent_id, act.attention)
         return ended

@@ -28,7 +28,12 @@ from saga_store.approval.policy import Decision, Policy, Verdict
 from saga_store.client.api import SagaStore
 from saga_store.client.context import project, tell
 from saga_store.errors import ConflictError, FencedOff, InvalidInput, UnknownTool
-from saga_store.execution.enqueue import enqueue_compensation, enqueue_step, intent
+from saga_store.execution.enqueue import (
+    enqueue_compensation,
+    enqueue_step,
+    intent,
+    unschedule,
+)
 from saga_store.faults import fault
 from saga_store.ids import check_saga_id
 from saga_store.log.events import EventKind as K
@@ -349,7 +354,7 @@ class StepRunner:
 
     @staticmethod
     def _closed(pipe: Any, saga_id: str) -> None:
-        pipe.zrem(keys.ACTIVE, saga_id)
+        unschedule(pipe, saga_id)
 
     def _claimable(self, step: int, view: StepView, follow: Follow,
                    ) -> tuple[ToolSpec, int] | None:
@@ -414,7 +419,7 @@ class StepRunner:
             enqueue_compensation(pipe, saga_id)
         intent = view.intent or {}
         if (intent.get("data") or {}).get("keyed"):
-            self.store.dedupe.finish(intent["idem_key"], outcome.kind,
+            self.store.dedupe.finish(saga_id, intent["idem_key"], outcome.kind,
                                      outcome.result or {"error": outcome.error}, pipe)
         if extra is not None:
             extra(pipe)

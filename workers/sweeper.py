@@ -18,8 +18,7 @@ from saga_store.approval import requests as approvals
 from saga_store.client.api import SagaStore
 from saga_store.client.context import project
 from saga_store.errors import ConflictError, FencedOff
-from saga_store.execution.enqueue import enqueue_compensation, enqueue_step
-from saga_store.log.stream import command
+from saga_store.execution.enqueue import enqueue_compensation, enqueue_step, indexes
 from saga_store.protocol import build
 from saga_store.protocol.state import fold, phase_of
 from saga_store.protocol.sweep import Sweep, client_driven, on_sweep
@@ -46,8 +45,11 @@ class Sweeper:
         r = self.store.redis
         secs, micros = r.time()
         now_ms = secs * 1000 + micros // 1000
-        due: list[bytes] = command(r, "ZRANGEBYSCORE", keys.ACTIVE, "-inf", now_ms,
-                                   "LIMIT", 0, BATCH)
+        # the shared index, and each agent's own (agents write no index but theirs)
+        pipe = r.pipeline(transaction=False)
+        for index in indexes(r):
+            pipe.execute_command("ZRANGEBYSCORE", index, "-inf", now_ms, "LIMIT", 0, BATCH)
+        due: list[bytes] = [sid for found in pipe.execute() for sid in found]
         queued = 0
         for raw in due:
             sid = raw.decode()
@@ -97,17 +99,18 @@ class Sweeper:
                           sid, sid)
                 if self.store.metrics is not None:
                     self.store.metrics.verify_failures.inc()
-            r.zrem(keys.ACTIVE, sid)
+            r.zrem(keys.active_for(sid), sid)
             return 0
         pipe: Any = r.pipeline(transaction=False)
+        index = keys.active_for(sid)
         if swept.what is Sweep.WAIT:  # someone is working on it: look when the lease ends
-            pipe.zadd(keys.ACTIVE, {sid: now_ms + left_ms + LOOK_AFTER_MS})
+            pipe.zadd(index, {sid: now_ms + left_ms + LOOK_AFTER_MS})
         elif swept.what is Sweep.IDLE and driver_ms is not None:  # when its caller's lease ends
-            pipe.zadd(keys.ACTIVE, {sid: now_ms + max(driver_ms, 0) + LOOK_AFTER_MS})
+            pipe.zadd(index, {sid: now_ms + max(driver_ms, 0) + LOOK_AFTER_MS})
         elif swept.what is Sweep.IDLE:  # waiting on its agent or a person: much later
-            pipe.zadd(keys.ACTIVE, {sid: now_ms + 60 * lease_ms})
+            pipe.zadd(index, {sid: now_ms + 60 * lease_ms})
         else:
-            pipe.zadd(keys.ACTIVE, {sid: now_ms + lease_ms})
+            pipe.zadd(index, {sid: now_ms + lease_ms})
         if swept.what is Sweep.UNWIND:
             enqueue_compensation(pipe, sid)
         for step, intent_seq, key in swept.steps:
@@ -125,7 +128,7 @@ class Sweeper:
         state, writer = self.store.events.read_for_write(sid)
         lapsed = self.store.redis.pttl(keys.saga_driver(sid)) <= 0
         if not (lapsed and on_sweep(state, 0, 0).what is Sweep.ABANDON):
-            self.store.redis.zadd(keys.ACTIVE, {sid: now_ms + LOOK_AFTER_MS})
+            self.store.redis.zadd(keys.active_for(sid), {sid: now_ms + LOOK_AFTER_MS})
             return 0
         lease_s = self.store.settings.client_lease_s
         try:
@@ -133,10 +136,10 @@ class Sweeper:
                 f"abandoned: its caller made no call and no keepalive for {lease_s:g} s "
                 "(SAGA_CLIENT_LEASE_S)")], phase=Phase.FORWARD)
         except (ConflictError, FencedOff):
-            self.store.redis.zadd(keys.ACTIVE, {sid: now_ms + LOOK_AFTER_MS})
+            self.store.redis.zadd(keys.active_for(sid), {sid: now_ms + LOOK_AFTER_MS})
             return 0  # its caller (or someone) wrote meanwhile: look again
         pipe = self.store.redis.pipeline(transaction=False)
-        pipe.zadd(keys.ACTIVE, {sid: now_ms + self.store.settings.lease_ms})
+        pipe.zadd(keys.active_for(sid), {sid: now_ms + self.store.settings.lease_ms})
         enqueue_compensation(pipe, sid)
         pipe.execute()
         log.warning("sweeper %s: saga %s: its caller is gone (no call for %g s); aborted, "

@@ -27,10 +27,16 @@ from saga_store.approval.policy import Policy
 from saga_store.client.saga import AsyncSaga, Saga
 from saga_store.errors import ConflictError, FencedOff, InvalidInput, InvalidToolCall, StepPending
 from saga_store.execution import jobs
-from saga_store.execution.enqueue import enqueue_compensation, enqueue_step, intent, now_ms
+from saga_store.execution.enqueue import (
+    enqueue_compensation,
+    enqueue_step,
+    intent,
+    now_ms,
+    schedule,
+)
 from saga_store.execution.idempotency import DedupeRecords
 from saga_store.faults import fault
-from saga_store.ids import check_id, check_saga_id, new_id
+from saga_store.ids import check_id, check_saga_id, scoped_saga_id
 from saga_store.log.pipeline import execute, lean
 from saga_store.log.store import EventStore, Opening
 from saga_store.log.stream import SideWrite
@@ -95,19 +101,19 @@ class SagaStore:
         caller that goes quiet for longer (killed, or thinking: call
         :meth:`Saga.keepalive`) is taken for gone, and a worker's sweeper aborts
         the saga and unwinds what ran."""
-        sid = check_saga_id(saga_id) if saga_id else new_id()
+        sid = check_saga_id(saga_id) if saga_id else scoped_saga_id(agent_id)
         opening = self.events.prepare_open(agent_id, saga_id=sid,
                                            conversation_id=conversation_id,
                                            side=self.driver_lease(sid))
         # in ss:active from its first event: should the caller die at once, the
         # sweeper still finds it when the client lease lapses
         pipe = lean(self.redis)
-        pipe.zadd(keys.ACTIVE, {sid: now_ms() + self.client_lease_ms + 1000}, nx=True)
+        schedule(pipe, sid, now_ms() + self.client_lease_ms + 1000, nx=True)
         opening.call.send(pipe)
-        added, reply = pipe.execute(raise_on_error=False)
+        added, *_, reply = pipe.execute(raise_on_error=False)
         if opening.refused(reply):
             if added:
-                self.redis.zrem(keys.ACTIVE, sid)
+                self.redis.zrem(keys.active_for(sid), sid)
             raise InvalidInput(f"saga {sid} already exists; choose another id or omit it",
                                field="saga_id")
         writer = opening.applied(reply)
@@ -175,7 +181,7 @@ class SagaStore:
     def _prepare(self, plan: list[tuple[Any, Any, str]], agent_id: str,
                  conversation_id: str | None, saga_id: str | None) -> _Planned:
         """A validated plan's opening, encoded (a plan with secrets gets its salt)."""
-        sid = check_saga_id(saga_id) if saga_id else new_id()
+        sid = check_saga_id(saga_id) if saga_id else scoped_saga_id(agent_id)
         logged_plan: list[dict[str, Any]] = []
         secret_values: dict[int, dict[str, Any]] = {}
         # a new saga's salt: written with its opening, so a refused open writes none
@@ -198,8 +204,10 @@ class SagaStore:
         # already there (an id taken, this open refused) keeps its own schedule
         ahead = lean(self.redis)
         look_at = now_ms() + 2 * self.settings.lease_ms
+        added_at = []
         for p in planned:
-            ahead.zadd(keys.ACTIVE, {p.saga_id: look_at}, nx=True)
+            added_at.append(len(ahead))
+            schedule(ahead, p.saga_id, look_at, nx=True)
         at = []
         for p in planned:
             at.append(len(ahead))
@@ -210,9 +218,9 @@ class SagaStore:
                 raise got
         taken = [p for p, i in zip(planned, at, strict=True) if p.opening.refused(replies[i])]
         if taken:  # only ids a caller chose can be taken: submit, one plan
-            added = [p.saga_id for k, p in enumerate(planned) if p in taken and replies[k]]
-            if added:
-                self.redis.zrem(keys.ACTIVE, *added)
+            for p, k in zip(planned, added_at, strict=True):
+                if p in taken and replies[k]:
+                    self.redis.zrem(keys.active_for(p.saga_id), p.saga_id)
             raise InvalidInput(f"saga {taken[0].saga_id} already exists; choose another id or "
                                "omit it (nothing was written)", field="saga_id")
         fault("submit_between")
@@ -300,7 +308,7 @@ class SagaStore:
         else:
             raise ConflictError(f"saga {saga_id} kept changing; try again")
         pipe = lean(self.redis)
-        pipe.zadd(keys.ACTIVE, {saga_id: now_ms() + 2 * self.settings.lease_ms})
+        schedule(pipe, saga_id, now_ms() + 2 * self.settings.lease_ms)
         enqueue_compensation(pipe, saga_id)
         pipe.execute()
         return True
@@ -326,7 +334,7 @@ class SagaStore:
                 continue  # the log moved (a late duplicate's note): decide again
             if state.executor is None:  # a gateway finishes its own unwinds
                 pipe = lean(self.redis)
-                pipe.zadd(keys.ACTIVE, {saga_id: now_ms() + 2 * self.settings.lease_ms})
+                schedule(pipe, saga_id, now_ms() + 2 * self.settings.lease_ms)
                 enqueue_compensation(pipe, saga_id)
                 pipe.execute()
             return

@@ -19,7 +19,7 @@ from saga_store.errors import (
     StepInDoubt,
     StepPending,
 )
-from saga_store.execution.enqueue import enqueue_step, intent, now_ms
+from saga_store.execution.enqueue import enqueue_step, intent, now_ms, schedule
 from saga_store.execution.idempotency import args_digest, claim_fate, explicit_key, step_key
 from saga_store.faults import fault
 from saga_store.ids import check_id
@@ -138,7 +138,7 @@ class Saga:
         self._sync_head()
         while True:
             pipe = r.pipeline(transaction=False)
-            pipe.zadd(keys.ACTIVE, {self.saga_id: now_ms() + 2 * self.store.settings.lease_ms})
+            schedule(pipe, self.saga_id, now_ms() + 2 * self.store.settings.lease_ms)
             # the secret values go with the intent: a lost race leaves none behind
             side = self.store.secrets.writes(self.saga_id, {n: secret_values}) \
                 if secret_values else []
@@ -233,7 +233,7 @@ class Saga:
                     raise SagaAborted(f"saga {self.saga_id} changed while committing") from None
         self.state.status = Status.COMMITTED
         project(self.store.events, self.saga_id)
-        self.store.redis.zrem(keys.ACTIVE, self.saga_id)
+        self.store.redis.zrem(keys.active_for(self.saga_id), self.saga_id)
 
     def abort(self, reason: str = "aborted by the caller") -> None:
         """Stop going forward and unwind what ran (compensations, in reverse order)."""

@@ -6,8 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from saga_store import keys
 from saga_store.execution import jobs
 from saga_store.execution.idempotency import step_key
+from saga_store.ids import agent_of
 from saga_store.protocol import build
 from saga_store.protocol.build import Item
 from saga_store.tools.spec import ToolSpec
@@ -29,6 +31,35 @@ def enqueue_step(pipe: Any, queue: str, saga_id: str, step: int, intent_seq: int
 def enqueue_compensation(pipe: Any, saga_id: str) -> None:
     jobs.push(pipe, jobs.COMPENSATION_QUEUE, jobs.compensation_job_id(saga_id),
               jobs.COMPENSATE_FUNC, [saga_id])
+
+
+def schedule(pipe: Any, saga_id: str, at_ms: int, *, nx: bool = False) -> None:
+    """Queue on ``pipe``: look at the saga after ``at_ms`` (in its index of sagas in
+    flight: its agent's own, see :func:`keys.active_for`; the agent is listed for
+    the sweeper in the same trip). Two commands for an agent's saga, else one."""
+    index = keys.active_for(saga_id)
+    pipe.zadd(index, {saga_id: at_ms}, nx=nx)
+    if index != keys.ACTIVE:
+        pipe.sadd(keys.AGENTS, str(agent_of(saga_id)))
+
+
+def unschedule(pipe: Any, saga_id: str) -> None:
+    """Queue on ``pipe``: the saga has no work in flight any more."""
+    pipe.zrem(keys.active_for(saga_id), saga_id)
+
+
+def indexes(client: Any) -> list[str]:
+    """Every index of sagas in flight: the shared one, then each agent's."""
+    agents = sorted(a.decode() for a in client.smembers(keys.AGENTS))
+    return [keys.ACTIVE, *(keys.agent_active(a) for a in agents)]
+
+
+def in_flight(client: Any) -> list[str]:
+    """The ids of every saga with work in flight, from all indexes."""
+    pipe = client.pipeline(transaction=False)
+    for index in indexes(client):
+        pipe.zrange(index, 0, -1)
+    return [sid.decode() for found in pipe.execute() for sid in found]
 
 
 def now_ms() -> int:

@@ -85,7 +85,7 @@ class DedupeRecords:
         args: list[Any] = [digest, saga_id, step, self.ttl_s]
         if take_from is not None:
             args += ["takeover", take_from.saga_id, take_from.step]
-        reply = self._claim(keys=[keys.idem(key)], args=args)
+        reply = self._claim(keys=[keys.idem_for(saga_id, key)], args=args)
         status = reply[0].decode()
         if status == "conflict":
             raise KeyReuseError("idempotency key was already used with different arguments; "
@@ -96,16 +96,19 @@ class DedupeRecords:
         return Claim("exists", saga, int(step_s), state,
                      orjson.loads(result) if result else None)
 
-    def finish(self, key: str, state: str, result: Any, pipe: Any = None) -> None:
-        """Record how the keyed step ended (on ``pipe`` when given)."""
+    def finish(self, saga_id: str, key: str, state: str, result: Any, pipe: Any = None,
+               ) -> None:
+        """Record how the keyed step of ``saga_id`` ended (on ``pipe`` when given)."""
         target = pipe if pipe is not None else self.redis
-        target.hset(keys.idem(key), mapping={"state": state, "result": canonical(result)})
+        target.hset(keys.idem_for(saga_id, key),
+                    mapping={"state": state, "result": canonical(result)})
 
     def release(self, key: str, digest: str, saga_id: str, step: int) -> None:
         """Forget this call's claim of ``key``, its intent never written (refused,
         too large, the saga unwinding): a retry runs the call. A claim someone else
         holds by now is left alone."""
-        self._claim(keys=[keys.idem(key)], args=[digest, saga_id, step, self.ttl_s, "release"])
+        self._claim(keys=[keys.idem_for(saga_id, key)],
+                    args=[digest, saga_id, step, self.ttl_s, "release"])
 
 
 def claim_fate(holder: SagaState, key: str) -> tuple[str, int | None]:

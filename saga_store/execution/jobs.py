@@ -46,21 +46,26 @@ def job_key(job_id: str) -> str:
     return Job.redis_job_namespace_prefix + job_id
 
 
-STEP_ID = re.compile(r"^saga-step-[0-9a-f]{16}-(\d+)-(.+)$")
+STEP_ID = re.compile(r"^saga-step-(.+)-(\d+)-[0-9a-f]{16}$")
+_FORMER_STEP_ID = re.compile(r"^saga-step-[0-9a-f]{16}-(\d+)-(.+)$")  # queued by older versions
 
 
 def step_job_id(idem_key: str, intent_seq: int, saga_id: str) -> str:
-    """Derived from the step's idempotency key, its intent's place in the log and
-    its saga: two jobs with one id always carry the same arguments (one job hash
-    serves every copy of a delivery), and a worker can start reading the log
-    in the same round trip as the job."""
-    return f"saga-step-{idem_key[:16]}-{intent_seq}-{saga_id}"
+    """Derived from the step's saga, its intent's place in the log and its
+    idempotency key: two jobs with one id always carry the same arguments (one job
+    hash serves every copy of a delivery), a worker can start reading the log in
+    the same round trip as the job, and the saga id first puts an agent's jobs
+    under its own ACL pattern (``saga-step-<agent>_*``)."""
+    return f"saga-step-{saga_id}-{intent_seq}-{idem_key[:16]}"
 
 
 def parse_step_job_id(job_id: str) -> tuple[str, int] | None:
     """(saga_id, intent_seq) of a step job id; None for any other id."""
+    m = _FORMER_STEP_ID.match(job_id)
+    if m:
+        return m.group(2), int(m.group(1))
     m = STEP_ID.match(job_id)
-    return (m.group(2), int(m.group(1))) if m else None
+    return (m.group(1), int(m.group(2))) if m else None
 
 
 def compensation_job_id(saga_id: str) -> str:

@@ -83,6 +83,7 @@ class Ledger:
     def __init__(self, log: SagaLog, deferred: bool = False) -> None:
         self.log = log
         self.deferred = deferred
+        self.may_seal = True  # False once Redis said this user may not (an agent user)
 
     # -- writing: push an entry, seal unless deferred ---------------------------
 
@@ -111,6 +112,7 @@ class Ledger:
     def _push(self, pipe: Any, kind: str, saga_id: str, data: dict[str, Any],
               defer: bool | None, flag: str) -> Then:
         defer = self.deferred if defer is None else defer
+        defer = defer or not self.may_seal
         token = os.urandom(8).hex()
         at_push = len(pipe)
         pipe.rpush(keys.LEDGER_PENDING, orjson.dumps(
@@ -121,11 +123,18 @@ class Ledger:
             pipe.set(keys.LEDGER_LEASE, token, nx=True, px=SEAL_LEASE_MS)
 
         def then(replies: list[Any]) -> int:
-            for got in replies[at_push:at_lease + (0 if defer else 1)]:
+            for got in replies[at_push:at_lease]:
                 if isinstance(got, Exception):
                     raise StoreUnavailable(f"ledger entry for saga {saga_id} not written: {got}")
-            if not defer and replies[at_lease]:
-                return self._seal(token)
+            if not defer:
+                took = replies[at_lease]
+                if isinstance(took, redis.exceptions.NoPermissionError):
+                    self.may_seal = False  # an agent user: the workers' sweepers seal
+                    return 0
+                if isinstance(took, Exception):
+                    raise StoreUnavailable(f"ledger entry for saga {saga_id}: {took}")
+                if took:
+                    return self._seal(token)
             # deferred, or another sealer at work (it looks again before it stops);
             # of a deferred batch, the writer that brings the count to a multiple
             # of SEAL_AT seals (one try per SEAL_AT entries, not one per writer)
@@ -133,9 +142,16 @@ class Ledger:
         return then
 
     def seal(self) -> int:
-        """Chain the pending entries now, unless a sealer is at work; returns how many."""
+        """Chain the pending entries now, unless a sealer is at work (or this user may
+        not seal: the workers' sweepers do); returns how many."""
+        if not self.may_seal:
+            return 0
         token = os.urandom(8).hex()
-        if not self.log.redis.set(keys.LEDGER_LEASE, token, nx=True, px=SEAL_LEASE_MS):
+        try:
+            if not self.log.redis.set(keys.LEDGER_LEASE, token, nx=True, px=SEAL_LEASE_MS):
+                return 0
+        except redis.exceptions.NoPermissionError:
+            self.may_seal = False
             return 0
         return self._seal(token)
 

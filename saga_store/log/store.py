@@ -17,7 +17,7 @@ import redis
 from saga_store import keys
 from saga_store.errors import ConflictError, IntegrityError, InvalidInput, NoSuchSaga, no_such_saga
 from saga_store.faults import fault
-from saga_store.ids import check_id, check_saga_id, new_id
+from saga_store.ids import check_id, check_saga_id, scoped_saga_id
 from saga_store.log.events import TERMINAL_KINDS, body_dict
 from saga_store.log.events import EventKind as K
 from saga_store.log.ledger import CLOSE_FLAG, OPEN_FLAG, Ledger
@@ -79,7 +79,7 @@ class EventStore:
         """The opening append of :meth:`open`, encoded, to send in a pipeline;
         ``side``: writes made only if the saga is opened (see :class:`SideWrite`)."""
         check_id(agent_id, "agent_id")
-        sid = check_saga_id(saga_id) if saga_id is not None else new_id()
+        sid = check_saga_id(saga_id) if saga_id is not None else scoped_saga_id(agent_id)
         if conversation_id is not None:
             check_id(conversation_id, "conversation_id")
         payload = dict(data or {})

@@ -43,7 +43,7 @@ from saga_store.execution.idempotency import (
     explicit_key,
     step_key,
 )
-from saga_store.ids import new_id
+from saga_store.ids import scoped_saga_id
 from saga_store.log.canonical import canonical
 from saga_store.log.store import ChainWriter
 from saga_store.mcp.argcheck import Check, compile_check
@@ -226,7 +226,7 @@ class Gateway:
     def _open(self) -> ChainWriter:
         s = self.session
         if s.writer is None:
-            s.writer = self.store.open(s.agent_id, saga_id=new_id(),
+            s.writer = self.store.open(s.agent_id, saga_id=scoped_saga_id(s.agent_id),
                                        data={"executor": EXECUTOR, "gateway": self.gid},
                                        lease=self.leases.lease)
             self.leases.held.add(s.writer.saga_id)
@@ -436,7 +436,7 @@ class Gateway:
             if denial is not None:
                 self._add(writer, [build.step_outcome(step, OutcomeKind.FAILED, error=denial)])
                 if explicit:  # the key's record says how it ended, not "pending" for a week
-                    self.dedupe.finish(key, "failed", {"text": denial})
+                    self.dedupe.finish(writer.saga_id, key, "failed", {"text": denial})
                 return await self._failed(writer, name, cls, CallOutcome(False, None, denial))
             self._add(writer, [started], phase=Phase.FORWARD)
         outcome = _scrubbed(await self._call(name, args, key), secrets)
@@ -444,7 +444,8 @@ class Gateway:
         self._add(writer, [build.step_outcome(step, said.kind, result=said.result,
                                               error=said.error, tool=name)])
         if explicit:
-            self.dedupe.finish(key, "succeeded" if outcome.ok else "failed", outcome.logged())
+            self.dedupe.finish(writer.saga_id, key, "succeeded" if outcome.ok else "failed",
+                               outcome.logged())
         if outcome.ok and not outcome.in_doubt:
             return outcome  # the agent is told with the next append
         return await self._failed(writer, name, cls, outcome)

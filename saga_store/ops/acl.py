@@ -5,16 +5,24 @@ XDEL, XTRIM, FLUSHALL, FLUSHDB, CONFIG, SCRIPT FLUSH, KEYS or SHUTDOWN. Log
 streams (``ss:*:log``) take XADD and reads only; the keys that live briefly
 (leases, secrets, idempotency claims) are retired by expiry, which is why the
 code never sends DEL for them. Lua scripts run with the caller's rights, so the
-append script cannot be used to get around this. The one list either user may
-shorten is the ledger's pending list, a queue: writers push their ledger
-entries there and the sealer trims off what it has chained.
+append script cannot be used to get around this.
 
 RQ's own bookkeeping (``rq:*``) is RQ's: a worker may delete its own RQ keys
 (RQ removes its worker entry and finished jobs), never ``ss:*`` ones.
 
-An agent user may open sagas whose ids start with its prefix, append to them,
-enqueue their steps, read them and its own context stream, and read the
-ledger (ids and hashes only); it cannot read other agents' sagas.
+An agent user owns a namespace: the sagas whose ids start ``<agent>_`` (the
+ids its store makes), their keys (``ss:{<agent>_*}:*``: log, meta, leases,
+secrets, blobs), its index of sagas in flight and its explicit keys' records
+(``ss:{<agent>_}:*``), its context stream, and the RQ jobs of its sagas
+(``rq:job:saga-step-<agent>_*``, ``rq:job:saga-comp-<agent>_*``). An agent id
+of letters, digits and ``-`` never contains ``_``, so no namespace covers
+another's: agent ``a`` does not cover ``a-b``. Outside it the agent may only
+add: push its jobs' ids onto the two queues, push ledger entries onto the
+pending list (the sealer chains only what the sagas' own chains bear out and
+sets the rest aside, which ``saga verify`` reports), and add its name to
+``ss:agents`` (the sweeper's list of indexes). It cannot read other agents'
+sagas, write the ledger chain, trim the pending list, or touch the shared
+index of sagas in flight, other agents' jobs or records.
 
 What ACLs cannot stop: ``XADD ... MAXLEN`` is XADD, so a user allowed to append
 could trim a stream's head. ``saga verify`` reports that (``missing_entry`` at
@@ -25,7 +33,7 @@ from __future__ import annotations
 
 from saga_store import keys
 from saga_store.errors import InvalidInput
-from saga_store.ids import check_id
+from saga_store.ids import SCOPED_AGENT, check_id
 
 FORBIDDEN = ["del", "unlink", "xdel", "xtrim", "flushall", "flushdb", "config", "script|flush",
              "keys", "shutdown", "swapdb", "move", "rename", "renamenx", "restore", "migrate",
@@ -38,13 +46,14 @@ SIDE_WRITES = ["+hset", "+hsetnx", "+hincrby", "+set", "+pexpire", "+expire", "+
                "+sadd", "+srem", "+xadd"]
 SCRIPTS = ["+evalsha", "+eval"]
 P = keys.PREFIX  # every pattern below is of the key schema in keys.py
+QUEUE_PREFIX = "rq:queue:"
 LEDGER_QUEUE = (f"~{P}:ledger:{{*}}:pending", "+rpush", "+ltrim", "+lpop")
 
 
 def worker_rules() -> list[str]:
     """Rules (after ``ACL SETUSER name reset``) for ``saga worker`` processes."""
     side = [f"~{P}:{{*}}:meta", f"~{P}:{{*}}:lease", f"~{P}:{{*}}:driver",
-            f"~{P}:{{*}}:secrets",
+            f"~{P}:{{*}}:secrets", f"~{P}:{{*}}:active", f"~{P}:{{*}}:idem:*", f"~{P}:agents",
             f"~{P}:{{*}}:blob:*", f"~{P}:idem:*", f"~{P}:ctx:*", f"~{P}:active",
             f"~{P}:needs_attention", f"~{P}:approvals",
             f"~{P}:gateway:*",  # the MCP gateway runs calls like a worker: it uses this user
@@ -63,30 +72,33 @@ def worker_rules() -> list[str]:
     ]
 
 
-def agent_rules(agent_id: str, saga_prefix: str) -> list[str]:
-    """Rules for an agent that submits sagas with ids starting ``saga_prefix``."""
+def agent_rules(agent_id: str) -> list[str]:
+    """Rules for one agent: it drives the sagas of its namespace (see above)."""
     check_id(agent_id, "agent_id")
-    if not saga_prefix or any(c in saga_prefix for c in "*?[]\\{}: \n"):
-        raise InvalidInput("a saga prefix needs at least one character and no glob or key "
-                           "characters (* ? [ ] \\ { } : space); for example 'agent-a-'",
-                           field="saga_prefix")
-    mine = f"{P}:{{{saga_prefix}*}}"
+    if not SCOPED_AGENT.fullmatch(agent_id):
+        raise InvalidInput(f"agent id {agent_id[:40]!r} cannot own a namespace: an agent "
+                           "with its own Redis user needs an id of 1-64 letters, digits and "
+                           "'-' (no '_': it ends the namespace)", field="agent_id")
+    mine = f"{P}:{{{agent_id}_*}}"  # its sagas' keys, and its own ss:{A_}:... keys
+    jobs = (f"~rq:job:saga-step-{agent_id}_*", f"~rq:job:saga-comp-{agent_id}_*")
     return [
-        "resetchannels", "&rq:*", "-@all", *CONNECTION,
-        # enqueue steps: RQ's job hash and queue list, nothing else of RQ's
-        "~rq:job:*", "~rq:queue:*", "~rq:queues", "+hset", "+expire", "+rpush", "+sadd",
-        "+hget", "+hgetall", "+llen",
-        _selector(f"%R~{mine}:*", f"%R~{P}:ledger:*", f"%R~{P}:ctx:{{{agent_id}}}", "+@read",
-                  "-keys", "-scan"),
-        _selector(f"~{mine}:*", f"~{P}:ledger:*", *SCRIPTS),
-        _selector(f"~{mine}:log", f"~{P}:ledger:{{*}}:log", "+xadd"),
-        _selector(f"~{mine}:meta", f"~{mine}:lease", f"~{mine}:driver", f"~{mine}:secrets",
-                  f"~{mine}:blob:*",
-                  f"~{P}:ledger:{{*}}:meta", f"~{P}:ledger:{{*}}:lease",
-                  f"~{P}:ledger:{{*}}:rejected", f"~{P}:idem:*",
-                  f"~{P}:active",
-                  *SIDE_WRITES),
-        _selector(*LEDGER_QUEUE),
+        "resetchannels", "-@all", *CONNECTION,
+        _selector(f"%R~{mine}:*", f"%R~{P}:ledger:{{*}}:log", f"%R~{P}:ledger:{{*}}:pending",
+                  f"%R~{P}:ctx:{{{agent_id}}}", "+@read", "-keys", "-scan"),
+        _selector(f"~{mine}:*", *SCRIPTS),
+        _selector(f"~{mine}:log", f"~{P}:ctx:{{{agent_id}}}", "+xadd"),
+        # each kind of key takes only the writes of its type (no SET over a log)
+        _selector(f"~{mine}:lease", f"~{mine}:driver", f"~{mine}:blob:*", "+set",
+                  "+pexpire"),
+        _selector(f"~{mine}:meta", f"~{mine}:secrets", f"~{mine}:idem:*", "+hset", "+hsetnx",
+                  "+pexpire", "+expire"),
+        _selector(f"~{mine}:active", "+zadd", "+zrem"),
+        _selector(f"~{P}:agents", "+sadd"),
+        _selector(f"~{P}:ledger:{{*}}:pending", "+rpush"),
+        # its steps' jobs: their hashes, and their ids pushed on the queues
+        _selector(*jobs, "+hset", "+expire", "+hget", "+hgetall"),
+        _selector(f"~{QUEUE_PREFIX}saga-steps", f"~{QUEUE_PREFIX}saga-compensations",
+                  "+rpush", "+llen"),
     ]
 
 

@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from saga_store import keys
 from saga_store.execution import jobs
+from saga_store.execution.enqueue import in_flight
 from saga_store.ops.durability import DurabilityWatch
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -103,7 +104,7 @@ class RedisCollector:
 
     def _read(self) -> tuple[list[Any], list[bytes]]:
         r = self.redis
-        active = r.zrange(keys.ACTIVE, 0, -1)
+        active = [sid.encode() for sid in in_flight(r)]
         pipe = r.pipeline(transaction=False)
         for sid in active:
             pipe.hget(keys.saga_meta(sid.decode()), "state")

@@ -290,7 +290,7 @@ def test_verify_reports_a_projection_or_a_phase_stamp_changed_by_hand(
     client.hset(meta, "state", "running")
     bad = Verifier(saga_store.events.log).verify(sid)
     assert [(f.chain_id, f.reason) for f in bad.failures] == [(sid, "projection")]
-    client.zadd("ss:active", {sid: 0})
+    client.zadd(keys.active_for(sid), {sid: 0})
     Sweeper(saga_store, "test").sweep()
     assert client.hget(meta, "state") == b"compensated"
     assert Verifier(saga_store.events.log).verify(sid).ok

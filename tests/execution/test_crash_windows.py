@@ -43,7 +43,7 @@ def ledger_has(store: SagaStore, sid: str, kind: str) -> bool:
 
 
 def retired(client: redis.Redis, sid: str) -> bool:
-    return client.zscore(keys.ACTIVE, sid) is None
+    return client.zscore(keys.active_for(sid), sid) is None
 
 
 def cut_tail(client: redis.Redis, sid: str) -> None:

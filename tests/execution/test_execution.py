@@ -351,13 +351,13 @@ def test_a_refused_submit_writes_nothing(saga_store: SagaStore, client: redis.Re
     victim's secret card, its schedule and its log are as they were, and its charge
     runs with its own card. Its secret values are gone once it closes."""
     sid = saga_store.submit(ORDER, agent_id="agent-v", saga_id="victim-1")
-    before, score = _contents(client), client.zscore(keys.ACTIVE, sid)
+    before, score = _contents(client), client.zscore(keys.active_for(sid), sid)
     forged = [dict(ORDER[0]), {**ORDER[1], "args": {"amount_cents": 1200,
                                                     "card_number": "4999999999999999"}}]
     with pytest.raises(InvalidInput, match="already exists"):
         saga_store.submit(forged, agent_id="agent-x", saga_id="victim-1")
     assert _contents(client) == before
-    assert client.zscore(keys.ACTIVE, sid) == score
+    assert client.zscore(keys.active_for(sid), sid) == score
     with workers(worker_env, TOOLS):
         assert saga_store.wait(sid, timeout=30).status is Status.COMMITTED
     assert len(effects("charge")) == 1

@@ -76,17 +76,17 @@ def test_acl_users_run_sagas_and_cannot_destroy(ledger: Path, tmp_path: Path) ->
     with RedisServer() as srv:
         admin = redis.Redis.from_url(srv.url)
         _setuser(admin, "saga-worker", acl.worker_rules(), "w-pass")
-        _setuser(admin, "agent-a", acl.agent_rules("agent-a", "agent-a-"), "a-pass")
-        _setuser(admin, "agent-b", acl.agent_rules("agent-b", "agent-b-"), "b-pass")
+        _setuser(admin, "agent-a", acl.agent_rules("agent-a"), "a-pass")
+        _setuser(admin, "agent-b", acl.agent_rules("agent-b"), "b-pass")
         base = f"127.0.0.1:{srv.port}/0"
         worker_url, a_url = f"redis://saga-worker:w-pass@{base}", f"redis://agent-a:a-pass@{base}"
         agent_a = SagaStore(connect(a_url, retry_s=0), registry)
         agent_b = SagaStore(connect(f"redis://agent-b:b-pass@{base}", retry_s=0), registry)
         log = tmp_path / "worker.log"
         with workers(_env(worker_url, ledger), TOOLS, "--log-level", "INFO", log=log):
-            ok = agent_a.submit(_plan(GOOD_CARD), agent_id="agent-a", saga_id="agent-a-1")
-            bad = agent_a.submit(_plan(BAD_CARD), agent_id="agent-a", saga_id="agent-a-2")
-            other = agent_b.submit(_plan(GOOD_CARD), agent_id="agent-b", saga_id="agent-b-1")
+            ok = agent_a.submit(_plan(GOOD_CARD), agent_id="agent-a", saga_id="agent-a_1")
+            bad = agent_a.submit(_plan(BAD_CARD), agent_id="agent-a", saga_id="agent-a_2")
+            other = agent_b.submit(_plan(GOOD_CARD), agent_id="agent-b", saga_id="agent-b_1")
             finals = {sid: store.wait(sid, timeout=60) for store, sid in
                       ((agent_a, ok), (agent_a, bad), (agent_b, other))}
         assert finals[ok].status is Status.COMMITTED
@@ -99,7 +99,7 @@ def test_acl_users_run_sagas_and_cannot_destroy(ledger: Path, tmp_path: Path) ->
 
         # an agent cannot open, read or append to another agent's sagas
         with pytest.raises(redis.ResponseError, match=r"NOPERM|permissions"):
-            agent_a.submit(_plan(GOOD_CARD), agent_id="agent-a", saga_id="agent-b-2")
+            agent_a.submit(_plan(GOOD_CARD), agent_id="agent-a", saga_id="agent-b_2")
         assert _refused(agent_a.events.redis, "XRANGE", keys.saga_log(other), "-", "+")
         assert _refused(agent_a.events.redis, "HGETALL", keys.saga_meta(other))
         assert not _refused(agent_a.events.redis, "XRANGE", keys.saga_log(ok), "-", "+")
@@ -115,9 +115,10 @@ def test_acl_users_run_sagas_and_cannot_destroy(ledger: Path, tmp_path: Path) ->
         assert Verifier(SagaStore(admin, registry).events.log).verify().ok
 
 
-def test_acl_prefix_must_be_plain() -> None:
-    with pytest.raises(InvalidInput, match="prefix"):
-        acl.agent_rules("agent-a", "agent-*")
+def test_an_agent_user_needs_an_id_that_can_own_a_namespace() -> None:
+    for bad in ("agent_a", "agent-*", "a" * 65):
+        with pytest.raises(InvalidInput, match=r"namespace|contains"):
+            acl.agent_rules(bad)
 
 
 def _certificates(d: Path) -> tuple[Path, Path, Path]:

@@ -57,8 +57,8 @@ def test_a_keyed_call_refused_before_its_intent_frees_its_key(
         with pytest.raises(InvalidInput, match="exceeds"), \
                 saga_store.saga(agent_id="agent-k") as other:
             other.call("update_crm", {"note": "x" * 300_000}, idempotency_key="k-6")
-        assert not client.exists(keys.idem(explicit_key("k-5")))
-        assert not client.exists(keys.idem(explicit_key("k-6")))
+        assert not client.exists(keys.agent_idem("agent-k", explicit_key("k-5")))
+        assert not client.exists(keys.agent_idem("agent-k", explicit_key("k-6")))
         with saga_store.saga(agent_id="agent-k") as retry:
             got = retry.call("reserve_inventory", {"sku": "K5", "qty": 1},
                              idempotency_key="k-5")
@@ -91,7 +91,7 @@ def test_a_client_killed_between_claim_and_intent_does_not_brick_the_key(
                           capture_output=True, text=True, timeout=60, cwd=ROOT, check=False)
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     dead = proc.stdout.split()[0]
-    assert client.hget(keys.idem(explicit_key("k-7")), "state") == b"pending"
+    assert client.hget(keys.agent_idem("agent-k", explicit_key("k-7")), "state") == b"pending"
     with workers(worker_env, TOOLS):
         with saga_store.saga(agent_id="agent-k") as retry, \
                 pytest.raises(StepPending, match="in progress"):
@@ -119,7 +119,7 @@ def test_a_keys_record_cannot_be_brute_forced_back_to_a_secret(
     with workers(env, TOOLS), store.saga(agent_id="agent-k") as saga:
         saga.call("charge_payment", {"amount_cents": 5, "card_number": "4000"},
                   idempotency_key="pin-1")
-    kept = client.hget(keys.idem(explicit_key("pin-1")), "args").decode()
+    kept = client.hget(keys.agent_idem("agent-k", explicit_key("pin-1")), "args").decode()
     guesses = {hashlib.sha256(canonical(["saga-store/idem/v1", "args", "charge_payment",
                                          {"amount_cents": 5, "card_number": f"{n:04d}"}])
                               ).hexdigest() for n in range(10_000)}

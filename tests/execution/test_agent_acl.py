@@ -1,0 +1,181 @@
+"""Least-privilege agents, with the ACL lines applied exactly as the README shows
+them (``saga acl ... | redis-cli``): an agent's own flows work, and every write
+it could make outside its namespace is refused, or is caught by ``saga verify``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from saga_store import Registry, SagaStore, Settings, keys
+from saga_store.client.context import Subscriber
+from saga_store.execution import jobs
+from saga_store.execution.idempotency import explicit_key
+from saga_store.ops.connection import connect
+from saga_store.protocol.state import Status
+from saga_store.testing import RedisServer
+from saga_store.testing.workers import workers
+from saga_store.verify.checker import Verifier
+
+from ..ledger_tools import effects
+
+pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(180)]
+TOOLS = "tests.ledger_tools"
+ROOT = str(Path(__file__).resolve().parents[2])
+CARD = "4111222233334444"
+PLAN = [{"tool": "reserve_inventory", "args": {"sku": "A", "qty": 1}},
+        {"tool": "charge_payment", "args": {"amount_cents": 1200, "card_number": CARD}}]
+# commands an attacker would write with: every write command of every key type
+WRITES = [("SET", "x"), ("DEL",), ("UNLINK",), ("PEXPIRE", "0"), ("EXPIRE", "1"),
+          ("PERSIST",), ("RENAME", "ss:stolen"), ("HSET", "state", "committed"),
+          ("HSETNX", "zz", "1"), ("HDEL", "state"), ("HINCRBY", "seq", "1"),
+          ("XADD", "*", "b", "junk"), ("XDEL", "0-1"), ("XTRIM", "MAXLEN", "0"),
+          ("XSETID", "0-1"), ("ZADD", "0", "someone"), ("ZREM", "someone"),
+          ("ZREMRANGEBYRANK", "0", "-1"), ("SADD", "junk"), ("SREM", "agent-b"),
+          ("SPOP",), ("RPUSH", "junk"), ("LPUSH", "junk"), ("LTRIM", "1", "-1"),
+          ("LPOP",), ("RPOP",), ("LSET", "0", "junk"), ("LREM", "0", "x")]
+
+
+def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "saga_store.cli.main", "--redis-url", url,
+                           *args], capture_output=True, text=True, timeout=60, cwd=ROOT,
+                          check=False, env={**os.environ, "PYTHONPATH": ROOT})
+
+
+def apply_as_readme(port: int, role_args: list[str], user: str, password: str) -> None:
+    """``saga acl ROLE ... | redis-cli`` then the password, as the README says."""
+    line = cli("redis://127.0.0.1:1/0", "acl", *role_args)
+    assert line.returncode == 0, line.stderr
+    for cmd in (line.stdout, f"ACL SETUSER {user} >{password}\n"):
+        out = subprocess.run(["redis-cli", "-p", str(port)], input=cmd, capture_output=True,
+                             text=True, timeout=30, check=True)
+        assert out.stdout.strip() == "OK", out.stdout + out.stderr
+
+
+def refused(client: redis.Redis, *command: Any) -> bool:
+    try:
+        client.execute_command(*command)
+    except redis.ResponseError as exc:
+        return "NOPERM" in str(exc) or "no permissions" in str(exc)
+    return False
+
+
+@pytest.fixture
+def deployment(ledger: Path) -> Any:
+    with RedisServer() as srv:
+        apply_as_readme(srv.port, ["worker"], "saga-worker", "w-pass")
+        for agent in ("agent-a", "agent-a-b"):
+            apply_as_readme(srv.port, ["agent", "--agent", agent], agent, f"{agent}-pass")
+        base = f"127.0.0.1:{srv.port}/0"
+        env = {**os.environ, "SAGA_REDIS_URL": f"redis://saga-worker:w-pass@{base}",
+               "SAGA_TEST_LEDGER": str(ledger), "SAGA_LEASE_MS": "2000", "PYTHONPATH": ROOT}
+        registry = Registry.from_modules(TOOLS)
+
+        def agent(name: str) -> SagaStore:
+            return SagaStore(connect(f"redis://{name}:{name}-pass@{base}", retry_s=0),
+                             registry, Settings(lease_ms=2000))
+        yield {"admin": redis.Redis.from_url(srv.url), "env": env, "agent": agent,
+               "url": srv.url}
+
+
+def test_an_agent_user_runs_every_flow_of_its_own(deployment: dict[str, Any],
+                                                  tmp_path: Path) -> None:
+    """Plans, a client-driven saga with an explicit key and a secret, an abort that
+    unwinds, and its context stream: all work for the agent user; the workers are
+    refused nothing; verify passes."""
+    a = deployment["agent"]("agent-a")
+    sub = Subscriber(a.redis, "agent-a", last_id="0", block_ms=100)
+    log = tmp_path / "worker.log"
+    with workers(deployment["env"], TOOLS, "--log-level", "INFO", log=log):
+        planned = a.submit(PLAN, agent_id="agent-a")
+        assert planned.startswith("agent-a_")
+        assert a.wait(planned, timeout=60).status is Status.COMMITTED
+        with a.saga(agent_id="agent-a") as saga:
+            first = saga.call("charge_payment", {"amount_cents": 5, "card_number": CARD},
+                              idempotency_key="order-1")
+            again = saga.call("charge_payment", {"amount_cents": 5, "card_number": CARD},
+                              idempotency_key="order-1")
+            assert again == first
+        undone = a.saga(agent_id="agent-a")
+        undone.call("reserve_inventory", {"sku": "U", "qty": 1})
+        undone.abort("the agent changed its mind")
+        assert a.wait(undone.saga_id, timeout=60).status is Status.COMPENSATED
+        heard = [e["kind"] for e in sub.poll()]
+    log_text = log.read_text()
+    assert a.state(saga.saga_id).status is Status.COMMITTED
+    assert len(effects("charge")) == 2
+    assert len(effects("release")) == 1
+    assert "retracted" in heard
+    assert "saga_closed" in heard
+    assert "NOPERM" not in log_text, "a worker was refused something it needs"
+    assert "Traceback" not in log_text
+    admin = SagaStore(deployment["admin"], Registry.from_modules(TOOLS))
+    assert admin.events.ledger.flush() == 0  # the workers chained what the agent pushed
+    assert Verifier(admin.events.log).verify().ok
+
+
+def test_every_write_outside_its_namespace_is_refused_or_caught(
+        deployment: dict[str, Any]) -> None:
+    """Agent a tries every write command on every key it does not own: agent a-b's
+    saga (whose id agent a's old prefix pattern covered), the ledger, the shared
+    and a-b's indexes, the queues' jobs, explicit keys' records. Each is refused
+    and nothing outside its namespace changed, except the three additive keys it
+    may push to; a forged entry pushed there is caught by verify."""
+    admin = deployment["admin"]
+    a, ab = deployment["agent"]("agent-a"), deployment["agent"]("agent-a-b")
+    with workers(deployment["env"], TOOLS):
+        victim = ab.submit(PLAN, agent_id="agent-a-b")
+        ab.wait(victim, timeout=60)
+        with ab.saga(agent_id="agent-a-b") as keyed:
+            keyed.call("noop", {"n": 1}, idempotency_key="ab-1")
+        mine = a.submit(PLAN[:1], agent_id="agent-a")
+        a.wait(mine, timeout=60)
+        ab.events.ledger.flush()
+    # a saga of agent-a-b's still in flight, with a queued job: the targets at their richest
+    pending = ab.submit(PLAN[:1], agent_id="agent-a-b")
+    admin.zadd(keys.ACTIVE, {"legacy-saga": 1})  # the shared index, as older versions wrote
+    own = (b"ss:{agent-a_", b"ss:ctx:{agent-a}", b"rq:job:saga-step-agent-a_",
+           b"rq:job:saga-comp-agent-a_")
+    theirs = [k for k in admin.scan_iter(count=1000) if not k.startswith(own)]
+    assert {keys.saga_log(victim).encode(), keys.agent_active("agent-a-b").encode(),
+            keys.agent_idem("agent-a-b", explicit_key("ab-1")).encode(),
+            keys.LEDGER_LOG.encode(), keys.ACTIVE.encode(), keys.AGENTS.encode(),
+            jobs.job_key(jobs.step_job_id(ab.state(pending).steps[0].idem_key or "", 1,
+                                          pending)).encode()} <= set(theirs)
+    before = {k: admin.dump(k) for k in theirs}
+    additive = {keys.LEDGER_PENDING.encode(), keys.AGENTS.encode(),
+                jobs.queue_key(jobs.STEP_QUEUE).encode(),
+                jobs.queue_key(jobs.COMPENSATION_QUEUE).encode()}
+    allowed = []
+    for key in theirs:
+        for cmd, *args in WRITES:
+            if not refused(a.redis, cmd, key, *args):
+                allowed.append((key, cmd))
+    # reads, too: nothing of agent-a-b's is readable
+    for cmd in (("XRANGE", keys.saga_log(victim), "-", "+"),
+                ("HGETALL", keys.saga_secrets(pending)), ("HGETALL", keys.saga_meta(victim))):
+        assert refused(a.redis, *cmd), cmd
+    # scripts run with the caller's rights: no way around it through them
+    assert refused(a.redis, "EVAL", "return redis.call('HSET', KEYS[1], 'state', 'x')", 1,
+                   keys.saga_meta(victim))
+    assert {(k, c) for k, c in allowed} <= {(k, c) for k in additive
+                                           for c in ("RPUSH", "SADD")}, allowed
+    changed = {k for k in theirs if admin.dump(k) != before[k]}
+    assert changed <= additive, changed
+    # what the additive pushes can do: a junk job id is refused by the workers, a
+    # name in ss:agents is an empty index, and a forged ledger entry is set aside
+    # by the sealer and fails verify
+    admin_store = SagaStore(admin, Registry.from_modules(TOOLS))
+    a.redis.rpush(keys.LEDGER_PENDING, b'{"kind":"saga_closed","data":{"saga_id":"%s",'
+                  b'"state":"committed","seq":1,"hash":"00"}}' % victim.encode())
+    admin_store.events.ledger.flush()
+    bad = cli(deployment["url"], "verify")
+    assert bad.returncode == 1, bad.stdout + bad.stderr
+    assert "rejected_entry" in bad.stdout
