@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import click
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from saga_store.client.api import SagaStore
 from saga_store.errors import InvalidInput, StepPending
 from saga_store.execution import jobs
 from saga_store.ids import check_saga_id
+from saga_store.log.canonical import check_json, loads
 from saga_store.protocol.vocab import Status
 from saga_store.tools.registry import Registry
 
@@ -199,7 +199,7 @@ def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeou
     1-3 as for every command.
     """
     with errors_to_exit():
-        plan = _read_plan(plan_file)
+        plan = _read_plan(plan_file, ctx.settings.max_depth)
         store = SagaStore(ctx.store().redis, Registry.from_modules(*tools), ctx.settings)
         sid = store.submit([s.model_dump() for s in plan.steps], agent_id=plan.agent_id,
                            conversation_id=plan.conversation_id)
@@ -230,17 +230,18 @@ def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeou
         sys.exit(code)
 
 
-def _read_plan(path: str) -> Plan:
+def _read_plan(path: str, max_depth: int) -> Plan:
     try:
         raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     except OSError as exc:
         click.echo(f"error: cannot read {path}: {exc.strerror}", err=True)
         sys.exit(EXIT_USAGE)
     try:
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"{path} is not JSON ({exc}); see the plan format in the README"
-                           ) from exc
+        # the whole plan goes into the log: checked before pydantic reads it, which
+        # would take any number and recurse into any depth
+        data = check_json(loads(raw, "plan"), "plan", max_depth)
+    except InvalidInput as exc:
+        raise InvalidInput(f"{path}: {exc}; see the plan format in the README") from None
     try:
         return Plan.model_validate(data)
     except ValidationError as exc:

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from saga_store.errors import InvalidInput, StepError
-from saga_store.log.canonical import check_json
+from saga_store.log.canonical import MAX_DEPTH, check_json
 from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.vocab import OutcomeKind
 from saga_store.tools.secrets import scrub
@@ -118,7 +118,11 @@ def as_result(raw: Any) -> dict[str, Any]:
     if raw is None:
         return {}
     if isinstance(raw, BaseModel):
-        raw = raw.model_dump(mode="json")
+        try:
+            raw = raw.model_dump(mode="json")
+        except ValueError as exc:  # nested too deep for pydantic to write
+            raise InvalidInput(f"result: {exc}; return plain JSON data, nested at most "
+                               f"{MAX_DEPTH} levels") from None
     if not isinstance(raw, dict):
         raise InvalidInput(f"tool returned {type(raw).__name__}, not a JSON object (dict); "
                            "return a dict")

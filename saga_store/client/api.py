@@ -170,7 +170,7 @@ class SagaStore:
             try:
                 # arg-type: checked at run time
                 spec = self.registry.get(step.get("tool"))  # type: ignore[arg-type]
-                args = spec.validate(step.get("args", {}))
+                args = spec.validate(step.get("args", {}), self.settings.max_depth)
             except InvalidInput as exc:
                 raise InvalidInput(f"steps[{i}]: {exc}", field=f"steps[{i}]") from None
             call_id = step.get("tool_call_id") or f"call_{i}"

@@ -121,7 +121,7 @@ class Saga:
     def _validate(self, tool: str, args: Any) -> tuple[ToolSpec, dict[str, Any]]:
         try:
             spec = self.store.registry.get(tool)
-            return spec, spec.validate(args)  # an object, as sent: no coercion
+            return spec, spec.validate(args, self.store.settings.max_depth)
         except InvalidInput as exc:
             self.invalid_calls += 1
             if self.invalid_calls >= self.store.invalid_call_limit:

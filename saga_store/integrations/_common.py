@@ -149,7 +149,7 @@ class SagaCalls:
         validate are not gated: the call will come back to the model for repair."""
         try:
             spec = self.store.registry.get(tool)
-            validated = spec.validate(args)
+            validated = spec.validate(args, self.store.settings.max_depth)
         except InvalidInput:
             return None
         # secrets are masked as in the log: the policy never sees their values

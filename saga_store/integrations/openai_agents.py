@@ -24,12 +24,12 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-import orjson
 from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
 from agents.run_config import CallModelData, ModelInputData
 from agents.tool_context import ToolContext
 
 from saga_store import AsyncSaga, Saga, SagaState
+from saga_store.errors import InvalidInput
 from saga_store.integrations._common import (
     Approval,
     SagaCalls,
@@ -39,6 +39,7 @@ from saga_store.integrations._common import (
     rewrite,
     tool_defs,
 )
+from saga_store.log.canonical import loads
 
 __all__ = ["approve", "areject", "rebuild", "reject", "saga_input_filter", "saga_tools"]
 
@@ -74,9 +75,11 @@ def _function_tool(calls: SagaCalls, d: dict[str, Any]) -> FunctionTool:
 
 
 def _parse(arguments: str) -> Any:
+    """The model's arguments with their numbers as written (orjson alone would make
+    an integer beyond 64 bits a float, which the saga could not tell from one sent)."""
     try:
-        return orjson.loads(arguments or "{}")
-    except orjson.JSONDecodeError:
+        return loads(arguments or "{}", "arguments")
+    except InvalidInput:
         return arguments  # not an object: the saga refuses it as an invalid call
 
 

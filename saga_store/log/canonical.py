@@ -4,12 +4,16 @@ Canonical form: orjson with sorted keys, UTF-8, no NaN or Infinity, integers
 within +/-2^53 (what every JSON reader agrees on), nesting bounded. Values are
 checked by :func:`check_json` at the boundary where they enter the system
 (tool arguments, tool results); events built from checked values are encoded
-by :func:`canonical` without walking them again.
+by :func:`canonical` without walking them again. JSON text from outside (plan
+files, MCP messages, a model's arguments) is read by :func:`loads`, which keeps
+its numbers as written so that :func:`check_json` sees what was sent.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from typing import Any
 
 import orjson
@@ -78,9 +82,46 @@ def _check_str(s: str, path: str) -> None:
                            field=path) from exc
 
 
-def loads(data: bytes | str) -> JSONValue:
-    """Parse JSON text, with a clear error for what is not JSON."""
+def loads(data: bytes | str, what: str = "value") -> JSONValue:
+    """Parse JSON text as written, or raise :class:`InvalidInput` saying what is wrong.
+
+    orjson reads an integer beyond 64 bits as a float, so a huge number would
+    arrive as one nobody sent and pass :func:`check_json`. Text that may hold
+    one (a run of 19 digits) is read again by the standard library, which keeps
+    integers exact, for :func:`check_json` at the boundary to refuse with the
+    field's name. What orjson refuses stays refused; the standard library only
+    tells NaN, Infinity and nesting too deep to read apart from the rest.
+    """
     try:
-        return orjson.loads(data)
+        value = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"not valid JSON (UTF-8): {exc}") from exc
+        raise InvalidInput(f"{what}: {_why_not(data) or exc}") from None
+    wide = _WIDE.search(data) if isinstance(data, bytes) else _WIDE_STR.search(data)
+    if wide:
+        try:
+            value = json.loads(data)
+        except RecursionError:
+            raise InvalidInput(f"{what}: {_TOO_DEEP}") from None
+        except ValueError as exc:
+            raise InvalidInput(f"{what}: {exc}") from None
+    return value
+
+
+_WIDE = re.compile(rb"\d{19}")
+_WIDE_STR = re.compile(r"\d{19}", re.ASCII)
+_TOO_DEEP = "nested too deeply to read; flatten it"
+
+
+def _why_not(data: bytes | str) -> str | None:
+    """Why orjson refused ``data`` when the reason is NaN, Infinity or depth, else None."""
+    def constant(name: str) -> Any:
+        raise InvalidInput(f"{name} is not allowed in JSON; use null or a string")
+    try:
+        json.loads(data, parse_constant=constant)
+    except InvalidInput as exc:
+        return str(exc)
+    except RecursionError:
+        return _TOO_DEEP
+    except ValueError:  # the standard library refuses it too: orjson's words say why
+        pass
+    return None

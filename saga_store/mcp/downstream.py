@@ -7,6 +7,7 @@ bytes it came as."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from collections import deque
@@ -32,6 +33,17 @@ def downstream_env(env: Mapping[str, str]) -> dict[str, str]:
 
 class DownstreamGone(ConnectionError):
     pass
+
+
+def line_of(msg: Any) -> bytes:
+    """``msg`` as one line of JSON. A client's message is read with its numbers as
+    written (:func:`~saga_store.log.canonical.loads`); orjson refuses to write an
+    integer beyond 64 bits, so such a message goes on through the standard library,
+    the number unchanged."""
+    try:
+        return orjson.dumps(msg) + b"\n"
+    except TypeError:
+        return json.dumps(msg, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
 
 
 class Lines:
@@ -186,7 +198,7 @@ class PipeDownstream:
         stdin = self.transport.get_pipe_transport(0)
         if not isinstance(stdin, asyncio.WriteTransport) or stdin.is_closing():
             raise DownstreamGone("the downstream server's stdin is closed")
-        stdin.write(raw if raw is not None else orjson.dumps(msg) + b"\n")
+        stdin.write(raw if raw is not None else line_of(msg))
         await self.pipes.writable()
 
     async def receive(self) -> tuple[Any, bytes | None] | None:

@@ -44,7 +44,7 @@ from saga_store.execution.idempotency import (
     step_key,
 )
 from saga_store.ids import scoped_saga_id
-from saga_store.log.canonical import canonical
+from saga_store.log.canonical import canonical, check_json
 from saga_store.log.store import ChainWriter
 from saga_store.mcp.argcheck import Check, compile_check
 from saga_store.mcp.classify import Classification, classify
@@ -386,6 +386,10 @@ class Gateway:
 
     async def _handle(self, name: str, args: dict[str, Any],
                       meta: Mapping[str, Any] | None) -> CallOutcome:
+        try:  # before the schema's check, which would take NaN and recurse into any depth
+            check_json(args, "arguments", self.saga_store.settings.max_depth)
+        except InvalidInput as exc:
+            return CallOutcome(False, None, f"invalid arguments for {name}: {exc}")
         if name in SESSION_TOOLS:
             return await self._session_tool(name, args)
         cls = self.classification(name)

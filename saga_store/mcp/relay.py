@@ -36,6 +36,7 @@ from typing import Any
 import orjson
 
 from saga_store.errors import InvalidInput
+from saga_store.log.canonical import loads
 from saga_store.mcp.downstream import (
     LINE_LIMIT,
     STOP_GRACE_S,
@@ -44,6 +45,7 @@ from saga_store.mcp.downstream import (
     Lines,
     PipeDownstream,
     SdkDownstream,
+    line_of,
 )
 from saga_store.mcp.gateway import (
     SESSION_TOOLS,
@@ -69,7 +71,7 @@ class Batch:
     async def reply(self, msg: dict[str, Any]) -> None:
         self.answers.append(msg)
         if len(self.answers) == self.expected:
-            await self.relay.to_client(orjson.dumps(self.answers) + b"\n")
+            await self.relay.to_client(line_of(self.answers))
 
 
 class ClientPipe(asyncio.Protocol):
@@ -183,8 +185,8 @@ class Relay:
 
     async def from_client(self, line: bytes) -> None:
         try:
-            msg = orjson.loads(line)
-        except orjson.JSONDecodeError as exc:
+            msg = loads(line, "message")
+        except InvalidInput as exc:
             await self._answer(_error(None, -32700, f"parse error: {exc}"))
             return
         if not isinstance(msg, list):
@@ -231,8 +233,8 @@ class Relay:
         if not self._ready or b'"tools/call"' not in line:  # the rest is parsed once, later
             return False
         try:
-            msg = orjson.loads(line)
-        except orjson.JSONDecodeError:
+            msg = loads(line, "message")
+        except InvalidInput:
             return False
         if not (isinstance(msg, dict) and msg.get("method") == "tools/call" and "id" in msg):
             return False
@@ -281,7 +283,7 @@ class Relay:
         await self._out(data)
 
     async def _answer(self, msg: dict[str, Any]) -> None:
-        await self.to_client(orjson.dumps(msg) + b"\n")
+        await self.to_client(line_of(msg))
 
     # -- what the gateway changes -----------------------------------------------
 
@@ -408,7 +410,7 @@ class Relay:
 
 
 def _key(rid: Any) -> bytes:
-    return orjson.dumps(rid)
+    return line_of(rid)
 
 
 def _error(rid: Any, code: int, message: str) -> dict[str, Any]:

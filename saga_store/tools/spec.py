@@ -23,6 +23,7 @@ from typing import Any, get_type_hints
 from pydantic import BaseModel, ConfigDict, create_model
 
 from saga_store.errors import InvalidInput, InvalidToolCall
+from saga_store.log.canonical import MAX_DEPTH, check_json
 from saga_store.protocol.vocab import Reversibility
 
 SPEC_ATTR = "__saga_tool__"
@@ -99,21 +100,37 @@ class ToolSpec:
             return self.retry.after_crash
         return "in_doubt" if self.reversibility is Reversibility.IRREVERSIBLE else "retry"
 
-    def validate(self, args: Any) -> dict[str, Any]:
+    def validate(self, args: Any, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
         """Check ``args`` against the argument model; JSON-ready values back.
 
         Raises :class:`InvalidToolCall` listing every problem, for the agent to repair.
+        The arguments are plain JSON both as sent and as validated: pydantic would
+        take NaN for an untyped field and write it as null, read "inf" as a float,
+        and recurse into any depth, so :func:`check_json` looks first (on what was
+        sent) and last (on what pydantic made of it).
         """
         if not isinstance(args, dict):
             raise InvalidToolCall(self.name, [{"loc": [], "msg": "arguments must be an object"}])
         from pydantic import ValidationError
+        self._check_json(args, max_depth)
         try:
             model = self.args_model.model_validate(args)
         except ValidationError as exc:
             errors = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
                       for e in exc.errors(include_url=False, include_input=False)]
             raise InvalidToolCall(self.name, errors) from None
-        return model.model_dump(mode="json")
+        validated = model.model_dump(mode="json")
+        self._check_json(validated, max_depth)
+        return validated
+
+    def _check_json(self, args: dict[str, Any], max_depth: int) -> None:
+        try:
+            check_json(args, "arguments", max_depth)
+        except InvalidInput as exc:
+            where = exc.field or "arguments"
+            raise InvalidToolCall(self.name, [{
+                "loc": [where], "msg": str(exc).removeprefix(f"{where}: "),
+                "type": "not_plain_json"}]) from None
 
     def kwargs(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """Python values for calling the function (validated again, so types are rich)."""

@@ -129,6 +129,24 @@ def test_an_invalid_call_goes_back_to_the_model_to_repair(
     assert [k for k, _, _ in effects()] == ["reserve"]
 
 
+def test_an_integer_beyond_2_53_goes_back_to_the_model_exactly_as_it_sent_it(
+        store: SagaStore) -> None:
+    """The SDK hands over the arguments as JSON text; read with orjson alone, 2^64
+    would turn into a float. The model is told which field to fix; nothing ran."""
+    model = ScriptedModel([
+        [function_call("reserve_inventory", '{"sku": "LAPTOP-15", "qty": 18446744073709551616}',
+                       call_id="call_huge")],
+        [assistant_message("I will ask for a smaller quantity.")]])
+    with store.saga(agent_id="shop") as saga:
+        agent = Agent(name="shop", model=model, tools=saga_tools(saga))
+        asyncio.run(Runner.run(agent, "Reserve a lot of laptops"))
+        sid = saga.saga_id
+    repair = outputs(model.calls[1])["call_huge"]
+    assert "arguments.qty: integer 18446744073709551616 is beyond 2^53" in repair
+    assert [e["kind"] for e in store.events.log.bodies(sid)
+            if e["kind"] == K.STEP_INTENT] == []
+
+
 def test_a_gated_call_goes_through_the_sdks_approval(
         store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
     model = ScriptedModel([[call(INVOICE, "call_inv")], [assistant_message("Invoice sent.")]])

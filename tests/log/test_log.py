@@ -10,7 +10,7 @@ import redis
 
 from saga_store import keys
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
-from saga_store.log.canonical import canonical, check_json
+from saga_store.log.canonical import canonical, check_json, loads
 from saga_store.log.events import Event
 from saga_store.log.events import EventKind as K
 from saga_store.log.store import EventStore
@@ -113,6 +113,33 @@ def test_nesting_beyond_the_limit_is_refused() -> None:
         deep = {"k": deep}
     with pytest.raises(InvalidInput, match="nested deeper"):
         check_json(deep, "args")
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    (b'{"n": 18446744073709551616}', {"n": 2**64}),
+    ('[-9223372036854775809, "12345678901234567890"]', [-(2**63) - 1, "12345678901234567890"]),
+    (b'{"n": 9007199254740993, "f": 1.5}', {"n": 2**53 + 1, "f": 1.5}),
+])
+def test_loads_keeps_numbers_as_written(text: bytes | str, value: object) -> None:
+    """orjson would read an integer beyond 64 bits as a float; loads keeps it exact,
+    for check_json to refuse by name rather than pass a number nobody sent."""
+    assert loads(text) == value
+    with pytest.raises(InvalidInput, match="beyond 2"):
+        check_json(loads(text), "args")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (b"[NaN]", "plan: NaN is not allowed in JSON"),
+    (b'{"x": Infinity}', "plan: Infinity is not allowed in JSON"),
+    (b"-Infinity", "plan: -Infinity is not allowed in JSON"),
+    (b"[" * 10_000 + b"]" * 10_000, "plan: nested too deeply"),
+    (b"[" * 10_000 + b"12345678901234567890" + b"]" * 10_000, "plan: nested too deeply"),
+    (b"[1e999]", "plan: number is infinity"),
+    (b'{"a": 1', "plan: unexpected end"),
+])
+def test_loads_refuses_what_is_not_json_saying_why(text: bytes, message: str) -> None:
+    with pytest.raises(InvalidInput, match=message):
+        loads(text, "plan")
 
 
 def test_canonical_form_is_sorted_compact_and_strict() -> None:
