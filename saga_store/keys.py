@@ -4,11 +4,13 @@ All keys of one saga share the hash tag ``{<saga_id>}``, so every script
 touches a single Redis Cluster slot.
 
     ss:{S}:log            stream   the saga's events; entry id 0-(seq+1);
-                                   fields b (canonical body) and h (hash, 32
-                                   raw bytes); prev is the entry before's h
+                                   fields b (canonical body), h (hash, 32 raw
+                                   bytes; prev is the entry before's h) and p
+                                   (the saga's phase after the entry)
     ss:{S}:meta           hash     cached projection: agent_id, state, phase,
                                    seq, created_ms, updated_ms (rebuildable)
     ss:{S}:lease          string   the lease: its holder's fencing token, PX-expiring
+    ss:{S}:driver         string   a client-driven saga's client lease, PX-expiring
     ss:{S}:blob:<sha256>  string   large payload stored by content hash
     ss:{S}:secrets        hash     secret tool arguments by step, and the salt
                                    of their digests (never in the log)

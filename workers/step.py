@@ -146,8 +146,9 @@ class StepRunner:
             plan = (started.get("data") or {}).get("plan")
             view.plan = plan if isinstance(plan, list) else None
         if view.intent is not None and not self._links_hold(saga_id, rows, first):
-            log.error("saga %s: its log does not verify where step %d was read; the step "
-                      "is not run (run 'saga verify --saga %s')", saga_id, step, saga_id)
+            log.error("saga %s: its log does not verify where step %d was read (forged, or "
+                      "written with another SAGA_HMAC_KEY than this worker's); the step is "
+                      "not run (run 'saga verify --saga %s')", saga_id, step, saga_id)
             if self.store.metrics is not None:
                 self.store.metrics.verify_failures.inc()
             view.intent = None  # a forged intent or plan never drives a tool

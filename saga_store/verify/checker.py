@@ -121,7 +121,9 @@ class ChainChecker:
         if eid is not None and eid != self.expect_eid:
             return self._bad_position(n, keys.seq_of_entry_id(eid))
         if self.link(self.prev, body) != h:
-            rep.fail(n, "hash_mismatch", "hash does not match the event's bytes and its prev")
+            rep.fail(n, "hash_mismatch", "hash does not match the event's bytes and its prev"
+                     + ("" if n else " (at seq 0: written with another SAGA_HMAC_KEY than "
+                        "this one, or with none, or edited)"))
             return False
         if not self._accept(n, body, h, ev):
             return False

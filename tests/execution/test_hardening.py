@@ -232,3 +232,28 @@ def _dump(client: redis.Redis, key: bytes) -> str:
         "stream": lambda: client.xrange(key),
     }[kind]()
     return repr(value)
+
+
+def test_the_python_api_takes_the_hmac_key_from_the_environment(
+        redis_url: str, ledger: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SagaStore.from_url, as the README builds a store, chains with SAGA_HMAC_KEY
+    as the workers do: their saga runs and verifies under the key. A worker with
+    another key refuses to run what it cannot verify, and says why."""
+    key = "the-deployments-key-0123456789abc"
+    monkeypatch.setenv("SAGA_HMAC_KEY", key)
+    store = SagaStore.from_url(redis_url, Registry.from_modules(TOOLS))
+    assert store.settings.hmac_key is not None
+    sid = store.submit([{"tool": "reserve_inventory", "args": {"sku": "H", "qty": 1}}],
+                       agent_id="agent-h")
+    with workers(_env(redis_url, ledger, SAGA_HMAC_KEY=key), TOOLS):
+        assert store.wait(sid, timeout=60).status is Status.COMMITTED
+    assert Verifier(store.events.log).verify(sid).ok
+    other = store.submit([{"tool": "reserve_inventory", "args": {"sku": "O", "qty": 1}}],
+                         agent_id="agent-h")
+    log = tmp_path / "worker.log"
+    with workers(_env(redis_url, ledger, SAGA_HMAC_KEY="another-key-0123456789abcdefghij"),
+                 TOOLS, log=log):
+        assert_eventually(lambda: "another SAGA_HMAC_KEY" in log.read_text(), timeout=30,
+                          what="the worker to say why it will not run the step")
+    assert [e[2] for e in effects("reserve")] == ["Hx1"]
+    assert store.state(other).steps[0].status == "intent"

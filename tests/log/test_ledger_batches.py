@@ -115,3 +115,24 @@ def test_anchor_covers_what_was_pending(client: redis.Redis) -> None:
     anchor = store.ledger.anchor()
     assert anchor["seq"] == 1  # both entries chained before the head was read
     assert store.ledger.check_anchor(anchor) == []
+
+
+def test_a_cut_tail_behind_a_hand_paid_ledger_debt_is_caught(client: redis.Redis) -> None:
+    """The writer died after the close, before the ledger's closing entry (``lc=0``).
+    Someone cuts the close off the log and marks the debt paid (``lc=1``) so that no
+    sweeper ever writes the close: the cache still says committed, the log does
+    not, and verify fails the saga."""
+    store = EventStore(client)
+    w = store.open("agent-1")
+    w.append(K.STEP_INTENT, step=0, tool="t", data={"args": {}, "reversibility": "readonly"})
+    w.append(K.STEP_STARTED, step=0, attempt=1)
+    w.append(K.STEP_SUCCEEDED, step=0, data={"result": {}})
+    call = w.prepare([(K.SAGA_COMMITTED, {})])
+    w.applied(call, call.send(client), ledger=False)  # killed before the ledger close
+    assert client.hget(keys.saga_meta(w.saga_id), "lc") == b"0"
+    last_id = client.xrevrange(keys.saga_log(w.saga_id), count=1)[0][0]
+    client.xdel(keys.saga_log(w.saga_id), last_id)
+    client.hset(keys.saga_meta(w.saga_id), "lc", 1)
+    store.ledger.flush()
+    bad = Verifier(store.log).verify()
+    assert [(f.chain_id, f.reason) for f in bad.failures] == [(w.saga_id, "projection")]
