@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import orjson
@@ -251,7 +252,7 @@ def test_tools_modules_are_found_in_the_current_folder(
     monkeypatch.chdir(tmp_path)
     res = run(redis_url, "run", "--tools", "shop_tools", "plan.json")
     assert res.exit_code == 0, res.output
-    assert len(res.output.strip()) == 26  # the new saga's id
+    assert re.fullmatch(r"a_[0-9A-Z]{26}", res.output.strip())  # the new saga's id
 
 
 def test_every_option_names_its_environment_variable_and_saga_has_a_version() -> None:

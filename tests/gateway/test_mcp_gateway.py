@@ -316,7 +316,7 @@ def test_a_keyed_call_whose_claim_never_became_a_step_runs_on_retry(
     could still log it, a retry is told to wait (nothing runs, no recorded answer
     made up); once that saga was rolled back, the retry takes the key and runs."""
     store = gw["store"]
-    holder = store.saga(agent_id="agent-gone")
+    holder = store.saga(agent_id="mcp-client")  # an earlier session of the same agent
     digest = args_digest("charge", {"amount_cents": 9})
     key = explicit_key("order-9")
     assert store.dedupe.claim(key, digest, holder.saga_id, 0).status == "new"
