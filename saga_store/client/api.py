@@ -25,7 +25,14 @@ import redis
 from saga_store import keys
 from saga_store.approval.policy import Policy
 from saga_store.client.saga import AsyncSaga, Saga
-from saga_store.errors import ConflictError, FencedOff, InvalidInput, InvalidToolCall, StepPending
+from saga_store.errors import (
+    ConflictError,
+    FencedOff,
+    IntegrityError,
+    InvalidInput,
+    InvalidToolCall,
+    StepPending,
+)
 from saga_store.execution import jobs
 from saga_store.execution.enqueue import (
     enqueue_compensation,
@@ -118,7 +125,7 @@ class SagaStore:
                                field="saga_id")
         writer = opening.applied(reply)
         state = SagaState(sid, agent_id=agent_id, conversation_id=conversation_id,
-                          seq=writer.head.seq)
+                          seq=writer.head.seq, head_hash=writer.head.hash)
         return Saga(self, writer, state)
 
     @property
@@ -254,7 +261,14 @@ class SagaStore:
             if left_ms <= 0:
                 raise StepPending(f"saga {state.saga_id} did not get there within {timeout}s; "
                                   "is 'saga worker' running?")
+            link = self.events.log.chain.link
             for entry in self.events.log.wait(state.saga_id, state.seq, left_ms):
+                if state.head_hash and link(state.head_hash, entry.body) != entry.hash:
+                    raise IntegrityError(
+                        f"saga {state.saga_id}: an event at seq {state.seq + 1} does not link "
+                        "under this store's key: the workers chain with another SAGA_HMAC_KEY "
+                        "(or none), or the log was forged; give every process the same key, "
+                        f"then run 'saga verify --saga {state.saga_id}'")
                 state.apply(orjson.loads(entry.body))
                 state.head_hash = entry.hash
         return state

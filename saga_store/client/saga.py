@@ -177,6 +177,10 @@ class Saga:
         for ev in self.store.events.log.bodies(self.saga_id, self.state.seq + 1):
             self.state.apply(ev)
         self.writer.head = self.store.events.log.head(self.saga_id)
+        if self.writer.head.seq == self.state.seq:
+            self.state.head_hash = self.writer.head.hash
+        else:  # appended to meanwhile: the next read links from the log, not from here
+            self.state.head_hash = b""
 
     def keepalive(self) -> None:
         """Renew the client lease without making a call: for a caller that thinks

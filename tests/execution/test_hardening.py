@@ -257,3 +257,20 @@ def test_the_python_api_takes_the_hmac_key_from_the_environment(
                           what="the worker to say why it will not run the step")
     assert [e[2] for e in effects("reserve")] == ["Hx1"]
     assert store.state(other).steps[0].status == "intent"
+
+
+def test_a_follower_refuses_an_event_that_does_not_link_under_its_key(
+        client: redis.Redis) -> None:
+    """A caller waiting on its saga reads an event appended with another key (a
+    forger, or workers given another SAGA_HMAC_KEY): a clear IntegrityError, not a
+    result taken on trust."""
+    from saga_store.errors import IntegrityError
+    from saga_store.protocol import build
+    store = SagaStore(client, Registry.from_modules(TOOLS), Settings())
+    forger = SagaStore(client, Registry.from_modules(TOOLS),
+                       Settings(hmac_key=b"f" * 32))
+    saga = store.saga(agent_id="agent-f")
+    state = saga.state
+    forger.events.writer(saga.saga_id).append_many([build.saga_failed("forged")])
+    with pytest.raises(IntegrityError, match="SAGA_HMAC_KEY"):
+        store.follow(state, lambda s: s.seq >= 1, timeout=5)
