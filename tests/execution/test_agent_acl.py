@@ -179,3 +179,35 @@ def test_every_write_outside_its_namespace_is_refused_or_caught(
     bad = cli(deployment["url"], "verify")
     assert bad.returncode == 1, bad.stdout + bad.stderr
     assert "rejected_entry" in bad.stdout
+
+
+def test_every_single_write_to_its_own_log_is_refused_or_caught(
+        deployment: dict[str, Any]) -> None:
+    """Inside its namespace an agent can spoil only its own sagas, and not unseen:
+    each write command on its own saga's log is refused, or (XADD) makes verify
+    fail; so does rewriting its cached state or phase. Each try starts from the
+    intact saga (restored by the admin)."""
+    admin = deployment["admin"]
+    a = deployment["agent"]("agent-a")
+    with workers(deployment["env"], TOOLS):
+        sid = a.submit(PLAN[:1], agent_id="agent-a")
+        a.wait(sid, timeout=60)
+    SagaStore(admin, Registry.from_modules(TOOLS)).events.ledger.flush()
+    assert cli(deployment["url"], "verify").returncode == 0
+    log_key, meta_key = keys.saga_log(sid), keys.saga_meta(sid)
+    intact = {k: admin.dump(k) for k in (log_key, meta_key)}
+    tries = [(log_key, cmd, *args) for cmd, *args in WRITES] + [
+        (meta_key, "HSET", "state", "committed"), (meta_key, "HSET", "state", "running"),
+        (meta_key, "HSET", "phase", "forward")]
+    unseen = []
+    for key, cmd, *args in tries:
+        if key == meta_key and cmd == "HSET" and admin.hget(meta_key, args[0]) == \
+                args[1].encode():
+            args = [args[0], "compensating"]  # a change, not the value it has
+        if refused(a.redis, cmd, key, *args):
+            continue
+        if cli(deployment["url"], "verify", "--saga", sid).returncode != 1:
+            unseen.append((key, cmd))
+        for k, raw in intact.items():
+            admin.restore(k, 0, raw, replace=True)
+    assert not unseen, unseen
