@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from saga_store.ops.metrics import Metrics
 
 WAIT_SLICE_MS = 1000
+EXECUTORS = ("workers", "inline")
 
 
 @dataclass
@@ -89,6 +90,7 @@ class SagaStore:
             policy = (Policy.load(self.settings.policy_file) if self.settings.policy_file
                       else Policy.permissive())
         self.policy = policy
+        self._runner: Any = None  # the in-process executor, made on first use
 
     @classmethod
     def from_url(cls, url: str, registry: Registry, settings: Settings | None = None,
@@ -100,14 +102,25 @@ class SagaStore:
     # -- sagas driven by the caller ---------------------------------------
 
     def saga(self, agent_id: str, *, conversation_id: str | None = None,
-             saga_id: str | None = None) -> Saga:
+             saga_id: str | None = None, executor: str = "workers") -> Saga:
         """Open a saga; use it as a context manager (commit on exit, abort on error).
+
+        ``executor="workers"`` (the default) hands each step to ``saga worker``
+        processes; ``executor="inline"`` runs its steps and its unwind in this
+        process, through the workers' own drivers (same log, dedupe, leases and
+        compensation), so an agent can be tried with no worker running. Should
+        this process die, any worker's sweeper, or the next process's
+        :meth:`recover`, finishes the saga from the log.
 
         The caller holds the saga's client lease (``SAGA_CLIENT_LEASE_S``, default
         300 s): each call renews it, and so does waiting for a call's outcome. A
         caller that goes quiet for longer (killed, or thinking: call
         :meth:`Saga.keepalive`) is taken for gone, and a worker's sweeper aborts
         the saga and unwinds what ran."""
+        if executor not in EXECUTORS:
+            raise InvalidInput(f"executor {executor!r}: use one of {', '.join(EXECUTORS)}",
+                               field="executor")
+        inline = self._inline() if executor == "inline" else None
         sid = check_saga_id(saga_id) if saga_id else scoped_saga_id(agent_id)
         opening = self.events.prepare_open(agent_id, saga_id=sid,
                                            conversation_id=conversation_id,
@@ -126,7 +139,26 @@ class SagaStore:
         writer = opening.applied(reply)
         state = SagaState(sid, agent_id=agent_id, conversation_id=conversation_id,
                           seq=writer.head.seq, head_hash=writer.head.hash)
-        return Saga(self, writer, state)
+        return Saga(self, writer, state, inline)
+
+    def _inline(self) -> Any:
+        """This store's in-process runner; the first use recovers what is due."""
+        if self._runner is None:
+            # the workers' own drivers (mypy checks them apart: they live in workers/)
+            from saga_store.workers.inline import InlineRunner  # type: ignore[import-not-found]
+            self._runner = InlineRunner(self, f"inline-{os.getpid()}")
+            self.recover()
+        return self._runner
+
+    def recover(self) -> int:
+        """Finish here what a dead process left: one sweep of the sagas that are due
+        (their leases lapsed), then run every job queued, as a worker would; returns
+        how many jobs ran. Called by the first inline saga of a store; call it
+        again to wait out a lease."""
+        from saga_store.workers.sweeper import Sweeper  # type: ignore[import-not-found]
+        runner = self._inline() if self._runner is None else self._runner
+        Sweeper(self, runner.steps.name, interval_s=0).sweep()
+        return int(runner.drain())
 
     @property
     def client_lease_ms(self) -> int:
@@ -276,9 +308,10 @@ class SagaStore:
     def state(self, saga_id: str) -> SagaState:
         return self.events.state(saga_id)
 
-    def abort(self, saga_id: str, reason: str = "aborted") -> bool:
+    def abort(self, saga_id: str, reason: str = "aborted", *, queue: bool = True) -> bool:
         """Start unwinding a saga that is still going forward; False if it was not.
-        Raises :class:`NoSuchSaga` (writing nothing) for an id that names no saga."""
+        Raises :class:`NoSuchSaga` (writing nothing) for an id that names no saga.
+        ``queue=False``: the caller runs the unwind itself (the inline executor)."""
         self.events.require(saga_id)
         self._run_by_workers(saga_id, "end it from its client with the saga_abort tool, or "
                                       "stop its gateway: the next gateway for that server "
@@ -291,7 +324,8 @@ class SagaStore:
                 return False
             except ConflictError:
                 continue
-            enqueue_compensation(self.redis, saga_id)
+            if queue:
+                enqueue_compensation(self.redis, saga_id)
             return True
         raise ConflictError(f"saga {saga_id} kept changing; try the abort again")
 

@@ -19,6 +19,7 @@ from saga_store.errors import (
     StepInDoubt,
     StepPending,
 )
+from saga_store.execution import jobs
 from saga_store.execution.enqueue import enqueue_step, intent, now_ms, schedule
 from saga_store.execution.idempotency import args_digest, claim_fate, explicit_key, step_key
 from saga_store.faults import fault
@@ -39,8 +40,10 @@ if TYPE_CHECKING:
 class Saga:
     """One saga driven by the caller. Not thread-safe: one agent, one saga."""
 
-    def __init__(self, store: SagaStore, writer: ChainWriter, state: SagaState) -> None:
+    def __init__(self, store: SagaStore, writer: ChainWriter, state: SagaState,
+                 inline: Any = None) -> None:
         self.store, self.writer, self.state = store, writer, state
+        self.inline = inline  # the in-process executor, or None: workers run the steps
         self.invalid_calls = 0
         self._renewed = time.monotonic()  # when the client lease was last renewed
 
@@ -148,9 +151,12 @@ class Saga:
             at_append = len(pipe)
             call.send(pipe)
             # the job goes in the same round trip: if the append loses, the worker
-            # finds no intent at that seq and drops the job
-            enqueue_step(pipe, self.store.queue, self.saga_id, n, self.writer.head.seq + 1,
-                         fields["idem_key"])
+            # finds no intent at that seq and drops the job. Run inline, there is
+            # none: this process runs the step next (if it dies first, the sweeper
+            # queues it from the log)
+            if self.inline is None:
+                enqueue_step(pipe, self.store.queue, self.saga_id, n,
+                             self.writer.head.seq + 1, fields["idem_key"])
             replies = pipe.execute(raise_on_error=False)
             try:
                 self.writer.applied(call, replies[at_append])
@@ -193,9 +199,29 @@ class Saga:
         if time.monotonic() - self._renewed > self.store.settings.client_lease_s / 3:
             self.keepalive()
 
+    def _run_here(self, n: int) -> None:
+        """Inline: run step ``n`` in this process, by the workers' step driver (which
+        also unwinds the saga here if the step fails)."""
+        st = self.state.steps[n]
+        self.inline.steps.run(self.saga_id, n, st.intent_seq)
+
+    def _tick(self, n: int) -> Any:
+        """While waiting on step ``n``: renew the client lease; inline, also run the
+        step's job if one was queued for it (an approval decided, a redelivery)."""
+        def tick() -> None:
+            self._renew_now_and_then()
+            st = self.state.steps.get(n)
+            if self.inline is not None and st is not None and st.idem_key:
+                job = jobs.step_job_id(st.idem_key, st.intent_seq, self.saga_id)
+                if self.store.redis.lrem(jobs.queue_key(self.store.queue), 1, job):
+                    self._run_here(n)
+        return tick
+
     def _answer(self, n: int, timeout: float) -> dict[str, Any]:
+        if self.inline is not None and not self.state.steps[n].finished:
+            self._run_here(n)
         st = self.store.follow(self.state, lambda s: s.steps[n].finished, timeout,
-                               self._renew_now_and_then).steps[n]
+                               self._tick(n)).steps[n]
         if st.status is StepStatus.SUCCEEDED:
             return dict(st.result or {})
         if st.status is StepStatus.IN_DOUBT:
@@ -240,9 +266,12 @@ class Saga:
         self.store.redis.zrem(keys.active_for(self.saga_id), self.saga_id)
 
     def abort(self, reason: str = "aborted by the caller") -> None:
-        """Stop going forward and unwind what ran (compensations, in reverse order)."""
-        if self.store.abort(self.saga_id, reason):
+        """Stop going forward and unwind what ran (compensations, in reverse order);
+        inline, the unwind runs here before this returns."""
+        if self.store.abort(self.saga_id, reason, queue=self.inline is None):
             self.state.status = Status.COMPENSATING
+            if self.inline is not None:
+                self.inline.unwinds.run(self.saga_id)
 
 
 class AsyncSaga:
