@@ -42,10 +42,10 @@ def test_an_inline_saga_runs_and_unwinds_with_no_worker(client: redis.Redis,
     with store.saga(agent_id="agent-i", executor="inline") as ok:
         got = ok.call("reserve_inventory", {"sku": "I1", "qty": 1})
         assert got["reservation_id"]
-    with pytest.raises(StepError, match="boom"), \
-            store.saga(agent_id="agent-i", executor="inline") as bad:
-        bad.call("reserve_inventory", {"sku": "I2", "qty": 1})
-        bad.call("reserve_inventory", {"sku": "I3", "qty": 1})
+    bad = store.saga(agent_id="agent-i", executor="inline")
+    bad.call("reserve_inventory", {"sku": "I2", "qty": 1})
+    bad.call("reserve_inventory", {"sku": "I3", "qty": 1})
+    with pytest.raises(StepError, match="boom"):
         bad.call("fail_always", {})
     with store.saga(agent_id="agent-i", executor="inline") as dropped:
         dropped.call("reserve_inventory", {"sku": "I4", "qty": 1})
