@@ -48,7 +48,7 @@ class Sweeper:
         # the shared index, and each agent's own (agents write no index but theirs)
         pipe = r.pipeline(transaction=False)
         for index in indexes(r):
-            pipe.execute_command("ZRANGEBYSCORE", index, "-inf", now_ms, "LIMIT", 0, BATCH)
+            pipe.zrangebyscore(index, "-inf", now_ms, start=0, num=BATCH)
         due: list[bytes] = [sid for found in pipe.execute() for sid in found]
         queued = 0
         for raw in due:
@@ -149,13 +149,12 @@ class Sweeper:
     def _repair_projection(self, sid: str, state: Any) -> None:
         """Put the cached state back to the fold of the log if someone changed it (no
         decision rests on it, but 'saga ls', the console and the metrics show it)."""
-        cached = self.store.redis.hmget(keys.saga_meta(sid), "state", "phase")
+        cached: list[Any] = self.store.redis.hmget(keys.saga_meta(sid), "state", "phase")
         if cached != [str(state.status).encode(), str(phase_of(state.status)).encode()]:
             self.store.events.rebuild_meta(sid)
+            shown = "/".join((c or b"-").decode(errors="replace") for c in cached)
             log.warning("sweeper %s: saga %s: its cached state (%s) was not its log's (%s); "
-                        "rebuilt from the log", self.name, sid,
-                        b"/".join(c or b"-" for c in cached).decode(errors="replace"),
-                        state.status)
+                        "rebuilt from the log", self.name, sid, shown, state.status)
 
     def _verifies(self, sid: str, verdict: list[bool]) -> bool:
         """Whether the saga's chain verifies, checked once per look (``verdict``)."""
