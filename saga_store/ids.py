@@ -36,6 +36,7 @@ def check_id(value: object, what: str = "id") -> str:
 
 
 SAGA_ID = re.compile(rf"[A-Za-z0-9_-]{{1,{MAX_ID_LEN}}}")
+RESERVED_SAGA_ID = "ledger"  # keys.LEDGER_ID: the ledger is a chain too
 
 
 def check_saga_id(value: object) -> str:
@@ -44,6 +45,9 @@ def check_saga_id(value: object) -> str:
     ``ValueError`` in the worker) any other character."""
     if not isinstance(value, str) or not value or len(value) > MAX_ID_LEN:
         return check_id(value, "saga_id")  # says what is wrong with its type or length
+    if value == RESERVED_SAGA_ID:
+        raise InvalidInput(f"saga_id {value!r} is reserved (it names the ledger's chain); "
+                           "choose another id or omit it", field="saga_id")
     if not SAGA_ID.fullmatch(value):
         bad = next(c for c in value if not (c.isascii() and (c.isalnum() or c in "_-")))
         raise InvalidInput(f"saga_id {value[:40]!r} contains {bad!r}; a saga id takes only "

@@ -33,8 +33,9 @@ class InlineRunner:
                     if (got := command(r, "LPOP", jobs.queue_key(q))) is not None), None)
         if raw is None:
             return False
-        decoded = jobs.decode(command(r, "HGET", jobs.job_key(raw.decode()), "data"))
-        if decoded is None:
+        job_id = raw.decode(errors="replace")
+        decoded = jobs.decode(command(r, "HGET", jobs.job_key(job_id), "data"))
+        if decoded is None or not jobs.named_by(job_id, *decoded):
             return True  # not one of ours: refused, as a worker refuses it
         func, args = decoded
         if func == jobs.STEP_FUNC:

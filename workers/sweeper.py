@@ -18,7 +18,9 @@ from saga_store.approval import requests as approvals
 from saga_store.client.api import SagaStore
 from saga_store.client.context import project
 from saga_store.errors import ConflictError, FencedOff
-from saga_store.execution.enqueue import enqueue_compensation, enqueue_step, indexes
+from saga_store.execution.enqueue import belongs, enqueue_compensation, enqueue_step, indexes
+from saga_store.ids import SCOPED_AGENT
+from saga_store.log.stream import SideWrite
 from saga_store.protocol import build
 from saga_store.protocol.state import fold, phase_of
 from saga_store.protocol.sweep import Sweep, client_driven, on_sweep
@@ -31,8 +33,14 @@ LOOK_AFTER_MS = 100  # after a lease expires, before the sweeper looks again
 
 
 class Sweeper:
-    def __init__(self, store: SagaStore, name: str, interval_s: float = 1.0) -> None:
+    """``here``: an inline runner that runs what is owed in this process instead of
+    queueing it, for the sagas of ``agent`` only (the inline executor's recovery:
+    it touches no one else's saga and needs no more rights than its agent user)."""
+
+    def __init__(self, store: SagaStore, name: str, interval_s: float = 1.0, *,
+                 here: Any = None, agent: str | None = None) -> None:
         self.store, self.name, self.interval_s = store, name, interval_s
+        self.here, self.agent = here, agent
         self._next = 0.0
         self.redelivered = 0
 
@@ -46,18 +54,21 @@ class Sweeper:
         secs, micros = r.time()
         now_ms = secs * 1000 + micros // 1000
         # the shared index, and each agent's own (agents write no index but theirs)
+        looked = indexes(r) if self.here is None else [self._own_index()]
         pipe = r.pipeline(transaction=False)
-        for index in indexes(r):
+        for index, _ in looked:
             pipe.zrangebyscore(index, "-inf", now_ms, start=0, num=BATCH)
-        due: list[bytes] = [sid for found in pipe.execute() for sid in found]
         queued = 0
-        for raw in due:
-            sid = raw.decode()
-            try:
-                queued += self._look_at(sid, now_ms)
-            except Exception:
-                log.exception("sweeper: saga %s could not be examined", sid)
+        for (index, agent), due in zip(looked, pipe.execute(raise_on_error=False),
+                                       strict=True):
+            if isinstance(due, Exception):  # not an index (an agent wrote that key)
+                log.error("sweeper: %s is not an index of sagas (%s); skipped", index, due)
+                continue
+            for raw in due:
+                queued += self._look_from(index, agent, raw, now_ms)
         self.redelivered += queued
+        if self.here is not None:  # sealing and deadlines are the workers' business
+            return queued
         try:  # ledger entries a sealer that died left pending
             if r.llen(keys.LEDGER_PENDING):
                 self.store.events.ledger.seal()
@@ -73,9 +84,38 @@ class Sweeper:
                             expired)
         return queued
 
+    def _look_from(self, index: str, agent: str | None, raw: bytes, now_ms: int) -> int:
+        """Look at one due entry of ``index``; whatever it holds, never raise. An
+        entry that does not belong there (another agent's saga listed in an agent's
+        index, or no saga id at all) is dropped from it, never looked at, so an
+        agent cannot make the sweeper touch someone else's saga."""
+        sid = raw.decode("utf-8", "replace")
+        try:
+            if not belongs(sid, agent):
+                log.warning("sweeper: %r does not belong in %s; dropped from it", sid[:80],
+                            index)
+                self.store.redis.zrem(index, raw)
+                return 0
+            queued = self._look_at(sid, now_ms)
+            if index != keys.active_for(sid):  # written there before agents had indexes
+                self.store.redis.zrem(index, raw)
+            return queued
+        except Exception:
+            log.exception("sweeper: saga %r could not be examined", sid[:80])
+            return 0
+
+    def _own_index(self) -> tuple[str, str | None]:
+        """The index the sagas of ``self.agent`` are in (the shared one for an agent
+        without a namespace of its own)."""
+        scoped = self.agent is not None and SCOPED_AGENT.fullmatch(self.agent)
+        return (keys.agent_active(str(self.agent)), self.agent) if scoped else \
+            (keys.ACTIVE, None)
+
     def _look_at(self, sid: str, now_ms: int) -> int:
         r, lease_ms = self.store.redis, self.store.settings.lease_ms
         state = fold(sid, self.store.events.log.bodies(sid))
+        if self.here is not None and state.agent_id != self.agent:
+            return 0  # another agent's saga in the shared index: the workers' to sweep
         verdict: list[bool] = []
         if state.seq >= 0:  # ledger entries a writer killed mid-way owed, from the log
             paid = self.store.events.pay_ledger_debts(sid, state, lambda: self._verifies(sid,
@@ -111,11 +151,17 @@ class Sweeper:
             pipe.zadd(index, {sid: now_ms + 60 * lease_ms})
         else:
             pipe.zadd(index, {sid: now_ms + lease_ms})
-        if swept.what is Sweep.UNWIND:
-            enqueue_compensation(pipe, sid)
-        for step, intent_seq, key in swept.steps:
-            enqueue_step(pipe, self.store.queue, sid, step, intent_seq, key)
+        if self.here is None:
+            if swept.what is Sweep.UNWIND:
+                enqueue_compensation(pipe, sid)
+            for step, intent_seq, key in swept.steps:
+                enqueue_step(pipe, self.store.queue, sid, step, intent_seq, key)
         pipe.execute()
+        if self.here is not None:  # run here what would have been queued
+            for step, intent_seq, _ in swept.steps:
+                self.here.steps.run(sid, step, intent_seq)
+            if swept.what is Sweep.UNWIND:
+                self.here.unwinds.run(sid)
         queued = len(swept.steps) + (swept.what is Sweep.UNWIND)
         if queued:
             log.info("sweeper %s: redelivered %d job(s) of saga %s", self.name, queued, sid)
@@ -130,18 +176,22 @@ class Sweeper:
         if not (lapsed and on_sweep(state, 0, 0).what is Sweep.ABANDON):
             self.store.redis.zadd(keys.active_for(sid), {sid: now_ms + LOOK_AFTER_MS})
             return 0
-        lease_s = self.store.settings.client_lease_s
-        try:
+        lease_s = (state.client_lease_ms or 0) / 1000
+        try:  # refused if the caller's lease came back since it was read (a keepalive)
             writer.append_many([build.saga_failed(
                 f"abandoned: its caller made no call and no keepalive for {lease_s:g} s "
-                "(SAGA_CLIENT_LEASE_S)")], phase=Phase.FORWARD)
+                "(SAGA_CLIENT_LEASE_S)")], phase=Phase.FORWARD,
+                side=[SideWrite("absent", keys.saga_driver(sid))])
         except (ConflictError, FencedOff):
             self.store.redis.zadd(keys.active_for(sid), {sid: now_ms + LOOK_AFTER_MS})
             return 0  # its caller (or someone) wrote meanwhile: look again
         pipe = self.store.redis.pipeline(transaction=False)
         pipe.zadd(keys.active_for(sid), {sid: now_ms + self.store.settings.lease_ms})
-        enqueue_compensation(pipe, sid)
+        if self.here is None:
+            enqueue_compensation(pipe, sid)
         pipe.execute()
+        if self.here is not None:
+            self.here.unwinds.run(sid)
         log.warning("sweeper %s: saga %s: its caller is gone (no call for %g s); aborted, "
                     "unwinding", self.name, sid, lease_s)
         return 1

@@ -104,11 +104,12 @@ class StepWorker(SimpleWorker):
     def execute_job(self, job: Any, queue: Queue) -> None:
         decoded = jobs.decode(job._data)  # raw bytes: never RQ's deserializer
         ack = _acker(queue, job.id)
-        if decoded is None:
+        if decoded is None or not jobs.named_by(job.id, *decoded):
             self.refused += 1
             self.metrics.refused_jobs.inc()
-            log.warning("refused job %s on %s: not a saga job (only %s run here)",
-                        job.id, queue.name, ", ".join(sorted(jobs.OUR_FUNCS)))
+            log.warning("refused job %s on %s: not a saga job, or its data names another "
+                        "saga than its id (only %s run here)", job.id, queue.name,
+                        ", ".join(sorted(jobs.OUR_FUNCS)))
             pipe = lean(self.connection)
             ack(pipe)
             pipe.execute()
@@ -160,6 +161,8 @@ class StepWorker(SimpleWorker):
                 self.metrics.redeliveries.inc(self.sweeper.sweep())
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.error("sweeper: Redis unreachable (%s); next sweep later", exc)
+            except Exception:  # whatever is in Redis, a sweep never stops the worker
+                log.exception("sweeper: this sweep failed; next sweep later")
         if self.durability.due():
             # unreachable: the sweeper has said so; the next read is a period away
             with contextlib.suppress(redis.RedisError):

@@ -150,7 +150,8 @@ def decide(store: SagaStore, saga_id: str, step: int, *, grant: bool, by: str,
             continue  # the log moved: read again and decide again
         pipe = store.redis.pipeline(transaction=False)
         pipe.zrem(keys.APPROVALS, member(saga_id, step))
-        if st.executor is None:  # a worker's step: queue it again; a gateway polls the log
+        # a worker's step: queue it again; a gateway, or an inline caller, watches the log
+        if st.executor is None and not st.inline:
             enqueue_step(pipe, store.queue, saga_id, step, s.intent_seq, s.idem_key or "")
         pipe.execute()
         return

@@ -91,6 +91,7 @@ class SagaStore:
                       else Policy.permissive())
         self.policy = policy
         self._runner: Any = None  # the in-process executor, made on first use
+        self._recovered: set[str] = set()  # agents whose due sagas it recovered
 
     @classmethod
     def from_url(cls, url: str, registry: Registry, settings: Settings | None = None,
@@ -120,10 +121,12 @@ class SagaStore:
         if executor not in EXECUTORS:
             raise InvalidInput(f"executor {executor!r}: use one of {', '.join(EXECUTORS)}",
                                field="executor")
-        inline = self._inline() if executor == "inline" else None
+        inline = self._inline(agent_id) if executor == "inline" else None
         sid = check_saga_id(saga_id) if saga_id else scoped_saga_id(agent_id)
         opening = self.events.prepare_open(agent_id, saga_id=sid,
                                            conversation_id=conversation_id,
+                                           data={"client_lease_ms": self.client_lease_ms,
+                                                 **({"runner": "inline"} if inline else {})},
                                            side=self.driver_lease(sid))
         # in ss:active from its first event: should the caller die at once, the
         # sweeper still finds it when the client lease lapses
@@ -141,24 +144,31 @@ class SagaStore:
                           seq=writer.head.seq, head_hash=writer.head.hash)
         return Saga(self, writer, state, inline)
 
-    def _inline(self) -> Any:
-        """This store's in-process runner; the first use recovers what is due."""
+    def _inline(self, agent_id: str) -> Any:
+        """This store's in-process runner; the first use for an agent recovers that
+        agent's sagas that are due."""
         if self._runner is None:
             # the workers' own drivers (mypy checks them apart: they live in workers/)
             from saga_store.workers.inline import InlineRunner  # type: ignore[import-not-found]
             self._runner = InlineRunner(self, f"inline-{os.getpid()}")
-            self.recover()
+        if agent_id not in self._recovered:
+            self._recovered.add(agent_id)
+            self.recover(agent_id)
         return self._runner
 
-    def recover(self) -> int:
-        """Finish here what a dead process left: one sweep of the sagas that are due
-        (their leases lapsed), then run every job queued, as a worker would; returns
-        how many jobs ran. Called by the first inline saga of a store; call it
-        again to wait out a lease."""
+    def recover(self, agent_id: str) -> int:
+        """Finish here what a dead process left of ``agent_id``'s sagas: one sweep of
+        those that are due (their leases lapsed), running in this process what a
+        worker's sweeper would have queued (a step to redeliver, an unwind, the
+        abort of a saga whose caller is gone). Touches no other agent's saga and
+        runs no queued job. Called by the first inline saga of an agent; call it
+        again to wait out a lease. Returns how many steps and unwinds it ran."""
         from saga_store.workers.sweeper import Sweeper  # type: ignore[import-not-found]
-        runner = self._inline() if self._runner is None else self._runner
-        Sweeper(self, runner.steps.name, interval_s=0).sweep()
-        return int(runner.drain())
+        check_id(agent_id, "agent_id")
+        self._recovered.add(agent_id)
+        runner = self._inline(agent_id)
+        return int(Sweeper(self, runner.steps.name, interval_s=0, here=runner,
+                           agent=agent_id).sweep())
 
     @property
     def client_lease_ms(self) -> int:

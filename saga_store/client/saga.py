@@ -19,9 +19,14 @@ from saga_store.errors import (
     StepInDoubt,
     StepPending,
 )
-from saga_store.execution import jobs
 from saga_store.execution.enqueue import enqueue_step, intent, now_ms, schedule
-from saga_store.execution.idempotency import args_digest, claim_fate, explicit_key, step_key
+from saga_store.execution.idempotency import (
+    Claim,
+    args_digest,
+    claim_fate,
+    explicit_key,
+    step_key,
+)
 from saga_store.faults import fault
 from saga_store.ids import check_id
 from saga_store.log.events import EventKind as K
@@ -30,7 +35,7 @@ from saga_store.log.stream import Head
 from saga_store.protocol import build
 from saga_store.protocol.forward import commit_blocker, repeat_of
 from saga_store.protocol.state import SagaState, Status
-from saga_store.protocol.vocab import OutcomeKind, Phase, StepStatus
+from saga_store.protocol.vocab import Approval, OutcomeKind, Phase, StepStatus
 from saga_store.tools.spec import ToolSpec
 
 if TYPE_CHECKING:
@@ -104,8 +109,10 @@ class Saga:
         item = intent(self.saga_id, n, spec, logged, tool_call_id, key, keyed=True)
         try:
             step = self._append_intent(n, item[1], secret_values)
-        except BaseException:
-            # the intent was not logged: no step can ever run under this claim
+        except (SagaAborted, InvalidInput):
+            # refused, so certainly not logged: no step can ever run under this claim.
+            # Any other failure (a connection lost with the reply) may have logged it:
+            # the claim stays, and the log settles it (see claim_fate)
             self.store.dedupe.release(key, digest, self.saga_id, n)
             raise
         return self._answer(step, wait)
@@ -114,7 +121,12 @@ class Saga:
         """Take over a pending claim of the key that can never become a step (its
         saga was aborted, or its client died and the saga was swept); otherwise
         ``claim`` as it was."""
-        if claim.state != "pending" or claim.saga_id == self.saga_id:
+        if claim.state != "pending":
+            return claim
+        if claim.saga_id == self.saga_id:  # ours, from a call whose reply was lost
+            self._catch_up()
+            if claim_fate(self.state, key)[0] == "pending":
+                return Claim("new")  # not in our log: this saga's one driver calls again
             return claim
         fate, _ = claim_fate(self.store.events.state(str(claim.saga_id)), key)
         if fate != "never":
@@ -188,11 +200,15 @@ class Saga:
         else:  # appended to meanwhile: the next read links from the log, not from here
             self.state.head_hash = b""
 
-    def keepalive(self) -> None:
+    def keepalive(self) -> bool:
         """Renew the client lease without making a call: for a caller that thinks
-        (or waits on a person) longer than ``SAGA_CLIENT_LEASE_S`` between calls."""
-        self.store.redis.set(keys.saga_driver(self.saga_id), "1", px=self.store.client_lease_ms)
+        (or waits on a person) longer than ``SAGA_CLIENT_LEASE_S`` between calls.
+        False if it had lapsed already (it is not brought back: the next call
+        renews it, unless the sweeper has aborted the saga meanwhile)."""
+        held = self.store.redis.set(keys.saga_driver(self.saga_id), "1",
+                                    px=self.store.client_lease_ms, xx=True)
         self._renewed = time.monotonic()
+        return bool(held)
 
     def _renew_now_and_then(self) -> None:
         """While waiting on a step: renew the client lease once a third of it passed."""
@@ -207,14 +223,13 @@ class Saga:
 
     def _tick(self, n: int) -> Any:
         """While waiting on step ``n``: renew the client lease; inline, also run the
-        step's job if one was queued for it (an approval decided, a redelivery)."""
+        step once its approval was decided (a person, elsewhere, decided it)."""
         def tick() -> None:
             self._renew_now_and_then()
             st = self.state.steps.get(n)
-            if self.inline is not None and st is not None and st.idem_key:
-                job = jobs.step_job_id(st.idem_key, st.intent_seq, self.saga_id)
-                if self.store.redis.lrem(jobs.queue_key(self.store.queue), 1, job):
-                    self._run_here(n)
+            if self.inline is not None and st is not None and not st.finished \
+                    and st.approval in (Approval.GRANTED, Approval.DENIED):
+                self._run_here(n)
         return tick
 
     def _answer(self, n: int, timeout: float) -> dict[str, Any]:
@@ -303,9 +318,9 @@ class AsyncSaga:
         assert self.saga is not None, "use 'async with store.asaga(...)'"
         return await asyncio.to_thread(self.saga.call, tool, args, **kwargs)
 
-    async def keepalive(self) -> None:
+    async def keepalive(self) -> bool:
         assert self.saga is not None
-        await asyncio.to_thread(self.saga.keepalive)
+        return await asyncio.to_thread(self.saga.keepalive)
 
     async def abort(self, reason: str = "aborted by the caller") -> None:
         assert self.saga is not None

@@ -7,9 +7,10 @@ import time
 from typing import Any
 
 from saga_store import keys
+from saga_store.errors import InvalidInput
 from saga_store.execution import jobs
 from saga_store.execution.idempotency import step_key
-from saga_store.ids import agent_of
+from saga_store.ids import SCOPED_AGENT, agent_of, check_saga_id
 from saga_store.protocol import build
 from saga_store.protocol.build import Item
 from saga_store.tools.spec import ToolSpec
@@ -48,18 +49,40 @@ def unschedule(pipe: Any, saga_id: str) -> None:
     pipe.zrem(keys.active_for(saga_id), saga_id)
 
 
-def indexes(client: Any) -> list[str]:
-    """Every index of sagas in flight: the shared one, then each agent's."""
-    agents = sorted(a.decode() for a in client.smembers(keys.AGENTS))
-    return [keys.ACTIVE, *(keys.agent_active(a) for a in agents)]
+def indexes(client: Any) -> list[tuple[str, str | None]]:
+    """Every index of sagas in flight, with the agent it is of: the shared one
+    (None), then each listed agent's. ``ss:agents`` takes any string from an agent
+    user: only names an agent can own are read, the rest are ignored."""
+    agents = sorted({a.decode("utf-8", "replace") for a in client.smembers(keys.AGENTS)})
+    return [(keys.ACTIVE, None), *((keys.agent_active(a), a) for a in agents
+                                   if SCOPED_AGENT.fullmatch(a))]
+
+
+def belongs(saga_id: str, agent: str | None) -> bool:
+    """Whether ``saga_id`` is one the index of ``agent`` (None: the shared one) may
+    hold: a usable saga id, in that agent's namespace. The shared index may also
+    hold agents' sagas written there before they had indexes of their own."""
+    try:
+        check_saga_id(saga_id)
+    except InvalidInput:
+        return False
+    return agent is None or agent_of(saga_id) == agent
 
 
 def in_flight(client: Any) -> list[str]:
-    """The ids of every saga with work in flight, from all indexes."""
+    """The ids of every saga with work in flight, from all indexes (entries that do
+    not belong where they are are left out)."""
+    found = indexes(client)
     pipe = client.pipeline(transaction=False)
-    for index in indexes(client):
+    for index, _ in found:
         pipe.zrange(index, 0, -1)
-    return [sid.decode() for found in pipe.execute() for sid in found]
+    out = []
+    for (_, agent), members in zip(found, pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(members, Exception):
+            continue
+        out += [sid for raw in members
+                if belongs(sid := raw.decode("utf-8", "replace"), agent)]
+    return out
 
 
 def now_ms() -> int:

@@ -84,6 +84,15 @@ def push(pipe: Any, queue: str, job_id: str, func: str, args: list[Any]) -> None
     pipe.rpush(queue_key(queue), job_id)
 
 
+def named_by(job_id: str, func: str, args: list[Any]) -> bool:
+    """Whether a job's arguments are the ones its id names: a step job's saga and
+    intent seq, a compensation job's saga. A job whose data points elsewhere (an
+    agent may write its own jobs' hashes, never another's) is not run."""
+    if func == STEP_FUNC:
+        return len(args) == 3 and parse_step_job_id(job_id) == (args[0], args[2])
+    return len(args) == 1 and job_id == compensation_job_id(str(args[0]))
+
+
 def decode(data: bytes | None) -> tuple[str, list[Any]] | None:
     """``(func_name, args)`` of one of our jobs, or None for anything else
     (including data over :data:`MAX_JOB_DATA`, compressed or inflated)."""

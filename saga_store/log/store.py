@@ -17,7 +17,7 @@ import redis
 from saga_store import keys
 from saga_store.errors import ConflictError, IntegrityError, InvalidInput, NoSuchSaga, no_such_saga
 from saga_store.faults import fault
-from saga_store.ids import check_id, check_saga_id, scoped_saga_id
+from saga_store.ids import agent_of, check_id, check_saga_id, scoped_saga_id
 from saga_store.log.events import TERMINAL_KINDS, body_dict
 from saga_store.log.events import EventKind as K
 from saga_store.log.ledger import CLOSE_FLAG, OPEN_FLAG, Ledger
@@ -80,6 +80,11 @@ class EventStore:
         ``side``: writes made only if the saga is opened (see :class:`SideWrite`)."""
         check_id(agent_id, "agent_id")
         sid = check_saga_id(saga_id) if saga_id is not None else scoped_saga_id(agent_id)
+        owner = agent_of(sid)
+        if owner is not None and owner != agent_id:
+            raise InvalidInput(f"saga id {sid[:60]!r} is in agent {owner!r}'s namespace, "
+                               f"not {agent_id!r}'s; omit it, or start it with "
+                               f"'{agent_id}_'", field="saga_id")
         if conversation_id is not None:
             check_id(conversation_id, "conversation_id")
         payload = dict(data or {})
@@ -264,10 +269,11 @@ class ChainWriter:
 
     def append_many(self, items: Sequence[tuple[str, Mapping[str, Any]]], *,
                     lease: Lease | None = None, phase: Phase | None = None,
-                    meta: Mapping[str, str | int] | None = None) -> Head:
+                    meta: Mapping[str, str | int] | None = None,
+                    side: Sequence[SideWrite] = ()) -> Head:
         """Append events in one CAS. On :class:`ConflictError` the cached head is
         refreshed and the error re-raised: the caller re-reads and decides."""
-        call = self.prepare(items, lease=lease, phase=phase, meta=meta)
+        call = self.prepare(items, lease=lease, phase=phase, meta=meta, side=side)
         return self.applied(call, call.send(self.store.redis))
 
     def prepare(self, items: Sequence[tuple[str, Mapping[str, Any]]], *,

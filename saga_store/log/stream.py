@@ -79,7 +79,8 @@ class SideWrite:
     """A write the append script makes only if the append succeeds, to a key of
     the chain's own hash tag: ``op`` is 'hset' (field/value pairs), 'set' (a
     value), 'pexpire' (ms) or 'trim' (drop the first n items of a list, n being
-    the number of events: the pending entries they came from)."""
+    the number of events: the pending entries they came from), or 'absent' (no
+    write: a guard; the append is refused, :class:`FencedOff`, if the key exists)."""
 
     op: str
     key: str
@@ -196,6 +197,9 @@ class PreparedAppend:
                             Fence.LEASE)
         if code == -3:
             raise NoSuchSaga(no_such_saga(self.chain_id))
+        if code == -4:
+            raise FencedOff(f"saga {self.chain_id}: {extra.decode()} exists, so this append "
+                            "does not hold any more; re-read and decide again", Fence.GUARD)
         raise FencedOff(f"saga {self.chain_id} is in phase {extra.decode()!r}, "
                         f"not {self.phase!r}", Fence.PHASE)
 

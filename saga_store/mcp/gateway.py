@@ -431,8 +431,10 @@ class Gateway:
         try:
             self._add(writer, [intent, started] if verdict.decision is Decision.ALLOW
                       else [intent], phase=Phase.FORWARD)
-        except BaseException:
-            if explicit:  # the intent is not logged: a retry must be able to run the call
+        except (FencedOff, ConflictError, InvalidInput):
+            # refused, so certainly not logged: a retry must be able to run the call
+            # (a lost reply may have logged it: then the claim stays, for the log to settle)
+            if explicit:
                 self.dedupe.release(key, digest, writer.saga_id, step)
             raise
         if verdict.decision is not Decision.ALLOW:

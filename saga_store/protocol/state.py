@@ -71,6 +71,8 @@ class SagaState:
     failed_ts: int | None = None  # when unwinding was decided
     next_step: int = 0
     executor: str | None = None  # who runs the steps: workers (None) or the MCP gateway
+    client_lease_ms: int | None = None  # a client-driven saga opened with a client lease
+    inline: bool = False  # its caller runs its steps (executor="inline")
 
     @property
     def final(self) -> bool:
@@ -100,6 +102,9 @@ class SagaState:
                 self.conversation_id = data.get("conversation_id")
                 self.plan = bool(data.get("plan"))
                 self.executor = data.get("executor")
+                self.inline = data.get("runner") == "inline"
+                lease = data.get("client_lease_ms")
+                self.client_lease_ms = lease if isinstance(lease, int) else None
             return
         if n is not None:
             self._apply_step(kind, self.step_state(n), ev, data)

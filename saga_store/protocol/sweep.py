@@ -31,9 +31,10 @@ class Swept:
 
 
 def client_driven(state: SagaState) -> bool:
-    """Whether the saga's caller drives it call by call (``with store.saga()``), as
-    opposed to a plan the workers run or a session the MCP gateway runs."""
-    return not state.plan and state.executor is None
+    """Whether the saga's caller drives it call by call (``with store.saga()``) under
+    a client lease (its opening says so: sagas opened before there were client
+    leases have none), as opposed to a plan the workers run or a gateway session."""
+    return not state.plan and state.executor is None and state.client_lease_ms is not None
 
 
 def on_sweep(state: SagaState, lease_left_ms: int, driver_left_ms: int | None = None,

@@ -107,6 +107,7 @@ class Fence(StrEnum):
     LEASE = "lease"  # another holder has the saga's lease
     PHASE = "phase"  # the saga left the phase the append needs
     NO_CHAIN = "no_chain"  # the chain does not exist and the append does not open it
+    GUARD = "guard"  # a key the append needs absent exists (a caller's lease came back)
 
 
 class Follow(StrEnum):

@@ -16,11 +16,12 @@ import redis
 
 from saga_store import Registry, SagaStore, Settings, keys
 from saga_store.client.context import Subscriber
+from saga_store.errors import StepError
 from saga_store.execution import jobs
 from saga_store.execution.idempotency import explicit_key
 from saga_store.ops.connection import connect
 from saga_store.protocol.state import Status
-from saga_store.testing import RedisServer
+from saga_store.testing import RedisServer, assert_eventually
 from saga_store.testing.workers import workers
 from saga_store.verify.checker import Verifier
 
@@ -211,3 +212,52 @@ def test_every_single_write_to_its_own_log_is_refused_or_caught(
         for k, raw in intact.items():
             admin.restore(k, 0, raw, replace=True)
     assert not unseen, unseen
+
+
+def test_an_agent_user_runs_inline_with_no_worker(deployment: dict[str, Any]) -> None:
+    """The inline executor needs no more rights than the agent's own user: a saga
+    commits, a failing one is unwound, with no worker running."""
+    a = deployment["agent"]("agent-a")
+    with a.saga(agent_id="agent-a", executor="inline") as ok:
+        ok.call("reserve_inventory", {"sku": "IN1", "qty": 1})
+    bad = a.saga(agent_id="agent-a", executor="inline")
+    bad.call("reserve_inventory", {"sku": "IN2", "qty": 1})
+    with pytest.raises(StepError):
+        bad.call("fail_always", {})
+    assert a.state(ok.saga_id).status is Status.COMMITTED
+    assert a.state(bad.saga_id).status is Status.COMPENSATED
+    assert [e[0] for e in effects()] == ["reserve", "reserve", "release"]
+
+
+def test_what_an_agent_may_push_cannot_stop_or_misdirect_a_worker(
+        deployment: dict[str, Any], tmp_path: Path) -> None:
+    """The writes an agent user may make outside its namespace, and junk in its own
+    index, aimed at the workers: names that are no agent in ss:agents, undecodable
+    ids, its index listing another agent's saga, a job of its own whose data names
+    another agent's saga. The workers refuse each, keep running, and run the next
+    saga; the victim's log and schedule are untouched."""
+    admin, a = deployment["admin"], deployment["agent"]("agent-a")
+    ab = deployment["agent"]("agent-a-b")
+    victim = ab.saga(agent_id="agent-a-b")  # open, nothing in flight
+    victim_log = admin.dump(keys.saga_log(victim.saga_id))
+    victim_score = admin.zscore(keys.agent_active("agent-a-b"), victim.saga_id)
+    r = a.redis
+    r.sadd(keys.AGENTS, b"\xff", "agent-a_}:idem:x", "ledger")
+    r.hset("ss:{agent-a_}:idem:x_}:active", "f", "v")
+    r.zadd(keys.agent_active("agent-a"), {b"\xff\xfe": 0, victim.saga_id: 0, "ledger": 0})
+    job = jobs.step_job_id("ab" * 32, 1, "agent-a_forged")
+    jobs.push(r, jobs.STEP_QUEUE, job, jobs.STEP_FUNC, [victim.saga_id, 0, 1])
+    log = tmp_path / "worker.log"
+    with workers(deployment["env"], TOOLS, "--log-level", "INFO", log=log) as pool:
+        sid = ab.submit(PLAN[:1], agent_id="agent-a-b")
+        assert ab.wait(sid, timeout=60).status is Status.COMMITTED
+        # a sweep has passed over the junk (it is due at once) and the worker lives on
+        assert_eventually(lambda: admin.zscore(keys.agent_active("agent-a"),
+                                               victim.saga_id) is None,
+                          timeout=30, what="the sweeper to drop the foreign entry")
+        assert pool[0].alive
+    text = log.read_text()
+    assert "refused job" in text
+    assert "quitting" not in text
+    assert admin.dump(keys.saga_log(victim.saga_id)) == victim_log
+    assert admin.zscore(keys.agent_active("agent-a-b"), victim.saga_id) == victim_score

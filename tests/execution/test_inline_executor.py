@@ -112,7 +112,7 @@ def test_an_inline_process_killed_is_finished_from_the_log(
         with workers(env, TOOLS):
             state = store.wait(sid, timeout=60)
     else:
-        assert_eventually(lambda: store.recover() >= 0 and store.state(sid).final,
+        assert_eventually(lambda: store.recover("agent-i") >= 0 and store.state(sid).final,
                           timeout=60, what="recover() to finish the saga")
         state = store.state(sid)
     assert state.status is Status.COMPENSATED
@@ -122,3 +122,33 @@ def test_an_inline_process_killed_is_finished_from_the_log(
     assert [e[0] for e in effects()][-len(released):] == ["release"] * len(released)
     assert Verifier(store.events.log).verify().ok
     assert os.environ.get("SAGA_FAULT") is None  # the fault stayed in the child
+
+
+def test_an_inline_step_waits_for_its_approval_then_runs_here(
+        client: redis.Redis, ledger: Path, tmp_path: Path) -> None:
+    """A gated call of an inline saga waits for a person; once approved (by another
+    process, as 'saga approve' does), the caller runs it, once; nothing is queued
+    for a worker that is not there."""
+    import threading
+
+    from saga_store.approval import requests as approvals
+    from saga_store.approval.policy import Policy
+    policy_file = tmp_path / "policy.toml"
+    policy_file.write_text("")  # the safe defaults: an irreversible call needs a person
+    store = SagaStore(client, Registry.from_modules(TOOLS),
+                      Settings(lease_ms=1000, client_lease_s=30.0),
+                      policy=Policy.load(str(policy_file)))
+    saga = store.saga(agent_id="agent-i", executor="inline")
+    got: list[object] = []
+    caller = threading.Thread(target=lambda: got.append(
+        saga.call("send_email", {"to": "ceo@example.com"})))
+    caller.start()
+    assert_eventually(lambda: approvals.pending(store), timeout=30, what="the approval")
+    assert not effects("email")
+    approvals.decide(store, saga.saga_id, 0, grant=True, by="alice")
+    caller.join(30)
+    assert got and not caller.is_alive()
+    saga.commit()
+    assert len(effects("email")) == 1
+    assert client.llen(jobs.queue_key(jobs.STEP_QUEUE)) == 0
+    assert store.state(saga.saga_id).status is Status.COMMITTED

@@ -224,3 +224,30 @@ def test_a_closed_saga_takes_no_more_events(store: EventStore) -> None:
     with pytest.raises(FencedOff, match="closed"):
         w.append(K.STEP_DUPLICATE_SUPPRESSED, step=0, data={"outcome": "step_succeeded"})
     assert store.log.head(w.saga_id) == head
+
+
+def test_the_ledgers_id_is_no_saga_id(store: EventStore) -> None:
+    """'ledger' names the ledger's chain: a saga opened under it would write into
+    the ledger and fail it for ever."""
+    with pytest.raises(InvalidInput, match="reserved"):
+        store.open("agent-x", saga_id="ledger")
+
+
+def test_a_guard_refuses_the_append_and_writes_nothing(store: EventStore,
+                                                       client: redis.Redis) -> None:
+    """An append guarded by a key that must be absent (the sweeper's abort of a saga
+    whose caller's lease must have lapsed) is refused if the key exists."""
+    from saga_store.errors import FencedOff
+    from saga_store.log.stream import SideWrite
+    from saga_store.protocol.vocab import Fence
+    w = store.open("agent-x")
+    guard = [SideWrite("absent", keys.saga_driver(w.saga_id))]
+    client.set(keys.saga_driver(w.saga_id), "1")
+    before = client.xlen(keys.saga_log(w.saga_id))
+    with pytest.raises(FencedOff) as refused:
+        w.append_many([(K.SAGA_FAILED, {"data": {"reason": "gone"}})], side=guard)
+    assert refused.value.reason is Fence.GUARD
+    assert client.xlen(keys.saga_log(w.saga_id)) == before
+    client.delete(keys.saga_driver(w.saga_id))
+    w.append_many([(K.SAGA_FAILED, {"data": {"reason": "gone"}})], side=guard)
+    assert client.xlen(keys.saga_log(w.saga_id)) == before + 1

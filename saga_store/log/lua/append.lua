@@ -29,13 +29,15 @@
 -- ARGV[m+1+2k] s, then s side writes, each: op, key index (into KEYS), argc,
 --         args. ops: 'hset' (field/value pairs), 'set' (value), 'pexpire' (ms),
 --         'trim' (LTRIM the first n items off: the ledger's pending entries the
---         events came from). Side writes happen only when the append does, so
+--         events came from), 'absent' (no write: a guard, the append is refused
+--         if the key exists). Side writes happen only when the append does, so
 --         a refused append writes nothing at all.
 -- returns {1, new head seq, ''}            appended
 --         {0, head seq, head hash}         head moved: re-read, decide again
 --         {-1, 0, holder}                  lease held by another token (fenced off)
 --         {-2, 0, phase}                   saga is in another phase
 --         {-3, 0, ''}                      no such chain, and this is no opening
+--         {-4, 0, key}                     a guard's key exists
 local unpack = unpack or table.unpack
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local seq, head, phase = -1, '', nil
@@ -69,18 +71,27 @@ if want ~= 'open' and (phase == 'closed' or (want ~= '' and phase ~= want)) then
   return {-2, 0, phase}
 end
 local n = tonumber(ARGV[7])
+local m = 8 + 3 * n
+local k = tonumber(ARGV[m])
+local first_side = m + 1 + 2 * k
+local q = first_side
+for _ = 1, tonumber(ARGV[q]) do  -- guards first: nothing is written if one fails
+  local op, key, argc = ARGV[q + 1], KEYS[tonumber(ARGV[q + 2])], tonumber(ARGV[q + 3])
+  if op == 'absent' and redis.call('EXISTS', key) == 1 then
+    return {-4, 0, key}
+  end
+  q = q + 3 + argc
+end
 for i = 0, n - 1 do
   local a = 8 + 3 * i
   seq = seq + 1
   if ARGV[a + 2] ~= '' then phase = ARGV[a + 2] end
   redis.call('XADD', KEYS[1], '0-' .. (seq + 1), 'b', ARGV[a], 'h', ARGV[a + 1], 'p', phase)
 end
-local m = 8 + 3 * n
-local k = tonumber(ARGV[m])
 if k > 0 then
   redis.call('HSET', KEYS[2], 'seq', seq, unpack(ARGV, m + 1, m + 2 * k))
 end
-local q = m + 1 + 2 * k
+q = first_side
 for _ = 1, tonumber(ARGV[q]) do
   local op, key, argc = ARGV[q + 1], KEYS[tonumber(ARGV[q + 2])], tonumber(ARGV[q + 3])
   if op == 'hset' then
