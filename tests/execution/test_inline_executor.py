@@ -147,7 +147,8 @@ def test_an_inline_step_waits_for_its_approval_then_runs_here(
     assert not effects("email")
     approvals.decide(store, saga.saga_id, 0, grant=True, by="alice")
     caller.join(30)
-    assert got and not caller.is_alive()
+    assert got
+    assert not caller.is_alive()
     saga.commit()
     assert len(effects("email")) == 1
     assert client.llen(jobs.queue_key(jobs.STEP_QUEUE)) == 0
