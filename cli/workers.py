@@ -30,6 +30,7 @@ from .common import (
     operator,
     pass_ctx,
 )
+from .fleet import NoWorkerWarning
 
 QUEUES = [jobs.STEP_QUEUE, jobs.COMPENSATION_QUEUE]
 
@@ -207,11 +208,12 @@ def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeou
             emit_json({"saga_id": sid, "state": "running"}) if as_json else click.echo(sid)
             return
         try:
+            warn = NoWorkerWarning(store.redis)
             if interactive:
                 from .approvals import wait_interactively
-                state = wait_interactively(store, sid, timeout)
+                state = wait_interactively(store, sid, timeout, tick=warn)
             else:
-                state = store.wait(sid, timeout)
+                state = store.follow(store.state(sid), _settled, timeout, tick=warn)
         except StepPending:
             fail(f"saga {sid} is not done after {timeout:g} s; it goes on (is 'saga worker' "
                  f"running?); 'saga show {sid}' follows it", EXIT_WAIT_TIMEOUT)
@@ -228,6 +230,10 @@ def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeou
             why = f": {str(s['error'])[:200]}" if s.get("error") else ""
             click.echo(f"  #{s['step']} {s['tool']}: {s['status']}{comp}{why}")
         sys.exit(code)
+
+
+def _settled(state: Any) -> bool:
+    return bool(state.final or state.status is Status.STUCK)
 
 
 def _read_plan(path: str, max_depth: int) -> Plan:
