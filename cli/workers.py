@@ -201,7 +201,8 @@ def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeou
     """
     with errors_to_exit():
         plan = _read_plan(plan_file, ctx.settings.max_depth)
-        store = SagaStore(ctx.store().redis, Registry.from_modules(*tools), ctx.settings)
+        registry = Registry.from_modules(*tools)  # a broken module: before Redis is asked
+        store = SagaStore(ctx.store().redis, registry, ctx.settings)
         sid = store.submit([s.model_dump() for s in plan.steps], agent_id=plan.agent_id,
                            conversation_id=plan.conversation_id)
         if not wait:
@@ -251,8 +252,30 @@ def _read_plan(path: str, max_depth: int) -> Plan:
     try:
         return Plan.model_validate(data)
     except ValidationError as exc:
-        where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise InvalidInput(f"{path} is not a plan: {where}") from None
+        where = "; ".join(_plan_error(e) for e in exc.errors())
+        raise InvalidInput(f"{path} is not a plan: {where}; see the plan format in the "
+                           "README") from None
+
+
+_PLAN_SHAPE = ('a plan is a JSON object: {"agent_id": ..., "steps": [{"tool": ..., "args": '
+               '{...}}, ...]}')
+_SAYS = {"missing": "is missing", "dict_type": "must be a JSON object",
+         "list_type": "must be a list", "string_type": "must be a string",
+         "too_short": "must hold at least one step",
+         "extra_forbidden": "is not a plan field (a plan has agent_id, conversation_id and "
+                            "steps; a step has tool, args and tool_call_id)"}
+
+
+def _plan_error(err: Any) -> str:
+    """One pydantic error in the plan's terms: where (steps[0].args) and what."""
+    loc = err["loc"]
+    if not loc:
+        return _PLAN_SHAPE
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    says = _SAYS.get(err["type"])
+    if says is None:  # pydantic's own wording, without its vocabulary
+        says = str(err["msg"]).replace("Input should be", "must be")
+    return f"{where} {says}"
 
 
 @click.command("resume")
