@@ -17,8 +17,8 @@ from .common import Context, emit_json, errors_to_exit, pass_ctx
 
 class NoWorkerWarning:
     """Called while waiting: warns once on stderr when no live worker takes jobs
-    from the steps queue, twice in a row about a second apart (a worker started
-    together with the run has registered by then)."""
+    from the steps queue (see :mod:`saga_store.ops.fleet`), twice in a row about a
+    second apart (a worker started together with the run has registered by then)."""
 
     def __init__(self, client: Any, queue: str = jobs.STEP_QUEUE, every_s: float = 1.0,
                  ) -> None:
@@ -31,11 +31,11 @@ class NoWorkerWarning:
             return
         self._last = now
         try:
-            found = fleet.registered(self.client, self.queue)
+            if fleet.serving(self.client, self.queue):
+                self.misses = 0
+                return
+            found = fleet.registered(self.client, self.queue, work=False)
         except redis.RedisError:  # a user without rights to RQ's keys: no opinion
-            return
-        if any(w.live for w in found):
-            self.misses = 0
             return
         self.misses += 1
         if self.misses < 2:
@@ -52,7 +52,8 @@ class NoWorkerWarning:
 @click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
               help="Machine-readable output.")
 @click.option("--all", "show_all", is_flag=True, envvar="SAGA_WORKERS_ALL",
-              help="Also workers that stopped beating (killed, or in a long call).")
+              help="Also workers taken for gone: registered, but no heartbeat for 20 s "
+                   "and no saga's lease held (killed, most likely).")
 @pass_ctx
 def workers_command(ctx: Context, as_json: bool, show_all: bool) -> None:
     """Live workers (host, pid, state, current job), queue lengths, sagas in flight."""

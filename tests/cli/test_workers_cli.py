@@ -33,7 +33,7 @@ def saga(redis_url: str, *args: str) -> Any:
 
 
 def test_run_wait_warns_within_seconds_that_no_worker_takes_its_jobs(
-        redis_url: str, tmp_path: Path) -> None:
+        redis_url: str, client: redis.Redis, tmp_path: Path) -> None:
     """With no worker registered, the warning is on stderr within 5 s, long before
     the wait runs out."""
     plan = tmp_path / "plan.json"
@@ -98,3 +98,20 @@ def test_saga_workers_lists_a_real_worker_its_job_queues_and_sagas_in_flight(
 def test_saga_workers_says_when_there_are_none(redis_url: str, client: redis.Redis) -> None:
     out = saga(redis_url, "workers").output
     assert "no live workers" in out
+
+
+def test_a_killed_worker_is_taken_for_gone_once_its_heartbeat_is_stale(
+        redis_url: str, worker_env: dict[str, str], client: redis.Redis) -> None:
+    """SIGKILL leaves RQ's registration behind for minutes; 'saga workers' stops
+    counting it once it has not beaten for STALE_S, and --all still shows it."""
+    from saga_store.ops.fleet import STALE_S
+    with workers(worker_env, TOOLS) as [w]:
+        assert_eventually(lambda: orjson.loads(saga(redis_url, "workers", "--json").output)
+                          ["workers"], timeout=30, what="the worker to be listed")
+        w.kill()
+        assert_eventually(
+            lambda: not orjson.loads(saga(redis_url, "workers", "--json").output)["workers"],
+            timeout=STALE_S + 10, interval=0.5, what="the killed worker to be taken for gone")
+    [gone] = orjson.loads(saga(redis_url, "workers", "--all", "--json").output)["workers"]
+    assert gone["live"] is False
+    assert gone["heartbeat_age_s"] >= STALE_S
