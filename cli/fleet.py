@@ -73,7 +73,7 @@ def workers_command(ctx: Context, as_json: bool, show_all: bool) -> None:
         for w in found:
             where = f"{w.hostname or '?'}/{w.pid or '?'}"
             beat = "-" if w.heartbeat_age_s is None else f"{w.heartbeat_age_s:.0f}s"
-            click.echo(f"{w.name:<34} {where:<24} {w.state:<10} {beat:>6}  "
+            click.echo(f"{w.name:<34} {where:<24} {w.state if w.live else 'gone':<10} {beat:>6}  "
                        f"{w.current_job or '-'}")
         click.echo("")
         for q, n in queues.items():

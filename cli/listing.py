@@ -90,26 +90,31 @@ def _iso(ms: int | None) -> str | None:
     return dt.datetime.fromtimestamp(ms / 1000, dt.UTC).isoformat(timespec="milliseconds")
 
 
-COLUMNS = (("SAGA ID", 38), ("STATE", 16), ("AGENT", 20), ("CREATED (UTC)", 19),
-           ("DURATION", 9), ("STEPS", 5), ("EVENTS", 6))
+COLUMNS = (("SAGA ID", 26), ("STATE", 15), ("AGENT", 12), ("CREATED (UTC)", 19),
+           ("DURATION", 8), ("STEPS", 5), ("EVENTS", 6))
 WIDE = (("UPDATED (UTC)", 19), ("CONVERSATION", 0))
 
 
-def header(wide: bool) -> str:
-    cols = COLUMNS + (WIDE if wide else ())
+def widths(found: list[Row], wide: bool) -> list[tuple[str, int]]:
+    """Each column's name and width: ids and agents as wide as the longest shown."""
+    cols = list(COLUMNS + (WIDE if wide else ()))
+    longest = {"SAGA ID": max((len(r.saga_id) for r in found), default=0),
+               "AGENT": max((len(r.agent_id or "") for r in found), default=0)}
+    return [(n, max(w, longest.get(n, 0))) for n, w in cols]
+
+
+def header(cols: list[tuple[str, int]]) -> str:
     return " ".join(f"{name:<{w}}" if w else name for name, w in cols).rstrip()
 
 
-def line(r: Row, wide: bool) -> str:
+def line(r: Row, cols: list[tuple[str, int]]) -> str:
     cells = [r.saga_id, r.state, r.agent_id or "", _when(r.created_ms), _took(r.duration_ms),
              str(r.steps), str(r.events)]
-    if wide:
+    if len(cols) > len(COLUMNS):
         cells += [_when(r.updated_ms), r.conversation_id or "-"]
-    widths = [w for _, w in COLUMNS + (WIDE if wide else ())]
     out = []
-    for cell, w in zip(cells, widths, strict=True):
-        right = cell.isdigit()
-        out.append(f"{cell:>{w}}" if right else f"{cell:<{w}}")
+    for cell, (_, w) in zip(cells, cols, strict=True):
+        out.append(f"{cell:>{w}}" if cell.isdigit() else f"{cell:<{w}}")
     return " ".join(out).rstrip()
 
 
@@ -144,14 +149,14 @@ def ls(ctx: Context, state: str | None, agent: str | None, since_ms: int | None,
         if as_json and not follow:
             emit_json([to_dict(r) for r in found])
             return
-        show = _printer(wide, as_json)
+        show = _printer(widths(found, wide), as_json)
         for r in found:
             show(r)
         if follow:
             _follow(store, filters, limit or PAGE, found, show)
 
 
-def _printer(wide: bool, as_json: bool) -> Any:
+def _printer(cols: list[tuple[str, int]], as_json: bool) -> Any:
     if as_json:
         import orjson
         return lambda r: click.echo(orjson.dumps(to_dict(r)).decode())
@@ -159,9 +164,9 @@ def _printer(wide: bool, as_json: bool) -> Any:
 
     def show(r: Row) -> None:
         if not state["header"]:
-            click.echo(header(wide))
+            click.echo(header(cols))
             state["header"] = True
-        click.echo(line(r, wide))
+        click.echo(line(r, cols))
     return show
 
 
