@@ -33,8 +33,8 @@ example-anthropic: $(STAMP)
 	$(BIN)/python -m examples.anthropic_shop
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -rf -p no:cacheprovider
-	SAGA_TEST_BACKEND=fakeredis $(BIN)/python -m pytest -q -rf -p no:cacheprovider -m parity
+	$(BIN)/python -m pytest -q -rfs -p no:cacheprovider
+	SAGA_TEST_BACKEND=fakeredis $(BIN)/python -m pytest -q -rfs -p no:cacheprovider -m parity
 
 lint: $(STAMP)
 	$(BIN)/ruff check saga_store workers cli tests benchmarks examples

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -124,8 +125,10 @@ def watch(store: SagaStore, by: str, poll_s: float = 0.25) -> None:
         click.echo("stopped watching", err=True)
 
 
-def wait_interactively(store: SagaStore, saga_id: str, timeout: float) -> SagaState:
-    """Wait for the saga, asking the terminal user about each gated step."""
+def wait_interactively(store: SagaStore, saga_id: str, timeout: float,
+                       tick: Callable[[], None] = lambda: None) -> SagaState:
+    """Wait for the saga, asking the terminal user about each gated step; ``tick``
+    is called on every round."""
     deadline = time.monotonic() + timeout
     asked: set[int] = set()
     while True:
@@ -140,6 +143,7 @@ def wait_interactively(store: SagaStore, saga_id: str, timeout: float) -> SagaSt
             ask(store, {"saga_id": saga_id, "step": n, **data}, operator(None))
         if time.monotonic() > deadline:
             return st
+        tick()
         time.sleep(0.1)
 
 

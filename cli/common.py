@@ -1,6 +1,7 @@
 """Shared plumbing for CLI commands: settings, the store, output and exit codes.
 
-Exit codes (every command): 0 success, 1 integrity failure, 2 usage error or
+Exit codes (every command; the README's CLI section has the full table, 4-7 for
+``saga run --wait``): 0 success, 1 integrity failure, 2 usage error or
 bad input, 3 could not do it (Redis unreachable, could not verify).
 """
 

@@ -1,4 +1,4 @@
-"""Read commands: ``saga ls`` and ``saga show``."""
+"""Read commands: ``saga show`` and ``saga context`` (``saga ls`` is in listing.py)."""
 
 from __future__ import annotations
 
@@ -10,54 +10,32 @@ import orjson
 
 from saga_store.client.context import FORMATS, agent_states, rebuild_history
 from saga_store.ids import check_id
+from saga_store.log.events import TERMINAL_KINDS
+from saga_store.log.store import EventStore
 from saga_store.protocol.state import Status
 
 from .common import Context, emit_json, errors_to_exit, pass_ctx
 
-STATES = [s.value for s in Status]
-
-
-@click.command("ls")
-@click.option("--state", "state", type=click.Choice(STATES), envvar="SAGA_LS_STATE",
-              help="Only sagas in this state.")
-@click.option("--limit", type=int, default=100, show_default=True, envvar="SAGA_LS_LIMIT",
-              help="At most this many, newest first (0: all).")
-@click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
-              help="Machine-readable output.")
-@pass_ctx
-def ls(ctx: Context, state: str | None, limit: int, as_json: bool) -> None:
-    """List sagas, newest first, with their state."""
-    with errors_to_exit():
-        store = ctx.store()
-        rows: list[dict[str, Any]] = []
-        for sid in store.saga_ids():
-            meta = store.meta(sid)
-            if state and meta.get("state") != state:
-                continue
-            rows.append({"saga_id": sid, "state": meta.get("state"),
-                         "agent_id": meta.get("agent_id"), "seq": int(meta.get("seq", -1))})
-            if limit and len(rows) >= limit:
-                break
-        if as_json:
-            emit_json(rows)
-            return
-        for r in rows:
-            click.echo(f"{r['saga_id']}  {r['state'] or '?':<16} {r['agent_id'] or '':<20} "
-                       f"{r['seq'] + 1} events")
-
 
 @click.command("show")
 @click.argument("saga_id")
+@click.option("--follow", "-f", "follow", is_flag=True, envvar="SAGA_SHOW_FOLLOW",
+              help="Then print each event as it lands, until the saga ends (Ctrl-C stops).")
 @click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
-              help="Machine-readable output.")
+              help="Machine-readable output (with --follow: one event per line).")
 @pass_ctx
-def show(ctx: Context, saga_id: str, as_json: bool) -> None:
+def show(ctx: Context, saga_id: str, follow: bool, as_json: bool) -> None:
     """Show one saga's timeline and folded state."""
     with errors_to_exit():
         store = ctx.store()
         store.require(saga_id)
         events = store.log.events(saga_id)
         state = store.state(saga_id)
+        if follow:
+            for ev in events:
+                click.echo(orjson.dumps(ev).decode() if as_json else timeline_line(ev))
+            _follow(store, saga_id, events[-1] if events else None, as_json)
+            return
         if as_json:
             emit_json({"saga_id": saga_id, "state": state.status, "agent_id": state.agent_id,
                        "events": events})
@@ -69,6 +47,25 @@ def show(ctx: Context, saga_id: str, as_json: bool) -> None:
             click.echo(f"  next: {state.reason.get('hint')}")
         for ev in events:
             click.echo(timeline_line(ev))
+
+
+def _follow(store: EventStore, saga_id: str, last: dict[str, Any] | None,
+            as_json: bool) -> None:
+    """Print the saga's events as they land (XREAD BLOCK) until its closing event
+    or Ctrl-C; both end with exit 0."""
+    seq = last["seq"] if last else -1
+    if last is not None and last["kind"] in TERMINAL_KINDS:
+        return
+    try:
+        while True:
+            for entry in store.log.wait(saga_id, seq, 1000):
+                ev = {**orjson.loads(entry.body), "hash": entry.hash.hex()}
+                seq = ev["seq"]
+                click.echo(orjson.dumps(ev).decode() if as_json else timeline_line(ev))
+                if ev["kind"] in TERMINAL_KINDS:
+                    return
+    except KeyboardInterrupt:
+        return
 
 
 def timeline_line(ev: dict[str, Any]) -> str:
@@ -116,4 +113,4 @@ def context(ctx: Context, saga_id: str | None, agent_id: str | None, fmt: str,
                 click.echo(f"  note: {saga['note']}")
 
 
-COMMANDS = [ls, show, context]
+COMMANDS = [show, context]

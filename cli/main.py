@@ -7,7 +7,19 @@ import click
 from saga_store.log.chain import load_key
 from saga_store.settings import Settings
 
-from . import acl, approvals, attention, console, demo, inspect, mcp_guard, verify, workers
+from . import (
+    acl,
+    approvals,
+    attention,
+    console,
+    demo,
+    fleet,
+    inspect,
+    listing,
+    mcp_guard,
+    verify,
+    workers,
+)
 from .common import Context, errors_to_exit
 
 
@@ -31,8 +43,8 @@ def cli(ctx: click.Context, redis_url: str | None, hmac_key_file: str | None) ->
         ctx.obj = Context(redis_url, Settings.from_env(hmac_key=key))
 
 
-for module in (acl, approvals, attention, console, demo, inspect, mcp_guard, verify,
-               workers):
+for module in (acl, approvals, attention, console, demo, fleet, inspect, listing, mcp_guard,
+               verify, workers):
     for command in module.COMMANDS:
         cli.add_command(command)
 

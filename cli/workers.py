@@ -30,6 +30,7 @@ from .common import (
     operator,
     pass_ctx,
 )
+from .fleet import NoWorkerWarning
 
 QUEUES = [jobs.STEP_QUEUE, jobs.COMPENSATION_QUEUE]
 
@@ -200,18 +201,20 @@ def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeou
     """
     with errors_to_exit():
         plan = _read_plan(plan_file, ctx.settings.max_depth)
-        store = SagaStore(ctx.store().redis, Registry.from_modules(*tools), ctx.settings)
+        registry = Registry.from_modules(*tools)  # a broken module: before Redis is asked
+        store = SagaStore(ctx.store().redis, registry, ctx.settings)
         sid = store.submit([s.model_dump() for s in plan.steps], agent_id=plan.agent_id,
                            conversation_id=plan.conversation_id)
         if not wait:
             emit_json({"saga_id": sid, "state": "running"}) if as_json else click.echo(sid)
             return
         try:
+            warn = NoWorkerWarning(store.redis)
             if interactive:
                 from .approvals import wait_interactively
-                state = wait_interactively(store, sid, timeout)
+                state = wait_interactively(store, sid, timeout, tick=warn)
             else:
-                state = store.wait(sid, timeout)
+                state = store.follow(store.state(sid), _settled, timeout, tick=warn)
         except StepPending:
             fail(f"saga {sid} is not done after {timeout:g} s; it goes on (is 'saga worker' "
                  f"running?); 'saga show {sid}' follows it", EXIT_WAIT_TIMEOUT)
@@ -230,6 +233,10 @@ def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeou
         sys.exit(code)
 
 
+def _settled(state: Any) -> bool:
+    return bool(state.final or state.status is Status.STUCK)
+
+
 def _read_plan(path: str, max_depth: int) -> Plan:
     try:
         raw = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
@@ -245,8 +252,30 @@ def _read_plan(path: str, max_depth: int) -> Plan:
     try:
         return Plan.model_validate(data)
     except ValidationError as exc:
-        where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise InvalidInput(f"{path} is not a plan: {where}") from None
+        where = "; ".join(_plan_error(e) for e in exc.errors())
+        raise InvalidInput(f"{path} is not a plan: {where}; see the plan format in the "
+                           "README") from None
+
+
+_PLAN_SHAPE = ('a plan is a JSON object: {"agent_id": ..., "steps": [{"tool": ..., "args": '
+               '{...}}, ...]}')
+_SAYS = {"missing": "is missing", "dict_type": "must be a JSON object",
+         "list_type": "must be a list", "string_type": "must be a string",
+         "too_short": "must hold at least one step",
+         "extra_forbidden": "is not a plan field (a plan has agent_id, conversation_id and "
+                            "steps; a step has tool, args and tool_call_id)"}
+
+
+def _plan_error(err: Any) -> str:
+    """One pydantic error in the plan's terms: where (steps[0].args) and what."""
+    loc = err["loc"]
+    if not loc:
+        return _PLAN_SHAPE
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+    says = _SAYS.get(err["type"])
+    if says is None:  # pydantic's own wording, without its vocabulary
+        says = str(err["msg"]).replace("Input should be", "must be")
+    return f"{where} {says}"
 
 
 @click.command("resume")

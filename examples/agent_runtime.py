@@ -32,16 +32,16 @@ PROMPT = ("Order one LAPTOP-15 for customer ana: reserve it, charge 1200000 cent
 
 
 @contextlib.contextmanager
-def saga_store() -> Iterator[SagaStore]:
-    """A store with someone to run its steps: worker processes on the Redis at
-    ``SAGA_REDIS_URL``, or a thread over the embedded store."""
+def saga_store(tools: str = TOOLS) -> Iterator[SagaStore]:
+    """A store with someone to run its steps (the tools module ``tools``): worker
+    processes on the Redis at ``SAGA_REDIS_URL``, or a thread over the embedded store."""
     url = os.environ.get("SAGA_REDIS_URL")
-    registry = Registry.from_modules(TOOLS)
+    registry = Registry.from_modules(tools)
     if url:
         store = SagaStore.from_url(url, registry)
         env = {**os.environ, "SAGA_REDIS_URL": url}
         proc = subprocess.Popen(  # noqa: S603  our own argv, no shell
-            [sys.executable, "-m", "saga_store.cli.main", "worker", "--tools", TOOLS, "--log-level",
+            [sys.executable, "-m", "saga_store.cli.main", "worker", "--tools", tools, "--log-level",
              "WARNING"], env=env, start_new_session=True)
         print(f"on the Redis at SAGA_REDIS_URL, with a worker process (pid {proc.pid})")
         try:

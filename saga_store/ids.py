@@ -90,3 +90,11 @@ def new_id() -> str:
         out.append(_CROCKFORD[n & 31])
         n >>= 5
     return "".join(reversed(out))
+
+
+def plan_call_id(saga_id: str, step: int) -> str:
+    """The ``tool_call_id`` of a plan step that names none: unique across sagas (a
+    model's history mixes the calls of many), at most 40 characters (OpenAI's limit)
+    and only letters, digits and ``_`` (Anthropic's pattern)."""
+    import hashlib
+    return f"call_{hashlib.sha256(saga_id.encode()).hexdigest()[:24]}_{step}"

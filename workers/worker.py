@@ -85,6 +85,7 @@ class StepWorker(SimpleWorker):
 
         from saga_store.ops.metrics import Metrics
         self.metrics = Metrics(CollectorRegistry())  # multiprocess files when enabled
+        self.metrics.prime(registry)  # every panel has its series from the first scrape
         self.saga_store = SagaStore(self.connection, registry, self.settings,
                                     metrics=self.metrics)
         # closing entries wait for a batch: this worker's sweeper chains them

@@ -43,7 +43,7 @@ from saga_store.execution.enqueue import (
 )
 from saga_store.execution.idempotency import DedupeRecords
 from saga_store.faults import fault
-from saga_store.ids import check_id, check_saga_id, scoped_saga_id
+from saga_store.ids import check_id, check_saga_id, plan_call_id, scoped_saga_id
 from saga_store.log.pipeline import execute, lean
 from saga_store.log.store import EventStore, Opening
 from saga_store.log.stream import SideWrite
@@ -222,8 +222,9 @@ class SagaStore:
                 args = spec.validate(step.get("args", {}), self.settings.max_depth)
             except InvalidInput as exc:
                 raise InvalidInput(f"steps[{i}]: {exc}", field=f"steps[{i}]") from None
-            call_id = step.get("tool_call_id") or f"call_{i}"
-            check_id(call_id, f"steps[{i}].tool_call_id")
+            call_id = step.get("tool_call_id") or ""  # none: _prepare makes one per saga
+            if call_id:
+                check_id(call_id, f"steps[{i}].tool_call_id")
             plan.append((spec, args, call_id))
         return plan
 
@@ -231,6 +232,7 @@ class SagaStore:
                  conversation_id: str | None, saga_id: str | None) -> _Planned:
         """A validated plan's opening, encoded (a plan with secrets gets its salt)."""
         sid = check_saga_id(saga_id) if saga_id else scoped_saga_id(agent_id)
+        plan = [(s, a, c or plan_call_id(sid, n)) for n, (s, a, c) in enumerate(plan)]
         logged_plan: list[dict[str, Any]] = []
         secret_values: dict[int, dict[str, Any]] = {}
         # a new saga's salt: written with its opening, so a refused open writes none

@@ -41,13 +41,16 @@ class Row:
     created_ms: int | None
     duration_ms: int | None
     steps: int
+    events: int = 0  # from the log as folded, never the cached meta
+    updated_ms: int | None = None
+    conversation_id: str | None = None
 
     @classmethod
     def of(cls, st: SagaState, now_ms: int) -> Row:
         end = st.updated_ts if st.final else now_ms
         duration = end - st.created_ts if st.created_ts is not None and end else None
         return cls(st.saga_id, str(st.status), st.agent_id, st.created_ts, duration,
-                   len(st.steps))
+                   len(st.steps), st.seq + 1, st.updated_ts, st.conversation_id)
 
 
 @dataclass

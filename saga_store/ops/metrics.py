@@ -11,7 +11,7 @@ read from Redis at scrape time.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -22,9 +22,18 @@ from saga_store import keys
 from saga_store.execution import jobs
 from saga_store.execution.enqueue import in_flight
 from saga_store.ops.durability import DurabilityWatch
+from saga_store.protocol.vocab import OutcomeKind
+from saga_store.tools.spec import ToolSpec
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                    2.5, 5.0, 10.0, 30.0)
+
+
+# every value a bounded label takes, so each series exists (at 0) from a worker's
+# first scrape: a dashboard panel or an alert on rate() has data before any saga
+OUTCOMES = tuple(k.value for k in OutcomeKind)
+DEDUPE_KINDS = ("duplicate_delivery", "in_flight", "repeated_call")
+FINISHED_STATES = ("committed", "compensated", "needs_attention")
 
 
 class Metrics:
@@ -61,6 +70,22 @@ class Metrics:
         self.redeliveries = Counter("saga_redeliveries_total",
                                     "Jobs re-queued by the sweeper after a lease lapsed.",
                                     registry=r)
+
+    def prime(self, tools: Iterable[ToolSpec]) -> None:
+        """Create every labelled series at 0: each tool's step outcomes and duration,
+        each compensation tool's outcomes, each dedupe kind and final state."""
+        specs = list(tools)
+        for spec in specs:
+            self.step_seconds.labels(spec.name)
+            for outcome in OUTCOMES:
+                self.steps.labels(spec.name, outcome)
+        for comp in sorted({s.compensation for s in specs if s.compensation}):
+            for outcome in OUTCOMES:
+                self.compensations.labels(comp, outcome)
+        for kind in DEDUPE_KINDS:
+            self.dedupe_hits.labels(kind)
+        for state in FINISHED_STATES:
+            self.sagas_finished.labels(state)
 
 
 class RedisCollector:

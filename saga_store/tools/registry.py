@@ -8,12 +8,34 @@ unlike RQ's import_attribute).
 from __future__ import annotations
 
 import importlib
+import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 from saga_store.errors import InvalidInput, UnknownTool
 from saga_store.protocol.vocab import Reversibility
 from saga_store.tools.spec import ToolSpec, check_mapping_targets, spec_of
+
+
+def _import(name: str) -> Any:
+    """Import a tools module; whatever goes wrong in it becomes one line that says
+    where (the traceback stays on the exception's cause)."""
+    try:
+        return importlib.import_module(name)
+    except SyntaxError as exc:
+        raise InvalidInput(f"tools module {name!r} does not compile: {exc.msg} "
+                           f"({exc.filename}, line {exc.lineno})") from exc
+    except ImportError as exc:
+        if exc.name is not None and (name == exc.name or name.startswith(exc.name + ".")):
+            raise InvalidInput(f"no tools module {name!r} (looked in the current folder and "
+                               "PYTHONPATH); check --tools / SAGA_TOOLS") from exc
+        raise InvalidInput(f"tools module {name!r} could not be imported: {exc}; is it "
+                           "installed in this environment?") from exc
+    except Exception as exc:  # anything its top level raises: reported, never a traceback
+        frames = traceback.extract_tb(exc.__traceback__)
+        at = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+        raise InvalidInput(f"tools module {name!r} failed while loading: "
+                           f"{type(exc).__name__}: {exc}{at}") from exc
 
 
 class Registry:
@@ -41,11 +63,7 @@ class Registry:
         """Every ``@tool`` function defined in the named modules, checked together."""
         reg = cls()
         for name in names:
-            try:
-                module = importlib.import_module(name)
-            except ImportError as exc:
-                raise InvalidInput(f"cannot import tools module {name!r}: {exc}; "
-                                   "check --tools and PYTHONPATH") from exc
+            module = _import(name)
             for value in vars(module).values():
                 spec = spec_of(value)
                 if spec is not None:

@@ -131,8 +131,9 @@ def test_anchor_round_trip_and_rollback(store: EventStore, client: redis.Redis, 
 def test_ls_and_show(store: EventStore, redis_url: str) -> None:
     w = committed_saga(store)
     res = run(redis_url, "ls", "--json")
-    assert orjson.loads(res.output) == [
-        {"saga_id": w.saga_id, "state": "committed", "agent_id": "agent-1", "seq": 10}]
+    [row] = orjson.loads(res.output)
+    assert {k: row[k] for k in ("saga_id", "state", "agent_id", "seq")} == {
+        "saga_id": w.saga_id, "state": "committed", "agent_id": "agent-1", "seq": 10}
     assert run(redis_url, "ls", "--state", "compensated", "--json").output.strip() == "[]"
     res = run(redis_url, "show", w.saga_id)
     assert res.exit_code == 0

@@ -181,3 +181,29 @@ def test_the_approvals_gauge_counts_what_waits_for_a_person(client: redis.Redis)
     text = generate_latest(reg).decode()
     assert "saga_approvals_pending 2.0" in text
     assert 'saga_sagas{state="needs_attention"} 0.0' in text  # the others still line up
+
+
+@pytest.mark.real_redis
+@pytest.mark.timeout(120)
+def test_a_fresh_worker_exports_every_labelled_series_at_zero(
+        worker_env: dict[str, str], ledger: Path) -> None:
+    """Before any saga: each tool's outcomes, each compensation's, each dedupe kind
+    and final state are there at 0, so every panel has data from the first scrape."""
+    port = free_port()
+    expected = ['saga_steps_total{outcome="succeeded",tool="reserve_inventory"} 0.0',
+                'saga_steps_total{outcome="in_doubt",tool="charge_payment"} 0.0',
+                'saga_step_duration_seconds_count{tool="reserve_inventory"} 0.0',
+                'saga_compensations_total{outcome="failed",tool="release_inventory"} 0.0',
+                'saga_dedupe_hits_total{kind="repeated_call"} 0.0',
+                *(f'saga_sagas_finished_total{{state="{s}"}} 0.0'
+                  for s in ("committed", "compensated", "needs_attention"))]
+    seen = [""]
+    with workers(worker_env, TOOLS, "--metrics-port", str(port)):
+        def ready() -> bool:
+            seen[0] = _scrape(port)
+            return all(e in seen[0] for e in expected)
+        try:
+            assert_eventually(ready, timeout=30, what="the series at 0", swallow=(OSError,))
+        except AssertionError:
+            missing = [e for e in expected if e not in seen[0]]
+            raise AssertionError(f"missing from a fresh worker's /metrics: {missing}") from None

@@ -1,0 +1,124 @@
+"""Who is working: the workers RQ has registered, their queues, what waits.
+
+RQ keeps a registration per worker (``rq:worker:<name>``, a hash with its
+host, pid, state, current job and last heartbeat, expiring unless renewed)
+and a set of registrations per queue (``rq:workers:<queue>``). A worker killed
+with SIGKILL stays registered until its hash expires (minutes), so a worker
+counts as live only while its heartbeat is recent (an idle worker beats every
+few seconds) or while it holds a saga's lease: a worker busy in a long tool
+call, or in a plan's steps one after another, does not beat, but its lease
+expires soon after it dies.
+
+Workers write neither their busy state nor their current job to RQ (the log
+already says what a step is doing, and each write would cost every step a
+round trip), so both are read from the sagas' leases: a worker's lease token
+begins with its name (``<worker>:<hex>`` for a step, ``<worker>:comp:<hex>``
+for an unwind).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rq.utils import utcparse
+from rq.worker import Worker
+from rq.worker_registration import WORKERS_BY_QUEUE_KEY
+
+from saga_store import keys
+from saga_store.execution import jobs
+from saga_store.execution.enqueue import in_flight
+
+QUEUES = (jobs.STEP_QUEUE, jobs.COMPENSATION_QUEUE)
+STALE_S = 20.0  # no heartbeat for this long and no lease held: taken for gone
+_TOKEN = re.compile(r"^(?P<name>.+?)(?P<comp>:comp)?:[0-9a-f]{12}$")
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    name: str
+    hostname: str | None
+    pid: int | None
+    state: str
+    current_job: str | None
+    queues: tuple[str, ...]
+    heartbeat_age_s: float | None  # None: it never beat
+
+    @property
+    def live(self) -> bool:
+        beating = self.heartbeat_age_s is not None and self.heartbeat_age_s < STALE_S
+        return beating or self.current_job is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "queues": list(self.queues), "live": self.live}
+
+
+def registered(client: Any, queue: str | None = None, *, work: bool = True,
+               ) -> list[WorkerInfo]:
+    """Every worker RQ has registered (on ``queue`` only, if given), by name, read
+    from RQ's keys in two round trips and never written to (RQ's own listing
+    deletes stale registrations). ``work``: also read what each one holds."""
+    index = WORKERS_BY_QUEUE_KEY % queue if queue else Worker.redis_workers_keys
+    names = sorted(k.decode() for k in client.smembers(index))
+    pipe = client.pipeline(transaction=False)
+    for key in names:
+        pipe.hmget(key, "hostname", "pid", "state", "queues", "last_heartbeat")
+    rows = pipe.execute()
+    held = holding(client) if work and names else {}
+    now = dt.datetime.now(dt.UTC)
+    out = []
+    prefix = Worker.redis_worker_namespace_prefix
+    for key, (host, pid, state, queues, beat) in zip(names, rows, strict=True):
+        if state is None and beat is None:
+            continue  # its hash expired: gone
+        name = key[len(prefix):] if key.startswith(prefix) else key
+        age = _age(beat, now)
+        text = [v.decode(errors="replace") if v else None for v in (host, pid, state, queues)]
+        out.append(WorkerInfo(
+            name, text[0], int(text[1]) if text[1] and text[1].isdigit() else None,
+            "busy" if name in held else (text[2] or "?"), held.get(name),
+            tuple(q for q in (text[3] or "").split(",") if q), age))
+    return out
+
+
+def _age(beat: bytes | None, now: dt.datetime) -> float | None:
+    if not beat:
+        return None
+    try:
+        at = utcparse(beat.decode()).replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+    return max(0.0, (now - at).total_seconds())
+
+
+def holding(client: Any) -> dict[str, str]:
+    """What each worker holds a saga's lease for, by worker name: ``step of <saga>``
+    or ``unwind of <saga>`` (one GET per saga in flight, pipelined)."""
+    sagas = in_flight(client)
+    pipe = client.pipeline(transaction=False)
+    for sid in sagas:
+        pipe.get(keys.saga_lease(sid))
+    out = {}
+    for sid, token in zip(sagas, pipe.execute(), strict=True):
+        m = _TOKEN.match(token.decode(errors="replace")) if token else None
+        if m:
+            out[m["name"]] = f"{'unwind' if m['comp'] else 'step'} of {sid}"
+    return out
+
+
+def serving(client: Any, queue: str = jobs.STEP_QUEUE) -> list[WorkerInfo]:
+    """The live workers that take jobs from ``queue`` (the leases are read only if
+    no registered worker beats)."""
+    found = registered(client, queue, work=False)
+    if found and not any(w.live for w in found):
+        found = registered(client, queue)
+    return [w for w in found if w.live]
+
+
+def queue_lengths(client: Any, queues: tuple[str, ...] = QUEUES) -> dict[str, int]:
+    pipe = client.pipeline(transaction=False)
+    for q in queues:
+        pipe.llen(jobs.queue_key(q))
+    return dict(zip(queues, map(int, pipe.execute()), strict=True))
