@@ -6,9 +6,12 @@ from pathlib import Path
 
 import orjson
 import pytest
+import redis
 from click.testing import CliRunner
 from saga_store.cli.main import cli
 
+from saga_store.ops.fleet import serving
+from saga_store.testing import assert_eventually
 from saga_store.testing.workers import workers
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
@@ -36,6 +39,9 @@ def test_the_exit_code_names_how_the_saga_ended(
     plan.write_bytes(orjson.dumps({"agent_id": "agent-x", "steps": steps}))
     env = {"SAGA_REDIS_URL": redis_url, "SAGA_HMAC_KEY": "", "SAGA_HMAC_KEY_FILE": ""}
     with workers(worker_env, TOOLS):
+        # a worker that is up (registered with RQ): one still starting is not
+        assert_eventually(lambda: serving(redis.Redis.from_url(redis_url)), timeout=30,
+                          what="the worker to register")
         res = CliRunner().invoke(cli, ["run", "--tools", TOOLS, str(plan), "--wait"], env=env)
     assert res.exit_code == code, res.output
     assert f" {state}" in res.output
