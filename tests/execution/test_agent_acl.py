@@ -242,7 +242,7 @@ def test_what_an_agent_may_push_cannot_stop_or_misdirect_a_worker(
     victim_log = admin.dump(keys.saga_log(victim.saga_id))
     victim_score = admin.zscore(keys.agent_active("agent-a-b"), victim.saga_id)
     r = a.redis
-    r.sadd(keys.AGENTS, b"\xff", "agent-a_}:idem:x", "ledger")
+    r.sadd(keys.AGENTS, b"\xff", "agent-a_}:idem:x", "ledger", "agent-a")
     r.hset("ss:{agent-a_}:idem:x_}:active", "f", "v")
     r.zadd(keys.agent_active("agent-a"), {b"\xff\xfe": 0, victim.saga_id: 0, "ledger": 0})
     job = jobs.step_job_id("ab" * 32, 1, "agent-a_forged")
