@@ -14,6 +14,7 @@ from typing import Any
 import click
 import orjson
 
+from saga_store import keys
 from saga_store.client.api import SagaStore
 from saga_store.client.context import rebuild_history
 from saga_store.protocol.state import SagaState
@@ -23,6 +24,7 @@ from saga_store.verify.checker import Verifier
 from .common import Context, errors_to_exit, pass_ctx
 
 TOOLS = "saga_store.cli.demo_tools"
+DEMO_NAMESPACE = "saga-demo"
 
 
 def order(customer: str, crm_note: str) -> list[dict[str, Any]]:
@@ -48,6 +50,13 @@ def order(customer: str, crm_note: str) -> list[dict[str, Any]]:
 def demo(ctx: Context, n: int) -> None:
     """The order story: a $12,000 order whose CRM call times out is rolled back,
     a second one commits, and the chain is verified."""
+    if ctx.redis_url and not os.environ.get("SAGA_NAMESPACE"):
+        # on a real Redis, the demo keeps to a namespace of its own, so its sagas,
+        # ledger and queues never mix with a deployment's (keys are named at import)
+        args = ["--redis-url", ctx.redis_url, "demo", "--workers", str(n)]
+        done = subprocess.run([sys.executable, "-m", "saga_store.cli.main", *args],  # noqa: S603
+                              env={**os.environ, "SAGA_NAMESPACE": DEMO_NAMESPACE}, check=False)
+        sys.exit(done.returncode)
     with errors_to_exit():
         began = time.monotonic()
         base, embedded = ctx.store_or_embedded()
@@ -55,7 +64,8 @@ def demo(ctx: Context, n: int) -> None:
         procs = [] if embedded else _start_workers(ctx, n)
         try:
             click.echo(f"Saga Store demo on the {'embedded store' if embedded else 'Redis'}"
-                       f"{'' if embedded else f' with {n} worker processes'}\n")
+                       f"{'' if embedded else f' with {n} worker processes'}"
+                       f"{'' if embedded else f', keys under {keys.PREFIX}:'}\n")
             first = _run(store, embedded, "Order 1: the CRM hangs", order("ana", "slow order"))
             _believe(first)
             second = _run(store, embedded, "Order 2: everything answers",

@@ -43,9 +43,32 @@ No key here is ever deleted: leases, secrets and idempotency claims expire
 
 from __future__ import annotations
 
+import os
+import re
+
+from saga_store.errors import InvalidInput
 from saga_store.ids import agent_of
 
-PREFIX = "ss"
+DEFAULT_NAMESPACE = "ss"
+NAMESPACE = re.compile(r"[a-z][a-z0-9-]{0,31}")
+
+
+def namespace(value: str | None = None) -> str:
+    """The key namespace (``SAGA_NAMESPACE``, default ``ss``): several deployments,
+    or the demo, share one Redis without seeing each other's sagas, ledger or
+    queues. Read once, when this module is first imported."""
+    ns = value if value is not None else os.environ.get("SAGA_NAMESPACE") or DEFAULT_NAMESPACE
+    if not NAMESPACE.fullmatch(ns):
+        raise InvalidInput(f"SAGA_NAMESPACE={ns!r}: use 1-32 lower-case letters, digits and "
+                           "'-', starting with a letter (e.g. 'shop-prod')",
+                           field="SAGA_NAMESPACE")
+    return ns
+
+
+PREFIX = namespace()
+# RQ's keys are RQ's (rq:queue:*, rq:job:*): a namespace other than the default
+# names its queues and jobs apart there
+RQ_PREFIX = "" if PREFIX == DEFAULT_NAMESPACE else f"{PREFIX}-"
 LEDGER_ID = "ledger"
 LEDGER_LOG = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:log"
 LEDGER_PENDING = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:pending"

@@ -23,6 +23,8 @@ import orjson
 from rq.job import Job
 from rq.queue import Queue
 
+from saga_store.keys import RQ_PREFIX
+
 # the functions a worker runs for a job, by their real import paths (rq info shows
 # them); jobs queued before the package took one top-level name carry the old ones
 STEP_FUNC = "saga_store.workers.step.run_step"
@@ -30,8 +32,10 @@ COMPENSATE_FUNC = "saga_store.workers.compensator.run_compensation"
 OUR_FUNCS = frozenset({STEP_FUNC, COMPENSATE_FUNC})
 _FORMER = {"workers.step.run_step": STEP_FUNC,
            "workers.compensator.run_compensation": COMPENSATE_FUNC}
-STEP_QUEUE = "saga-steps"
-COMPENSATION_QUEUE = "saga-compensations"
+STEP_QUEUE = f"{RQ_PREFIX}saga-steps"
+COMPENSATION_QUEUE = f"{RQ_PREFIX}saga-compensations"
+STEP_JOB = f"{RQ_PREFIX}saga-step-"  # the start of every step job's id, and of a
+COMP_JOB = f"{RQ_PREFIX}saga-comp-"  # compensation job's
 JOB_TTL_S = 7 * 24 * 3600  # a job hash outlives a crash long enough to be swept
 ACKED_JOB_TTL_S = 600  # after the outcome: long enough to see late duplicates
 # the most a job's data may take, compressed or inflated: ids only need a few hundred bytes
@@ -46,7 +50,7 @@ def job_key(job_id: str) -> str:
     return Job.redis_job_namespace_prefix + job_id
 
 
-STEP_ID = re.compile(r"^saga-step-(.+)-(\d+)-[0-9a-f]{16}$")
+STEP_ID = re.compile(rf"^{re.escape(STEP_JOB)}(.+)-(\d+)-[0-9a-f]{{16}}$")
 _FORMER_STEP_ID = re.compile(r"^saga-step-[0-9a-f]{16}-(\d+)-(.+)$")  # queued by older versions
 
 
@@ -56,7 +60,7 @@ def step_job_id(idem_key: str, intent_seq: int, saga_id: str) -> str:
     hash serves every copy of a delivery), a worker can start reading the log in
     the same round trip as the job, and the saga id first puts an agent's jobs
     under its own ACL pattern (``saga-step-<agent>_*``)."""
-    return f"saga-step-{saga_id}-{intent_seq}-{idem_key[:16]}"
+    return f"{STEP_JOB}{saga_id}-{intent_seq}-{idem_key[:16]}"
 
 
 def parse_step_job_id(job_id: str) -> tuple[str, int] | None:
@@ -69,7 +73,7 @@ def parse_step_job_id(job_id: str) -> tuple[str, int] | None:
 
 
 def compensation_job_id(saga_id: str) -> str:
-    return f"saga-comp-{saga_id}"
+    return f"{COMP_JOB}{saga_id}"
 
 
 def push(pipe: Any, queue: str, job_id: str, func: str, args: list[Any]) -> None:

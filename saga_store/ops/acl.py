@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from saga_store import keys
 from saga_store.errors import InvalidInput
+from saga_store.execution.jobs import COMP_JOB, COMPENSATION_QUEUE, STEP_JOB, STEP_QUEUE
 from saga_store.ids import SCOPED_AGENT, check_id
 
 FORBIDDEN = ["del", "unlink", "xdel", "xtrim", "flushall", "flushdb", "config", "script|flush",
@@ -80,7 +81,7 @@ def agent_rules(agent_id: str) -> list[str]:
                            "with its own Redis user needs an id of 1-64 letters, digits and "
                            "'-' (no '_': it ends the namespace)", field="agent_id")
     mine = f"{P}:{{{agent_id}_*}}"  # its sagas' keys, and its own ss:{A_}:... keys
-    jobs = (f"~rq:job:saga-step-{agent_id}_*", f"~rq:job:saga-comp-{agent_id}_*")
+    jobs = (f"~rq:job:{STEP_JOB}{agent_id}_*", f"~rq:job:{COMP_JOB}{agent_id}_*")
     return [
         "resetchannels", "-@all", *CONNECTION,
         _selector(f"%R~{mine}:*", f"%R~{P}:ledger:{{*}}:log", f"%R~{P}:ledger:{{*}}:pending",
@@ -97,7 +98,7 @@ def agent_rules(agent_id: str) -> list[str]:
         _selector(f"~{P}:ledger:{{*}}:pending", "+rpush"),
         # its steps' jobs: their hashes, and their ids pushed on the queues
         _selector(*jobs, "+hset", "+expire", "+hget", "+hgetall"),
-        _selector(f"~{QUEUE_PREFIX}saga-steps", f"~{QUEUE_PREFIX}saga-compensations",
+        _selector(f"~{QUEUE_PREFIX}{STEP_QUEUE}", f"~{QUEUE_PREFIX}{COMPENSATION_QUEUE}",
                   "+rpush", "+llen"),
     ]
 
