@@ -27,6 +27,7 @@ from saga_store.faults import fault
 from saga_store.log.pipeline import execute, lean
 from saga_store.log.store import ChainWriter
 from saga_store.log.stream import Lease, release_lease
+from saga_store.ops import tracing
 from saga_store.protocol import unwind
 from saga_store.protocol.build import Item
 from saga_store.protocol.outcome import Outcome
@@ -162,7 +163,11 @@ class Compensator:
         st = state.steps[act.step]
         ctx = StepContext(act.key, state.saga_id, act.step, act.attempt, st.tool_call_id,
                           state.agent_id)
-        outcome = self.invoker.invoke(self.store.registry.get(act.undo.tool), act.args, ctx)
+        with tracing.tool_span(act.undo.tool, st.tool_call_id, state.saga_id, act.step,
+                               parent=st.trace, compensation=True) as span:
+            outcome = self.invoker.invoke(self.store.registry.get(act.undo.tool), act.args,
+                                          ctx)
+            tracing.outcome(span, outcome.kind, outcome.error)
         fault("comp_after_tool")
         items, retry_in = unwind.compensated(state, act, outcome, self.tools.resume_hint)
         writer.append(items, lease)

@@ -40,6 +40,7 @@ from saga_store.log.events import EventKind as K
 from saga_store.log.pipeline import execute, lean
 from saga_store.log.store import ChainWriter
 from saga_store.log.stream import Head, Lease, body_and_hash
+from saga_store.ops import tracing
 from saga_store.protocol import build
 from saga_store.protocol.build import Item
 from saga_store.protocol.delivery import Act, StepView, ToolFacts, on_delivery
@@ -246,10 +247,14 @@ class StepRunner:
                           view.intent.get("tool_call_id"), view.agent_id)
         secrets = {k: args[k] for k in spec.secret if k in args}
         began = time.perf_counter()
-        try:
-            outcome = self.invoker.invoke(spec, args, ctx, secrets)
-        except InvalidInput as exc:  # the logged args no longer fit the tool
-            outcome = Outcome.failed(str(exc))
+        data = view.intent["data"]
+        with tracing.tool_span(spec.name, ctx.tool_call_id, saga_id, step,
+                               parent=data.get("trace")) as span:
+            try:
+                outcome = self.invoker.invoke(spec, args, ctx, secrets)
+            except InvalidInput as exc:  # the logged args no longer fit the tool
+                outcome = Outcome.failed(str(exc))
+            tracing.outcome(span, outcome.kind, outcome.error)
         if metrics is not None:
             self._child(metrics.step_seconds, spec.name).observe(time.perf_counter() - began)
         return self._finish(writer, saga_id, step, view, token, extra, outcome, spec)
@@ -429,7 +434,9 @@ class StepRunner:
                         ) -> tuple[list[Item], Follow]:
         def next_intent(n: int, planned: Mapping[str, Any]) -> Item:
             spec = self.store.registry.get(planned["tool"])
-            return intent(saga_id, n, spec, planned["args"], planned.get("tool_call_id"))
+            # a plan's steps all carry the submitter's span context
+            return intent(saga_id, n, spec, planned["args"], planned.get("tool_call_id"),
+                          trace=((view.intent or {}).get("data") or {}).get("trace"))
         return outcome_events(step, view.intent or {}, outcome, unwinding=view.unwinding,
                               plan=view.plan, next_intent=next_intent)
 

@@ -32,6 +32,7 @@ from saga_store.ids import check_id
 from saga_store.log.events import EventKind as K
 from saga_store.log.store import ChainWriter
 from saga_store.log.stream import Head
+from saga_store.ops import tracing
 from saga_store.protocol import build
 from saga_store.protocol.forward import commit_blocker, repeat_of
 from saga_store.protocol.state import SagaState, Status
@@ -51,22 +52,28 @@ class Saga:
         self.inline = inline  # the in-process executor, or None: workers run the steps
         self.invalid_calls = 0
         self._renewed = time.monotonic()  # when the client lease was last renewed
+        self._span: tracing.SagaSpan | None = None  # while its with-block runs
 
     @property
     def saga_id(self) -> str:
         return self.writer.saga_id
 
     def __enter__(self) -> Self:
+        self._span = tracing.SagaSpan(self.state.agent_id or "", self.saga_id)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self.state.status is not Status.RUNNING:
-            return
-        if exc is None:
-            self.commit()
-        else:
-            self.abort(f"{type(exc).__name__}: {exc}")
+        try:
+            if self.state.status is not Status.RUNNING:
+                return
+            if exc is None:
+                self.commit()
+            else:
+                self.abort(f"{type(exc).__name__}: {exc}")
+        finally:
+            if self._span is not None:
+                self._span.end(str(self.state.status))
 
     def call(self, tool: str, args: Mapping[str, Any] | None = None, *,
              tool_call_id: str | None = None, idempotency_key: str | None = None,

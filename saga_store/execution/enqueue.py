@@ -4,6 +4,7 @@ fields and the RQ jobs. Shared by the client, the workers and the sweeper."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from saga_store import keys
@@ -11,16 +12,20 @@ from saga_store.errors import InvalidInput
 from saga_store.execution import jobs
 from saga_store.execution.idempotency import step_key
 from saga_store.ids import SCOPED_AGENT, agent_of, check_saga_id
+from saga_store.ops import tracing
 from saga_store.protocol import build
 from saga_store.protocol.build import Item
 from saga_store.tools.spec import ToolSpec
 
 
 def intent(saga_id: str, n: int, spec: ToolSpec, logged_args: dict[str, Any],
-           tool_call_id: str | None, key: str | None = None, *, keyed: bool = False) -> Item:
-    """A registered tool's ``step_intent``, keyed by default from (saga, tool, args)."""
+           tool_call_id: str | None, key: str | None = None, *, keyed: bool = False,
+           trace: Mapping[str, str] | None = None) -> Item:
+    """A registered tool's ``step_intent``, keyed by default from (saga, tool, args),
+    with the caller's span context (``trace``, else the current one, if any)."""
     return build.step_intent(n, spec.name, logged_args, spec.reversibility, tool_call_id,
-                             key or step_key(saga_id, spec.name, logged_args), keyed=keyed)
+                             key or step_key(saga_id, spec.name, logged_args), keyed=keyed,
+                             trace=trace or tracing.carrier())
 
 
 def enqueue_step(pipe: Any, queue: str, saga_id: str, step: int, intent_seq: int,

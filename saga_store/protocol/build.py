@@ -21,10 +21,13 @@ Item = tuple[str, dict[str, Any]]
 # -- forward -----------------------------------------------------------------
 
 def step_intent(n: int, tool: str, logged_args: Mapping[str, Any], reversibility: str,
-                tool_call_id: str | None, idem_key: str, *, keyed: bool = False) -> Item:
+                tool_call_id: str | None, idem_key: str, *, keyed: bool = False,
+                trace: Mapping[str, str] | None = None) -> Item:
     data: dict[str, Any] = {"args": dict(logged_args), "reversibility": str(reversibility)}
     if keyed:
         data["keyed"] = True  # an explicit key: its dedupe record follows the outcome
+    if trace:
+        data["trace"] = dict(trace)  # the caller's span context, for the worker's span
     return K.STEP_INTENT, {"step": n, "tool": tool, "tool_call_id": tool_call_id,
                            "idem_key": idem_key, "data": data}
 

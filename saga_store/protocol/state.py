@@ -34,6 +34,7 @@ class StepState:
     tool_call_id: str | None = None
     idem_key: str | None = None
     args: Any = None
+    trace: Any = None  # the caller's span context, logged with the intent
     status: StepStatus = StepStatus.INTENT
     result: Any = None
     error: Any = None
@@ -137,6 +138,7 @@ class SagaState:
             st.tool, st.tool_call_id = ev.get("tool"), ev.get("tool_call_id")
             st.idem_key = ev.get("idem_key")
             st.args = data.get("args") if isinstance(data, dict) else None
+            st.trace = data.get("trace") if isinstance(data, dict) else None
             rev = data.get("reversibility") if isinstance(data, dict) else None
             st.reversibility = Reversibility(rev) if rev in _REVERSIBILITIES else None
         elif kind == K.STEP_STARTED:
