@@ -464,11 +464,15 @@ class Gateway:
                 claim = self.dedupe.claim(key, digest, saga_id, step, take_from=claim)
         return claim
 
-    async def _call(self, name: str, args: dict[str, Any], key: str) -> CallOutcome:
+    async def _call(self, name: str, args: dict[str, Any], key: str,
+                    timeout_s: float | None = None) -> CallOutcome:
         """Call downstream, passing the idempotency key in ``_meta`` for servers that
-        honour one (a resent compensation after a crash is then harmless)."""
+        honour one (a resent compensation after a crash is then harmless). A call
+        that outlasts ``timeout_s`` is in doubt."""
+        import anyio
         try:
-            return await self.call(name, args, {META_IDEMPOTENCY: key})
+            with anyio.fail_after(timeout_s):
+                return await self.call(name, args, {META_IDEMPOTENCY: key})
         except Exception as exc:  # the downstream broke mid-call: unknown if it ran
             return CallOutcome(False, None, f"{type(exc).__name__}: {exc}",
                                in_doubt=f"the call did not return: {type(exc).__name__}")
@@ -540,6 +544,10 @@ class Gateway:
         undo = ({"tool": cls.compensation.tool, "mapping": dict(cls.compensation.args)}
                 if cls.compensation else None)
         preview = approvals.preview(name, args, cls.reversibility, undo, verdict, timeout_s)
+        if cls.scope:  # the server's own word on what the call touches
+            preview["side_effect_scope"] = list(cls.scope)
+        if cls.notes:
+            preview["notes"] = cls.notes
         approvals.request(writer, step, name, preview, timeout_s)
         self._project(writer)
         notify.approval_requested(writer.saga_id, step, name, self.session.agent_id,
@@ -621,7 +629,9 @@ class Gateway:
                 self._apply(writer, st, unwind.probed(act, await self._probe(act, st)))
             elif isinstance(act, unwind.Compensate):
                 self._apply(writer, st, [act.intent])
-                out = _as_outcome(await self._call(act.undo.tool, act.args, act.key))
+                comp = self.classification(st.steps[act.step].tool or "").compensation
+                out = _as_outcome(await self._call(act.undo.tool, act.args, act.key,
+                                                   comp.timeout_s if comp else None))
                 items, retry_in = unwind.compensated(st, act, out, catalogue.resume_hint)
                 self._apply(writer, st, items)
                 if out.ok:
@@ -714,7 +724,8 @@ class GatewayCatalogue:
         cls = self.gateway.classification(st.tool or "")
         if cls.compensation is None:
             return f"{st.tool} is {cls.reversibility}: {cls.label()}"
-        return unwind.Undo(cls.compensation.tool, cls.compensation.args)
+        return unwind.Undo(cls.compensation.tool, cls.compensation.args,
+                           cls.compensation.max_attempts)
 
     def probe_of(self, st: StepState) -> str | None:
         probe = self.gateway.classification(st.tool or "").probe

@@ -1,0 +1,147 @@
+"""The gateway in front of a server that declares its tools only in the
+mcp-compensate extension's form, with no tools map: the declarations are read
+as their authors wrote them. Real gateway process, real server process, the
+official SDK client; effects are counted in the server's own ledger."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from saga_store import Registry, SagaStore
+from saga_store.approval import requests as approvals
+from saga_store.protocol.state import Status
+from saga_store.testing import assert_eventually
+from saga_store.verify.checker import Verifier
+
+pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
+ROOT = Path(__file__).resolve().parents[2]
+SERVER = [sys.executable, str(ROOT / "tests" / "mcp_compensate_server.py")]
+TRUSTING = """
+[defaults]
+trust_server_hints = true
+"""
+
+
+@pytest.fixture
+def gw(redis_url: str, client: redis.Redis, tmp_path: Path) -> dict[str, Any]:
+    ledger = tmp_path / "items.db"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "ITEMS_LEDGER": str(ledger),
+           "SAGA_REDIS_URL": redis_url}
+    return {"env": env, "args": ["-m", "saga_store.cli.main", "mcp-guard"], "ledger": ledger,
+            "store": SagaStore(client, Registry()), "tmp": tmp_path}
+
+
+@asynccontextmanager
+async def _session(gw: dict[str, Any], extra: list[str] | None = None,
+                   env: dict[str, str] | None = None) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(command=sys.executable,
+                                   args=[*gw["args"], *(extra or []), "--", *SERVER],
+                                   env=env or gw["env"], cwd=str(ROOT))
+    async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+        await s.initialize()
+        yield s
+
+
+def _trusting(gw: dict[str, Any]) -> list[str]:
+    (gw["tmp"] / "policy.toml").write_text(TRUSTING)
+    return ["--policy", str(gw["tmp"] / "policy.toml")]
+
+
+def _effects(ledger: Path) -> list[tuple[str, str]]:
+    if not ledger.exists():
+        return []
+    with sqlite3.connect(ledger) as db:
+        return list(db.execute("SELECT kind, key FROM effects ORDER BY n"))
+
+
+def _text(result: Any) -> str:
+    return "\n".join(getattr(c, "text", "") for c in result.content)
+
+
+def _sagas(store: SagaStore) -> list[Any]:
+    return [store.state(sid) for sid in reversed(store.events.saga_ids())]
+
+
+async def _pending(store: SagaStore) -> list[approvals.Pending]:
+    return await anyio.to_thread.run_sync(lambda: assert_eventually(
+        lambda: approvals.pending(store), timeout=30, what="an approval request"))
+
+
+def test_a_declared_compensation_undoes_a_call_when_a_later_one_fails(
+        gw: dict[str, Any]) -> None:
+    """add_item, then a declined payment: add_item is undone by the remove_item its
+    declaration names, with the id mapped from its output. The server's readonly
+    claim does not beat the safe policy: count_items waits for a person."""
+    store: SagaStore = gw["store"]
+
+    async def go() -> tuple[dict[str, str], Any, Any, list[approvals.Pending]]:
+        async with _session(gw) as s:
+            listed = {t.name: t.description or "" for t in (await s.list_tools()).tools}
+            added = await s.call_tool("add_item", {"name": "lamp"})
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(s.call_tool, "count_items", {})
+                pending = await _pending(store)
+                approvals.decide(store, pending[0].saga_id, pending[0].step, grant=True,
+                                 by="alice")
+            declined = await s.call_tool("take_payment", {"amount_cents": 0})
+            return listed, added, declined, pending
+    listed, added, declined, pending = anyio.run(go)
+    assert "undone by remove_item" in listed["add_item"]
+    assert "read-only (server's claim)" in listed["count_items"]
+    assert "IRREVERSIBLE" in listed["send_email"]
+    assert pending[0].preview["tool"] == "count_items"
+    assert not added.is_error
+    assert declined.is_error
+    assert "add_item (step 0)" in _text(declined)
+    iid = added.structured_content["id"]
+    assert _effects(gw["ledger"]) == [("add", iid), ("remove", iid)]
+    [st] = _sagas(store)
+    assert st.status is Status.COMPENSATED
+    assert st.steps[0].compensation == "succeeded"
+    assert Verifier(store.events.log).verify().ok
+
+
+def test_declared_readonly_and_irreversible_tools_are_taken_at_their_word(
+        gw: dict[str, Any]) -> None:
+    """With trust_server_hints, a declared read-only tool runs ungated and its failure
+    rolls nothing back; a declared irreversible one waits for a person, who sees the
+    declaration's sideEffectScope and notes."""
+    store: SagaStore = gw["store"]
+
+    async def go() -> tuple[Any, Any, list[approvals.Pending]]:
+        async with _session(gw, _trusting(gw)) as s:
+            await s.call_tool("add_item", {"name": "lamp"})
+            read = await s.call_tool("count_items", {"fail": True})
+            out: list[Any] = []
+
+            async def send() -> None:
+                out.append(await s.call_tool("send_email", {"to": "ann@example.com"}))
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send)
+                pending = await _pending(store)
+                approvals.decide(store, pending[0].saga_id, pending[0].step, grant=True,
+                                 by="alice")
+            return read, out[0], pending
+    read, sent, pending = anyio.run(go)
+    assert read.is_error
+    assert "rolled back" not in _text(read)
+    assert not sent.is_error
+    preview = pending[0].preview
+    assert (preview["tool"], preview["reversibility"]) == ("send_email", "irreversible")
+    assert preview["side_effect_scope"] == ["email", "customers"]
+    assert preview["notes"] == "A sent email cannot be recalled."
+    assert [k for k, _ in _effects(gw["ledger"])] == ["add", "email"]
+    [st] = _sagas(store)
+    assert st.status is Status.COMMITTED
