@@ -19,7 +19,6 @@ next gateway for the same downstream finishes their unwinds before serving.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import time
@@ -44,10 +43,11 @@ from saga_store.execution.idempotency import (
     step_key,
 )
 from saga_store.ids import scoped_saga_id
-from saga_store.log.canonical import canonical, check_json
+from saga_store.log.canonical import check_json
 from saga_store.log.store import ChainWriter
 from saga_store.mcp.argcheck import Check, compile_check
 from saga_store.mcp.classify import Classification, classify
+from saga_store.mcp.identity import gateway_id
 from saga_store.mcp.leases import Leases
 from saga_store.protocol import build, unwind
 from saga_store.protocol.forward import commit_blocker, repeat_of
@@ -61,6 +61,7 @@ from saga_store.verify.checker import read_verified
 if TYPE_CHECKING:
     from saga_store.client.api import SagaStore
 
+__all__ = ["CallFn", "CallOutcome", "Gateway", "gateway_id"]
 log = logging.getLogger("saga_store.gateway")
 META_IDEMPOTENCY = "dev.chronomcp/idempotency_key"
 # the tools the gateway adds: name -> (description, input schema)
@@ -102,19 +103,6 @@ def session_tools() -> list[dict[str, Any]]:
     """The tools the gateway adds to a listing, as MCP ``Tool`` objects on the wire."""
     return [{"name": n, "description": d, "inputSchema": schema}
             for n, (d, schema) in SESSION_TOOLS.items()]
-
-
-def gateway_id(command: list[str] | None, url: str | None, name: str | None = None) -> str:
-    """A stable id for a downstream, so the next gateway finds what this one left:
-    from the name given, else from the command or URL."""
-    if name is not None:
-        if not name.strip() or len(name) > 128 or any(c in name for c in "\r\n"):
-            raise InvalidInput("--gateway-id must be a name of 1-128 characters on one line",
-                               field="gateway_id")
-        ident = canonical({"name": name})
-    else:
-        ident = canonical({"command": command, "url": url})
-    return hashlib.sha256(ident).hexdigest()[:24]
 
 
 class Turns:

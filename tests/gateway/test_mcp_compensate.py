@@ -5,8 +5,11 @@ official SDK client; effects are counted in the server's own ledger."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import sqlite3
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -145,3 +148,48 @@ def test_declared_readonly_and_irreversible_tools_are_taken_at_their_word(
     assert [k for k, _ in _effects(gw["ledger"])] == ["add", "email"]
     [st] = _sagas(store)
     assert st.status is Status.COMMITTED
+
+
+def _killed_after_one_call(gw: dict[str, Any], env: dict[str, str]) -> str:
+    """A gateway SIGKILLed (with its server) after one add_item: its session's saga."""
+    proc = subprocess.Popen([sys.executable, *gw["args"], "--", *SERVER], cwd=ROOT, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    for msg in ({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                    "protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "raw", "version": "1"}}},
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                 "params": {"name": "add_item", "arguments": {"name": "left"}}}):
+        proc.stdin.write(json.dumps(msg) + "\n")
+        proc.stdin.flush()
+    answers = [json.loads(proc.stdout.readline()) for _ in range(2)]
+    assert not answers[1]["result"]["isError"]
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    [left] = _sagas(gw["store"])
+    assert left.status is Status.RUNNING
+    return str(left.saga_id)
+
+
+def test_gateways_whose_servers_differ_in_one_variable_never_recover_each_other(
+        gw: dict[str, Any]) -> None:
+    """Same command, same directory, another ITEMS_SHELF: other data, so the session a
+    killed gateway left on shelf a is not settled by a gateway for shelf b; the next
+    gateway for shelf a settles it."""
+    store: SagaStore = gw["store"]
+    shelf_a, shelf_b = {**gw["env"], "ITEMS_SHELF": "a"}, {**gw["env"], "ITEMS_SHELF": "b"}
+    left = _killed_after_one_call(gw, shelf_a)
+
+    async def visit(env: dict[str, str]) -> None:
+        async with _session(gw, env=env) as s:
+            await s.list_tools()
+    anyio.run(visit, shelf_b)
+    assert store.state(left).status is Status.RUNNING
+    anyio.run(visit, shelf_a)
+    assert store.state(left).status is Status.COMMITTED
+    with sqlite3.connect(gw["ledger"]) as db:
+        assert list(db.execute("SELECT shelf, kind FROM effects")) == [("a", "add")]
+    assert Verifier(store.events.log).verify().ok

@@ -511,7 +511,8 @@ def test_a_gateway_killed_mid_unwind_is_finished_by_the_next(gw: dict[str, Any])
     downstream finishes the unwind before serving, and nothing is undone twice."""
     hang = gw["tmp"] / "hang"
     hang.touch()
-    raw = RawGateway(gw, {**gw["env"], "RECORDS_HANG_ON_DELETE": str(hang)})
+    gw["env"]["RECORDS_HANG_ON_DELETE"] = str(hang)  # the next gateway's server too
+    raw = RawGateway(gw)
     raw.call(2, "create_record", {"name": "a"})
     raw.receive()
     raw.call(3, "update_crm", {"note": "fail"})
