@@ -431,7 +431,7 @@ class Gateway:
                     self.dedupe.finish(writer.saga_id, key, "failed", {"text": denial})
                 return await self._failed(writer, name, cls, CallOutcome(False, None, denial))
             self._add(writer, [started], phase=Phase.FORWARD)
-        outcome = _scrubbed(await self._call(name, args, key), secrets)
+        outcome = _scrubbed(await self._call(name, args, key, meta=meta), secrets)
         said = _as_outcome(outcome)
         self._add(writer, [build.step_outcome(step, said.kind, result=said.result,
                                               error=said.error, tool=name)])
@@ -453,14 +453,17 @@ class Gateway:
         return claim
 
     async def _call(self, name: str, args: dict[str, Any], key: str,
-                    timeout_s: float | None = None) -> CallOutcome:
+                    timeout_s: float | None = None,
+                    meta: Mapping[str, Any] | None = None) -> CallOutcome:
         """Call downstream, passing the idempotency key in ``_meta`` for servers that
-        honour one (a resent compensation after a crash is then harmless). A call
-        that outlasts ``timeout_s`` is in doubt."""
+        honour one (a resent compensation after a crash is then harmless), beside
+        what the client's own ``_meta`` says (its progressToken, say: the server's
+        progress notifications pass through to it). A call that outlasts
+        ``timeout_s`` is in doubt."""
         import anyio
         try:
             with anyio.fail_after(timeout_s):
-                return await self.call(name, args, {META_IDEMPOTENCY: key})
+                return await self.call(name, args, {**(meta or {}), META_IDEMPOTENCY: key})
         except Exception as exc:  # the downstream broke mid-call: unknown if it ran
             return CallOutcome(False, None, f"{type(exc).__name__}: {exc}",
                                in_doubt=f"the call did not return: {type(exc).__name__}")

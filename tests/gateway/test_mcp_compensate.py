@@ -193,3 +193,24 @@ def test_gateways_whose_servers_differ_in_one_variable_never_recover_each_other(
     with sqlite3.connect(gw["ledger"]) as db:
         assert list(db.execute("SELECT shelf, kind FROM effects")) == [("a", "add")]
     assert Verifier(store.events.log).verify().ok
+
+
+def test_the_clients_meta_reaches_the_server_and_its_progress_reaches_the_client(
+        gw: dict[str, Any]) -> None:
+    """The client's _meta goes on whole (its progressToken and its own keys) with the
+    idempotency key added; the server's notifications/progress come back to it."""
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        seen.append((done, total, message))
+
+    async def go() -> Any:
+        async with _session(gw, _trusting(gw)) as s:
+            return await s.call_tool("slow_count", {"steps": 3}, progress_callback=progress,
+                                     meta={"example.com/trace": "t-1"})
+    result = anyio.run(go)
+    assert not result.is_error, _text(result)
+    # the server's SDK names progressToken in Python's way
+    assert {"progress_token", "example.com/trace", "dev.chronomcp/idempotency_key"} <= set(
+        result.structured_content["meta_keys"])
+    assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
