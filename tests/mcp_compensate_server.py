@@ -13,6 +13,13 @@ import uuid
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp_types import (
+    CallToolResult,
+    EmbeddedResource,
+    ImageContent,
+    TextContent,
+    TextResourceContents,
+)
 
 server = MCPServer("items")
 EXT = "dev.chronomcp/compensate"
@@ -106,6 +113,18 @@ async def slow_count(steps: int, ctx: Context) -> dict[str, Any]:
         await ctx.report_progress(i + 1, steps, f"step {i + 1}")
     meta = ctx.request_context.meta or {}
     return {"counted": steps, "meta_keys": sorted(meta)}
+
+
+@server.tool(meta={EXT: {"reversibility": "irreversible"}})
+def print_label(name: str) -> CallToolResult:
+    """Print a label: its answer has a text, an image and a resource block."""
+    effect("label", name)
+    return CallToolResult(content=[
+        TextContent(type="text", text=f"label {name} printed"),
+        ImageContent(type="image", data="iVBORw0KGgo=", mime_type="image/png"),
+        EmbeddedResource(type="resource", resource=TextResourceContents(
+            uri=f"label://{name}", text=f"LABEL {name}", mime_type="text/plain"))],
+        structured_content={"printed": name})
 
 
 if __name__ == "__main__":

@@ -77,6 +77,8 @@ EXECUTOR = "mcp-gateway"
 TELL_AFTER_EVENTS = 96  # about 32 calls' worth (intent, started, outcome)
 TELL_AFTER_S = 1.0
 APPROVAL_POLL_S = 0.1
+CONTENT_LOG_LIMIT = 64 * 1024  # bytes of a result's content blocks the log keeps
+META_REPLAYED = "dev.chronomcp/replayed"  # in a result answered from the log
 
 CallFn = Callable[[str, dict[str, Any], dict[str, Any]], Awaitable["CallOutcome"]]
 
@@ -91,11 +93,20 @@ class CallOutcome:
     text: str
     raw: Any = None
     in_doubt: str | None = None  # the call raised: transport error, timeout
+    content: list[Any] | None = None  # every block of the result, as on the wire
 
     def logged(self) -> dict[str, Any]:
+        """The result as the log keeps it: a repeat of the call is answered with it.
+        Its content blocks, every one, unless they are too large to log."""
         out: dict[str, Any] = {"text": self.text[:2000]}
         if self.structured is not None:
             out["structuredContent"] = self.structured
+        if self.content is not None:
+            size = len(orjson.dumps(self.content))
+            if size <= CONTENT_LOG_LIMIT:
+                out["content"] = self.content
+            else:
+                out["content_omitted"] = size
         return out
 
 
@@ -388,11 +399,13 @@ class Gateway:
         st = self.session.state
         assert st is not None
         logged, secrets = Secrets.redact(args, cls.secret, self.session.salt)
-        explicit = (meta or {}).get(META_IDEMPOTENCY)
-        key = explicit_key(str(explicit)) if explicit else step_key(writer.saga_id, name,
-                                                                    logged)
+        # a read changes nothing, so reading again is not a repeat: it reaches the server
+        reads = cls.for_policy(self.policy.trust_server_hints) == "readonly"
+        explicit = None if reads else (meta or {}).get(META_IDEMPOTENCY)
+        key = explicit_key(str(explicit)) if explicit else step_key(
+            writer.saga_id, name, [logged, st.next_step] if reads else logged)
         try:
-            repeated = repeat_of(st, key, name, logged)
+            repeated = None if reads else repeat_of(st, key, name, logged)
         except KeyReuseError as exc:
             return CallOutcome(False, None, str(exc))  # nothing ran; nothing to undo
         if repeated is not None:  # the same call again in this saga: its recorded answer
@@ -407,9 +420,7 @@ class Gateway:
                 if claim.state == "pending":  # nothing recorded yet: no answer to give
                     return CallOutcome(False, None, "a call with that idempotency key is in "
                                        "progress; try again shortly")
-                return CallOutcome(claim.state == OutcomeKind.SUCCEEDED, (claim.result or {}).get(
-                    "structuredContent"), f"(repeated call, recorded answer) "
-                    f"{(claim.result or {}).get('text', '')}")
+                return replayed(claim.state == OutcomeKind.SUCCEEDED, claim.result, None)
         step = st.next_step
         verdict = self.policy.decide(name, cls.for_policy(self.policy.trust_server_hints),
                                      args)
@@ -486,9 +497,7 @@ class Gateway:
         s = st.steps[step]
         with contextlib.suppress(ConflictError):
             self._add(writer, [build.duplicate_suppressed(step, s.status)])
-        result = s.result if isinstance(s.result, dict) else {}
-        return CallOutcome(s.status is StepStatus.SUCCEEDED, result.get("structuredContent"),
-                           f"(repeated call, recorded answer) {result.get('text', s.error or '')}")
+        return replayed(s.status is StepStatus.SUCCEEDED, s.result, s.error)
 
     def _invalid(self, name: str, args: dict[str, Any]) -> str | None:
         if self.tools and name not in self.tools:  # a typo is not a failure to undo
@@ -738,11 +747,11 @@ def _scrubbed(out: CallOutcome, secrets: Mapping[str, Any]) -> CallOutcome:
     the server's own answer (``raw``)."""
     if not secrets:
         return out
-    structured = out.structured
-    if structured is not None:
-        structured = orjson.loads(scrub(orjson.dumps(structured).decode(), secrets))
-    return CallOutcome(out.ok, structured, scrub(out.text, secrets), out.raw,
-                       scrub(out.in_doubt, secrets) if out.in_doubt else None)
+    def clean(x: Any) -> Any:
+        return None if x is None else orjson.loads(scrub(orjson.dumps(x).decode(), secrets))
+    return CallOutcome(out.ok, clean(out.structured), scrub(out.text, secrets), out.raw,
+                       scrub(out.in_doubt, secrets) if out.in_doubt else None,
+                       clean(out.content))
 
 
 def result_text(content: Any) -> str:
@@ -753,6 +762,24 @@ def result_text(content: Any) -> str:
                                             "text": getattr(c, "text", None)}
              for c in content)
     return "\n".join(c.get("text") or "" for c in parts if c.get("type") == "text")
+
+
+def replayed(ok: bool, result: Any, error: str | None) -> CallOutcome:
+    """A repeated call's answer, from what the log recorded of the first: a success as
+    the server gave it, every content block (marked in ``_meta`` as a replay); a
+    failure as the error it was."""
+    result = result if isinstance(result, dict) else {}
+    text = str(result.get("text", error or ""))
+    if not ok:
+        return CallOutcome(False, result.get("structuredContent"),
+                           f"(repeated call, recorded answer) {text}")
+    content = result.get("content")
+    raw: dict[str, Any] = {
+        "content": content if isinstance(content, list) else [{"type": "text", "text": text}],
+        "isError": False, "_meta": {META_REPLAYED: True}}
+    if result.get("structuredContent") is not None:
+        raw["structuredContent"] = result["structuredContent"]
+    return CallOutcome(True, result.get("structuredContent"), text, raw=raw)
 
 
 def built_result(out: CallOutcome) -> dict[str, Any]:

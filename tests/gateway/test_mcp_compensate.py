@@ -214,3 +214,35 @@ def test_the_clients_meta_reaches_the_server_and_its_progress_reaches_the_client
     assert {"progress_token", "example.com/trace", "dev.chronomcp/idempotency_key"} <= set(
         result.structured_content["meta_keys"])
     assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+
+
+def test_reads_always_reach_the_server_and_a_repeat_gets_every_recorded_block(
+        gw: dict[str, Any]) -> None:
+    """A read made twice is made twice (its answer may have changed); a write made
+    twice runs once, and the repeat gets the first answer whole: text, image and
+    resource blocks and the structured content."""
+    (gw["tmp"] / "tools.toml").write_text('[tools.count_items]\nreversibility = "readonly"\n'
+                                          '[tools.print_label]\nreversibility = "compensable"\n'
+                                          'compensation = { tool = "remove_item", args = '
+                                          '{ item_id = "$.input.name" } }\n')
+    extra = ["--tools-map", str(gw["tmp"] / "tools.toml")]
+
+    async def go() -> tuple[Any, ...]:
+        async with _session(gw, extra) as s:
+            before = await s.call_tool("count_items", {})
+            await s.call_tool("add_item", {"name": "lamp"})
+            after = await s.call_tool("count_items", {})
+            first = await s.call_tool("print_label", {"name": "lamp"})
+            again = await s.call_tool("print_label", {"name": "lamp"})
+            return before, after, first, again
+    before, after, first, again = anyio.run(go)
+    assert (before.structured_content, after.structured_content) == ({"count": 0},
+                                                                     {"count": 1})
+    assert [k for k, _ in _effects(gw["ledger"])] == ["add", "label"]
+    assert [c.type for c in first.content] == ["text", "image", "resource"]
+    assert again.content == first.content
+    assert again.structured_content == first.structured_content == {"printed": "lamp"}
+    assert not again.is_error
+    [st] = _sagas(gw["store"])
+    assert st.status is Status.COMMITTED
+    assert len(st.steps) == 4  # both reads are steps of their own; the repeat is not
