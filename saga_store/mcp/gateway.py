@@ -54,7 +54,7 @@ from saga_store.protocol.forward import commit_blocker, repeat_of
 from saga_store.protocol.mapping import resolve_all
 from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.state import SagaState, Status, StepState, fold
-from saga_store.protocol.vocab import Approval, OutcomeKind, Phase, StepStatus
+from saga_store.protocol.vocab import Approval, CompStatus, OutcomeKind, Phase, StepStatus
 from saga_store.tools.secrets import Secrets, scrub
 from saga_store.verify.checker import read_verified
 
@@ -324,14 +324,16 @@ class Gateway:
         if s.writer is None:
             return None
         sid = s.writer.saga_id
-        if not (isinstance(exc, FencedOff) or self.leases.lost(sid)
-                or self.store.meta(sid).get("phase") == Phase.CLOSED):
+        taken = isinstance(exc, FencedOff) or self.leases.lost(sid)
+        if not (taken or self.store.meta(sid).get("phase") == Phase.CLOSED):
             return None
         self.leases.held.discard(sid)
         s.writer, s.state = None, None
-        return CallOutcome(False, None, f"the gateway lost saga {sid} to another gateway, "
-                                        f"which settles it ({exc}); what became of this call "
-                                        f"is in that saga's log: saga show {sid}")
+        how = ("another gateway for this server took it over and settles it" if taken
+               else "it was closed outside this gateway (by another gateway, or by hand)")
+        return CallOutcome(False, None, f"the gateway no longer holds saga {sid}: {how} "
+                                        f"({exc}); what became of this call is in that "
+                                        f"saga's log: saga show {sid}")
 
     def commit(self) -> str | None:
         """Commit the session's saga (the session ended, or saga_commit)."""
@@ -487,9 +489,8 @@ class Gateway:
             self._project(writer)
             return outcome
         ended, undone = await self.rollback(writer, f"{name} failed: {outcome.text[:300]}")
-        note = (f"\n\n[saga {writer.saga_id} rolled back: {ended}; undone, last first: "
-                f"{', '.join(undone) if undone else 'nothing'}. Earlier results of this "
-                "session no longer hold.]")
+        note = f"\n\n[saga {writer.saga_id} rolled back: {ended}; " + rollback_note(
+            undone, still_standing(self.store.state(writer.saga_id))) + "]"
         return CallOutcome(False, outcome.structured, outcome.text + note, outcome.raw,
                            outcome.in_doubt)
 
@@ -590,10 +591,10 @@ class Gateway:
             return CallOutcome(True, {"saga_id": None}, "no saga was open")
         writer = current
         ended, undone = await self.rollback(writer, reason)
+        standing = still_standing(self.store.state(writer.saga_id))
         return CallOutcome(True, {"saga_id": writer.saga_id, "state": ended,
-                                  "undone": undone},
-                           f"saga {writer.saga_id} {ended}; undone, last first: "
-                           f"{', '.join(undone) or 'nothing'}")
+                                  "undone": undone, "standing": standing},
+                           f"saga {writer.saga_id} {ended}; {rollback_note(undone, standing)}")
 
     # -- the unwind ----------------------------------------------------------------
 
@@ -645,8 +646,10 @@ class Gateway:
                 self._close(writer)
                 notify.needs_attention(writer.saga_id, st.agent_id, act.attention)
                 return ("needs attention" if act.attention else "compensated"), undone
-            else:
+            else:  # stuck: it waits for a person, or the next gateway to start
                 self._project(writer)
+                if self.session.writer is writer:  # the session's next call opens a new saga
+                    self.session.writer, self.session.state = None, None
                 return str(act.status), undone
 
     async def _probe(self, act: unwind.Probe, st: SagaState) -> Any:
@@ -730,6 +733,32 @@ class GatewayCatalogue:
     def probe_of(self, st: StepState) -> str | None:
         probe = self.gateway.classification(st.tool or "").probe
         return probe.tool if probe is not None else None
+
+
+def still_standing(st: SagaState) -> list[str]:
+    """The calls of a rolled-back saga whose effects were not undone: what the
+    client must not believe gone. Reads and failed calls changed nothing."""
+    out = []
+    for s in st.steps.values():
+        if s.reversibility == "readonly" or s.compensation in (CompStatus.SUCCEEDED,
+                                                               CompStatus.RESOLVED):
+            continue
+        if s.status is StepStatus.SUCCEEDED:
+            why = {"irreversible": "irreversible", "unknown": "unclassified, not undoable"
+                   }.get(str(s.reversibility), "its undo did not succeed")
+            out.append(f"{s.tool} (step {s.step}, {why})")
+        elif s.status is StepStatus.IN_DOUBT:
+            out.append(f"{s.tool} (step {s.step}, may have happened: its outcome is unknown)")
+    return out
+
+
+def rollback_note(undone: list[str], standing: list[str]) -> str:
+    """What a rollback undid and what still stands, for the client."""
+    text = (f"undone, last first: {', '.join(undone)}; their results no longer hold. "
+            if undone else "nothing was undone. ")
+    if standing:
+        return text + f"Still standing, not undone: {', '.join(standing)}."
+    return text + "Nothing else this session changed still stands."
 
 
 def _as_outcome(out: CallOutcome) -> Outcome:

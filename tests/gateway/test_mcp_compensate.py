@@ -246,3 +246,55 @@ def test_reads_always_reach_the_server_and_a_repeat_gets_every_recorded_block(
     [st] = _sagas(gw["store"])
     assert st.status is Status.COMMITTED
     assert len(st.steps) == 4  # both reads are steps of their own; the repeat is not
+
+
+def test_after_a_denial_the_client_is_told_what_was_undone_and_what_still_stands(
+        gw: dict[str, Any]) -> None:
+    """An approved email went out, then a label is denied: the rollback undoes
+    add_item, and the answer says the email still stands, not that every earlier
+    result is gone."""
+    store: SagaStore = gw["store"]
+
+    async def go() -> Any:
+        async with _session(gw, _trusting(gw)) as s:
+            await s.call_tool("add_item", {"name": "lamp"})
+            out: list[Any] = []
+            for tool, args, grant in (("send_email", {"to": "ann@example.com"}, True),
+                                      ("print_label", {"name": "lamp"}, False)):
+                async with anyio.create_task_group() as tg:
+                    async def call(t: str = tool, a: dict[str, Any] = args) -> None:
+                        out.append(await s.call_tool(t, a))
+                    tg.start_soon(call)
+                    [p] = await _pending(store)
+                    approvals.decide(store, p.saga_id, p.step, grant=grant, by="alice",
+                                     reason="no")
+            return out[1]
+    denied = anyio.run(go)
+    assert denied.is_error
+    text = _text(denied)
+    assert "undone, last first: add_item (step 0)" in text
+    assert "Still standing, not undone: send_email (step 1, irreversible)" in text
+    assert "Earlier results of this session no longer hold" not in text
+    assert [k for k, _ in _effects(gw["ledger"])] == ["add", "email", "remove"]
+
+
+def test_after_a_stuck_unwind_the_next_call_opens_a_new_saga(gw: dict[str, Any]) -> None:
+    """tag_item's declared undo cannot be built, so the unwind is stuck for a person;
+    the client is told so, and its next call runs in a new saga (no talk of another
+    gateway: there is none)."""
+    store: SagaStore = gw["store"]
+
+    async def go() -> tuple[Any, Any]:
+        async with _session(gw) as s:
+            await s.call_tool("tag_item", {"tag": "red"})
+            failed = await s.call_tool("take_payment", {"amount_cents": 0})
+            later = await s.call_tool("add_item", {"name": "lamp"})
+            return failed, later
+    failed, later = anyio.run(go)
+    assert "stuck" in _text(failed)
+    assert "Still standing, not undone: tag_item (step 0" in _text(failed)
+    assert not later.is_error, _text(later)
+    assert "another gateway" not in _text(later)
+    states = sorted(st.status for st in _sagas(store))
+    assert states == sorted([Status.STUCK, Status.COMMITTED])
+    assert [k for k, _ in _effects(gw["ledger"])] == ["tag", "add"]
