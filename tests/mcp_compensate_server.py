@@ -106,6 +106,21 @@ def tag_item(tag: str) -> dict[str, Any]:
     return {"tagged": tag}
 
 
+@server.tool(meta={EXT: {"reversibility": "compensable", "compensation": {
+    "toolName": "release_slot", "parameterMapping": {"slot": "$.input.slot"},
+    "maxRetries": 0}}})
+def reserve_slot(slot: str) -> dict[str, Any]:
+    """Reserve a slot; its undo, release_slot, always fails."""
+    effect("reserve", slot)
+    return {"reserved": slot}
+
+
+@server.tool()
+def release_slot(slot: str) -> dict[str, Any]:
+    """Release a slot: the booking system is down."""
+    raise RuntimeError(f"cannot release {slot}: booking system down")
+
+
 @server.tool(meta={EXT: {"reversibility": "readonly"}})
 async def slow_count(steps: int, ctx: Context) -> dict[str, Any]:
     """Count to ``steps``, reporting progress, and say which _meta keys arrived."""

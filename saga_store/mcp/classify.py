@@ -22,6 +22,7 @@ Compensation arguments come only from the static mapping: ``$.input.<path>``
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,6 +51,13 @@ class Classification:
     probe: Compensation | None = None  # asks the server whether an in-doubt call happened
     scope: tuple[str, ...] = ()  # what the call touches, as the server declares it
     notes: str | None = None  # the server's word on the tool, shown to approvers
+    problem: str | None = None  # why the declared compensation can never work
+
+    def unusable(self, problem: str) -> Classification:
+        """This classification with a compensation that cannot make a valid call: its
+        calls are mutating and not undoable (the policy treats them as unknown)."""
+        return dataclasses.replace(self, reversibility="unknown", compensation=None,
+                                   server_readonly=False, problem=problem)
 
     def for_policy(self, trust_server_hints: bool) -> str:
         if self.server_readonly and not trust_server_hints:
@@ -61,6 +69,9 @@ class Classification:
         return self.reversibility != "readonly"
 
     def label(self) -> str:
+        if self.problem is not None:
+            return ("NOT UNDOABLE: its declared compensation cannot make a valid call "
+                    f"({self.problem})")
         if self.reversibility == Reversibility.READONLY:
             return "read-only" + (" (server's claim)" if self.server_readonly else "")
         if self.compensation is not None:

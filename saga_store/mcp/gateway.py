@@ -49,6 +49,7 @@ from saga_store.mcp.argcheck import Check, compile_check
 from saga_store.mcp.classify import Classification, classify
 from saga_store.mcp.identity import gateway_id
 from saga_store.mcp.leases import Leases
+from saga_store.mcp.mapcheck import mapping_problem
 from saga_store.protocol import build, unwind
 from saga_store.protocol.forward import commit_blocker, repeat_of
 from saga_store.protocol.mapping import resolve_all
@@ -178,6 +179,8 @@ class Gateway:
         self.dedupe = DedupeRecords(self.store.redis, dedupe_ttl_s)
         self._turns = Turns()
         self._classes: dict[str, Classification] = {}
+        self._reported: set[tuple[str, str]] = set()  # mapping problems logged
+        self._seen: dict[str, Any] = {}  # every tool listed so far, on any page
         # every saga this gateway works on is leased to it: a second gateway for the
         # same downstream leaves them alone, and one that lost its lease writes nothing
         self.leases = Leases(self.store.redis, EXECUTOR, saga_store.settings.lease_ms)
@@ -187,23 +190,37 @@ class Gateway:
 
     def set_tools(self, tools: list[Any]) -> None:
         self.tools = {t.name: t for t in tools}
+        self._seen.update(self.tools)
         self._validators, self._classes = {}, {}
+        for t in tools:  # a compensation that cannot work is said now, not mid-unwind
+            self.classification(t.name)
 
     def learn(self, tools: list[Any]) -> None:
         """Tools from one page of a client's tools/list: they replace what was known of
         them (their schema may have changed)."""
         for t in tools:
             self.tools[t.name] = t
+            self._seen[t.name] = t
             self._validators.pop(t.name, None)
-            self._classes.pop(t.name, None)
+        self._classes = {}  # an earlier page's compensation may be on this one
 
     def classification(self, name: str) -> Classification:
         """How ``name`` is classified, worked out once per listing of the tool."""
         cls = self._classes.get(name)
         if cls is None:
             tool = self.tools.get(name)
-            cls = self._classes[name] = classify(tool, self.tools_map) if tool is not None \
+            cls = classify(tool, self.tools_map) if tool is not None \
                 else self.tools_map.get(name, Classification("unknown"))
+            if tool is not None and cls.compensation is not None:
+                problem = mapping_problem(tool, cls.compensation, {**self._seen, **self.tools})
+                if problem is not None:
+                    cls = cls.unusable(problem)
+                    if (name, problem) not in self._reported:
+                        self._reported.add((name, problem))
+                        log.warning("tool %s (%s): its compensation cannot make a valid "
+                                    "call (%s); its calls are treated as not undoable",
+                                    name, cls.source, problem)
+            self._classes[name] = cls
         return cls
 
     def listed(self, tools: list[Any]) -> list[Any]:

@@ -279,22 +279,24 @@ def test_after_a_denial_the_client_is_told_what_was_undone_and_what_still_stands
 
 
 def test_after_a_stuck_unwind_the_next_call_opens_a_new_saga(gw: dict[str, Any]) -> None:
-    """tag_item's declared undo cannot be built, so the unwind is stuck for a person;
-    the client is told so, and its next call runs in a new saga (no talk of another
-    gateway: there is none)."""
+    """reserve_slot's declared undo fails (once, as maxRetries = 0 says), so the unwind
+    is stuck for a person; the client is told so, and its next call runs in a new
+    saga (no talk of another gateway: there is none)."""
     store: SagaStore = gw["store"]
 
     async def go() -> tuple[Any, Any]:
         async with _session(gw) as s:
-            await s.call_tool("tag_item", {"tag": "red"})
+            await s.call_tool("reserve_slot", {"slot": "9am"})
             failed = await s.call_tool("take_payment", {"amount_cents": 0})
             later = await s.call_tool("add_item", {"name": "lamp"})
             return failed, later
     failed, later = anyio.run(go)
     assert "stuck" in _text(failed)
-    assert "Still standing, not undone: tag_item (step 0" in _text(failed)
+    assert "Still standing, not undone: reserve_slot (step 0" in _text(failed)
     assert not later.is_error, _text(later)
     assert "another gateway" not in _text(later)
     states = sorted(st.status for st in _sagas(store))
     assert states == sorted([Status.STUCK, Status.COMMITTED])
-    assert [k for k, _ in _effects(gw["ledger"])] == ["tag", "add"]
+    assert [k for k, _ in _effects(gw["ledger"])] == ["reserve", "add"]
+    [stuck] = [st for st in _sagas(store) if st.status is Status.STUCK]
+    assert stuck.steps[0].compensation_attempts == 1
