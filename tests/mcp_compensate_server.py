@@ -12,6 +12,7 @@ import sqlite3
 import uuid
 from typing import Any
 
+import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp_types import (
     CallToolResult,
@@ -119,6 +120,23 @@ def reserve_slot(slot: str) -> dict[str, Any]:
 def release_slot(slot: str) -> dict[str, Any]:
     """Release a slot: the booking system is down."""
     raise RuntimeError(f"cannot release {slot}: booking system down")
+
+
+@server.tool(meta={EXT: {"reversibility": "compensable", "compensation": {
+    "toolName": "cancel_room", "parameterMapping": {"room": "$.input.room"},
+    "timeoutMs": 300, "maxRetries": 1}}})
+def book_room(room: str) -> dict[str, Any]:
+    """Book a room; its undo, cancel_room, hangs."""
+    effect("book", room)
+    return {"booked": room}
+
+
+@server.tool()
+async def cancel_room(room: str) -> dict[str, Any]:
+    """Cancel a booking: the booking system never answers."""
+    effect("cancel-tried", room)
+    await anyio.sleep(3600)
+    return {"cancelled": room}
 
 
 @server.tool(meta={EXT: {"reversibility": "readonly"}})

@@ -300,3 +300,23 @@ def test_after_a_stuck_unwind_the_next_call_opens_a_new_saga(gw: dict[str, Any])
     assert [k for k, _ in _effects(gw["ledger"])] == ["reserve", "add"]
     [stuck] = [st for st in _sagas(store) if st.status is Status.STUCK]
     assert stuck.steps[0].compensation_attempts == 1
+
+
+def test_a_compensation_that_overruns_its_timeout_is_tried_max_retries_more_times(
+        gw: dict[str, Any]) -> None:
+    """cancel_room never answers; its declaration says timeoutMs 300 and maxRetries 1:
+    two tries of 0.3 s each, then the unwind is stuck for a person, and the client
+    hears of it within seconds rather than never."""
+    store: SagaStore = gw["store"]
+
+    async def go() -> Any:
+        async with _session(gw) as s:
+            await s.call_tool("book_room", {"room": "blue"})
+            with anyio.fail_after(30):
+                return await s.call_tool("take_payment", {"amount_cents": 0})
+    failed = anyio.run(go)
+    assert "stuck" in _text(failed)
+    assert [k for k, _ in _effects(gw["ledger"])] == ["book", "cancel-tried", "cancel-tried"]
+    [st] = _sagas(store)
+    assert st.status is Status.STUCK
+    assert st.steps[0].compensation_attempts == 2
