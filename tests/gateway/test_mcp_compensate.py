@@ -22,11 +22,13 @@ import redis
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from cli.approvals import describe
 from saga_store import Registry, SagaStore
 from saga_store.approval import requests as approvals
 from saga_store.protocol.state import Status
 from saga_store.testing import assert_eventually
 from saga_store.verify.checker import Verifier
+from tests.console_helpers import console
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -123,6 +125,8 @@ def test_declared_readonly_and_irreversible_tools_are_taken_at_their_word(
     declaration's sideEffectScope and notes."""
     store: SagaStore = gw["store"]
 
+    shown: list[str] = []
+
     async def go() -> tuple[Any, Any, list[approvals.Pending]]:
         async with _session(gw, _trusting(gw)) as s:
             await s.call_tool("add_item", {"name": "lamp"})
@@ -134,10 +138,17 @@ def test_declared_readonly_and_irreversible_tools_are_taken_at_their_word(
             async with anyio.create_task_group() as tg:
                 tg.start_soon(send)
                 pending = await _pending(store)
+                shown.append(describe(pending[0].to_dict()))  # saga approvals
+                shown.append(await anyio.to_thread.run_sync(  # the console's inbox
+                    lambda: console(store).get("/approvals").text))
                 approvals.decide(store, pending[0].saga_id, pending[0].step, grant=True,
                                  by="alice")
             return read, out[0], pending
     read, sent, pending = anyio.run(go)
+    for text in shown:
+        assert "email" in text
+        assert "customers" in text
+        assert "A sent email cannot be recalled." in text
     assert read.is_error
     assert "rolled back" not in _text(read)
     assert not sent.is_error
