@@ -31,6 +31,10 @@ def describe(p: dict[str, Any]) -> str:
     lines = [f"{p['saga_id']} step {p['step']}: {p['tool']}({args}){flag}",
              f"    {p.get('reversibility')}; {undo}",
              f"    why: {p.get('reason')}"]
+    if p.get("side_effect_scope"):
+        lines.append(f"    touches: {', '.join(p['side_effect_scope'])} (the server says)")
+    if p.get("notes"):
+        lines.append(f"    server's notes: {p['notes']}")
     if p.get("expires_ms"):
         left = max(0, p["expires_ms"] / 1000 - time.time())
         lines.append(f"    denied automatically in {left:.0f} s")

@@ -33,8 +33,9 @@ from .common import Context, errors_to_exit, pass_ctx
 @click.option("--url", default=None, help="Downstream Streamable-HTTP MCP endpoint, instead "
                                           "of a command.")
 @click.option("--gateway-id", "gateway_name", default=None, envvar="SAGA_GATEWAY_ID",
-              help="Which gateways front the same server and finish each other's "
-                   "sessions. Default: derived from the command or URL; give each host "
+              help="Which gateways front the same data and finish each other's "
+                   "sessions. Default: a digest of the command, its working directory "
+                   "and the environment the server gets (or of the URL); give each host "
                    "its own when the same command reaches different data there.")
 @click.option("--agent", "agent_id", default="mcp-client", show_default=True,
               envvar="SAGA_AGENT_ID", help="Agent id the sagas are recorded under.")
@@ -74,7 +75,13 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
         policy = Policy.load(policy_file) if policy_file else Policy.safe()
         tools_map = load_tools_map(tools_map_file) if tools_map_file else {}
         store = SagaStore(ctx.store().redis, Registry(), ctx.settings, policy=policy)
-        gid = gateway_id(list(command) or None, url, gateway_name)
+        from saga_store.mcp.downstream import downstream_env
+        # what the server is started in: the same command elsewhere reaches other data
+        gid = gateway_id(list(command) or None, url, gateway_name, cwd=os.getcwd(),
+                         env=downstream_env(os.environ))
+        logging.getLogger("saga_store.gateway").info(
+            "gateway id %s (%s)", gid, "given" if gateway_name else
+            "from the URL" if url else "from the command, its directory and environment")
         anyio.run(_serve, store, policy, tools_map, gid, agent_id, list(command), url)
 
 

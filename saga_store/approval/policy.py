@@ -47,6 +47,8 @@ from typing import Any
 
 from saga_store.errors import InvalidInput
 
+SAFE_APPROVAL_TIMEOUT_S = 3600
+
 
 class Decision(StrEnum):
     ALLOW = "allow"
@@ -136,7 +138,8 @@ class Policy:
                                f"{source}: defaults.production")
         pattern = _regex(d.pop("production_pattern", DEFAULT_PRODUCTION),
                          f"{source}: defaults.production_pattern")
-        timeout = d.pop("approval_timeout_s", 0)
+        # a forgotten approval becomes a denial: nothing waits on a person forever
+        timeout = d.pop("approval_timeout_s", SAFE_APPROVAL_TIMEOUT_S)
         if not isinstance(timeout, int | float) or timeout < 0:
             raise InvalidInput(f"policy {source}: defaults.approval_timeout_s must be a "
                                "number of seconds (0: never)")

@@ -3,7 +3,12 @@
 Classification of a downstream tool (first that says something wins):
 1. the local tools-map file (``[tools.NAME]`` with ``reversibility`` and, for
    compensable tools, ``compensation = { tool = ..., args = { p = "$.input.x" } }``);
-2. the tool's ``_meta["dev.chronomcp/compensate"] = {"tool": ..., "args": {...}}``;
+2. the tool's ``_meta["dev.chronomcp/compensate"]``, in the mcp-compensate
+   extension's form (``reversibility``, ``compensation.toolName``,
+   ``parameterMapping``, ``timeoutMs``, ``maxRetries``, ``sideEffectScope``,
+   ``notes``) or the shorthand ``{"tool": ..., "args": {...}}``
+   (:mod:`saga_store.mcp.declared`); a server's ``readonly`` counts as the
+   annotations' ``readOnlyHint`` does;
 3. the tool's MCP annotations: ``readOnlyHint`` makes it read-only for rollback
    purposes, but for the policy it stays ``unknown`` unless the policy trusts
    server hints; a server never talks its way past a stricter local policy;
@@ -17,6 +22,7 @@ Compensation arguments come only from the static mapping: ``$.input.<path>``
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,19 +31,14 @@ from typing import Any
 
 from saga_store.approval.policy import read_config
 from saga_store.errors import InvalidInput, MappingError
+from saga_store.mcp.declared import META_COMPENSATE, Compensation, check_paths, read_declared
 from saga_store.protocol.mapping import parts_of
 from saga_store.protocol.vocab import Reversibility
 
+__all__ = ["META_COMPENSATE", "Classification", "Compensation", "classify", "load_tools_map"]
 REVERSIBILITIES = frozenset(r.value for r in Reversibility)
 
 log = logging.getLogger("saga_store.gateway")
-META_COMPENSATE = "dev.chronomcp/compensate"
-
-
-@dataclass(frozen=True)
-class Compensation:
-    tool: str
-    args: Mapping[str, str]
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,15 @@ class Classification:
     server_readonly: bool = False  # only the server says it is read-only
     secret: frozenset[str] = frozenset()  # arguments never written to the log
     probe: Compensation | None = None  # asks the server whether an in-doubt call happened
+    scope: tuple[str, ...] = ()  # what the call touches, as the server declares it
+    notes: str | None = None  # the server's word on the tool, shown to approvers
+    problem: str | None = None  # why the declared compensation can never work
+
+    def unusable(self, problem: str) -> Classification:
+        """This classification with a compensation that cannot make a valid call: its
+        calls are mutating and not undoable (the policy treats them as unknown)."""
+        return dataclasses.replace(self, reversibility="unknown", compensation=None,
+                                   server_readonly=False, problem=problem)
 
     def for_policy(self, trust_server_hints: bool) -> str:
         if self.server_readonly and not trust_server_hints:
@@ -59,6 +69,9 @@ class Classification:
         return self.reversibility != "readonly"
 
     def label(self) -> str:
+        if self.problem is not None:
+            return ("NOT UNDOABLE: its declared compensation cannot make a valid call "
+                    f"({self.problem})")
         if self.reversibility == Reversibility.READONLY:
             return "read-only" + (" (server's claim)" if self.server_readonly else "")
         if self.compensation is not None:
@@ -130,13 +143,7 @@ def _compensation(raw: Any, where: str, rev: str) -> Compensation | None:
     args = raw.get("args") or {}
     if not isinstance(args, dict):
         raise InvalidInput(f"{where}: compensation args is a table of param = path")
-    for param, path in args.items():
-        try:
-            parts_of(path)
-        except MappingError:
-            raise InvalidInput(f"{where}: compensation argument {param!r} must map from "
-                               f"'$.input.<field>' or '$.output.<field>', got {path!r}") from None
-    return Compensation(raw["tool"], dict(args))
+    return Compensation(raw["tool"], check_paths(args, where))
 
 
 def classify(tool: Any, tools_map: Mapping[str, Classification]) -> Classification:
@@ -147,10 +154,13 @@ def classify(tool: Any, tools_map: Mapping[str, Classification]) -> Classificati
     declared = meta.get(META_COMPENSATE) if isinstance(meta, dict) else None
     if declared is not None:
         try:
-            return Classification("compensable", _compensation(
-                declared, f"tool {tool.name}: _meta {META_COMPENSATE}", "compensable"), "_meta")
+            d = read_declared(declared, tool.name)
         except InvalidInput as exc:
             log.warning("%s; treating %s as unclassified", exc, tool.name)
+        else:
+            return Classification(d.reversibility, d.compensation, "_meta",
+                                  server_readonly=d.reversibility == Reversibility.READONLY,
+                                  scope=d.scope, notes=d.notes)
     ann = getattr(tool, "annotations", None)
     if ann is not None and getattr(ann, "read_only_hint", None):
         return Classification("readonly", None, "annotations", server_readonly=True)

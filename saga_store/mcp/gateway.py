@@ -19,7 +19,6 @@ next gateway for the same downstream finishes their unwinds before serving.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 import time
@@ -44,23 +43,26 @@ from saga_store.execution.idempotency import (
     step_key,
 )
 from saga_store.ids import scoped_saga_id
-from saga_store.log.canonical import canonical, check_json
+from saga_store.log.canonical import check_json
 from saga_store.log.store import ChainWriter
 from saga_store.mcp.argcheck import Check, compile_check
 from saga_store.mcp.classify import Classification, classify
+from saga_store.mcp.identity import gateway_id
 from saga_store.mcp.leases import Leases
+from saga_store.mcp.mapcheck import mapping_problem
 from saga_store.protocol import build, unwind
 from saga_store.protocol.forward import commit_blocker, repeat_of
 from saga_store.protocol.mapping import resolve_all
 from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.state import SagaState, Status, StepState, fold
-from saga_store.protocol.vocab import Approval, OutcomeKind, Phase, StepStatus
+from saga_store.protocol.vocab import Approval, CompStatus, OutcomeKind, Phase, StepStatus
 from saga_store.tools.secrets import Secrets, scrub
 from saga_store.verify.checker import read_verified
 
 if TYPE_CHECKING:
     from saga_store.client.api import SagaStore
 
+__all__ = ["CallFn", "CallOutcome", "Gateway", "gateway_id"]
 log = logging.getLogger("saga_store.gateway")
 META_IDEMPOTENCY = "dev.chronomcp/idempotency_key"
 # the tools the gateway adds: name -> (description, input schema)
@@ -76,6 +78,8 @@ EXECUTOR = "mcp-gateway"
 TELL_AFTER_EVENTS = 96  # about 32 calls' worth (intent, started, outcome)
 TELL_AFTER_S = 1.0
 APPROVAL_POLL_S = 0.1
+CONTENT_LOG_LIMIT = 64 * 1024  # bytes of a result's content blocks the log keeps
+META_REPLAYED = "dev.chronomcp/replayed"  # in a result answered from the log
 
 CallFn = Callable[[str, dict[str, Any], dict[str, Any]], Awaitable["CallOutcome"]]
 
@@ -90,11 +94,20 @@ class CallOutcome:
     text: str
     raw: Any = None
     in_doubt: str | None = None  # the call raised: transport error, timeout
+    content: list[Any] | None = None  # every block of the result, as on the wire
 
     def logged(self) -> dict[str, Any]:
+        """The result as the log keeps it: a repeat of the call is answered with it.
+        Its content blocks, every one, unless they are too large to log."""
         out: dict[str, Any] = {"text": self.text[:2000]}
         if self.structured is not None:
             out["structuredContent"] = self.structured
+        if self.content is not None:
+            size = len(orjson.dumps(self.content))
+            if size <= CONTENT_LOG_LIMIT:
+                out["content"] = self.content
+            else:
+                out["content_omitted"] = size
         return out
 
 
@@ -102,19 +115,6 @@ def session_tools() -> list[dict[str, Any]]:
     """The tools the gateway adds to a listing, as MCP ``Tool`` objects on the wire."""
     return [{"name": n, "description": d, "inputSchema": schema}
             for n, (d, schema) in SESSION_TOOLS.items()]
-
-
-def gateway_id(command: list[str] | None, url: str | None, name: str | None = None) -> str:
-    """A stable id for a downstream, so the next gateway finds what this one left:
-    from the name given, else from the command or URL."""
-    if name is not None:
-        if not name.strip() or len(name) > 128 or any(c in name for c in "\r\n"):
-            raise InvalidInput("--gateway-id must be a name of 1-128 characters on one line",
-                               field="gateway_id")
-        ident = canonical({"name": name})
-    else:
-        ident = canonical({"command": command, "url": url})
-    return hashlib.sha256(ident).hexdigest()[:24]
 
 
 class Turns:
@@ -179,6 +179,8 @@ class Gateway:
         self.dedupe = DedupeRecords(self.store.redis, dedupe_ttl_s)
         self._turns = Turns()
         self._classes: dict[str, Classification] = {}
+        self._reported: set[tuple[str, str]] = set()  # mapping problems logged
+        self._seen: dict[str, Any] = {}  # every tool listed so far, on any page
         # every saga this gateway works on is leased to it: a second gateway for the
         # same downstream leaves them alone, and one that lost its lease writes nothing
         self.leases = Leases(self.store.redis, EXECUTOR, saga_store.settings.lease_ms)
@@ -188,23 +190,37 @@ class Gateway:
 
     def set_tools(self, tools: list[Any]) -> None:
         self.tools = {t.name: t for t in tools}
+        self._seen.update(self.tools)
         self._validators, self._classes = {}, {}
+        for t in tools:  # a compensation that cannot work is said now, not mid-unwind
+            self.classification(t.name)
 
     def learn(self, tools: list[Any]) -> None:
         """Tools from one page of a client's tools/list: they replace what was known of
         them (their schema may have changed)."""
         for t in tools:
             self.tools[t.name] = t
+            self._seen[t.name] = t
             self._validators.pop(t.name, None)
-            self._classes.pop(t.name, None)
+        self._classes = {}  # an earlier page's compensation may be on this one
 
     def classification(self, name: str) -> Classification:
         """How ``name`` is classified, worked out once per listing of the tool."""
         cls = self._classes.get(name)
         if cls is None:
             tool = self.tools.get(name)
-            cls = self._classes[name] = classify(tool, self.tools_map) if tool is not None \
+            cls = classify(tool, self.tools_map) if tool is not None \
                 else self.tools_map.get(name, Classification("unknown"))
+            if tool is not None and cls.compensation is not None:
+                problem = mapping_problem(tool, cls.compensation, {**self._seen, **self.tools})
+                if problem is not None:
+                    cls = cls.unusable(problem)
+                    if (name, problem) not in self._reported:
+                        self._reported.add((name, problem))
+                        log.warning("tool %s (%s): its compensation cannot make a valid "
+                                    "call (%s); its calls are treated as not undoable",
+                                    name, cls.source, problem)
+            self._classes[name] = cls
         return cls
 
     def listed(self, tools: list[Any]) -> list[Any]:
@@ -325,14 +341,16 @@ class Gateway:
         if s.writer is None:
             return None
         sid = s.writer.saga_id
-        if not (isinstance(exc, FencedOff) or self.leases.lost(sid)
-                or self.store.meta(sid).get("phase") == Phase.CLOSED):
+        taken = isinstance(exc, FencedOff) or self.leases.lost(sid)
+        if not (taken or self.store.meta(sid).get("phase") == Phase.CLOSED):
             return None
         self.leases.held.discard(sid)
         s.writer, s.state = None, None
-        return CallOutcome(False, None, f"the gateway lost saga {sid} to another gateway, "
-                                        f"which settles it ({exc}); what became of this call "
-                                        f"is in that saga's log: saga show {sid}")
+        how = ("another gateway for this server took it over and settles it" if taken
+               else "it was closed outside this gateway (by another gateway, or by hand)")
+        return CallOutcome(False, None, f"the gateway no longer holds saga {sid}: {how} "
+                                        f"({exc}); what became of this call is in that "
+                                        f"saga's log: saga show {sid}")
 
     def commit(self) -> str | None:
         """Commit the session's saga (the session ended, or saga_commit)."""
@@ -400,11 +418,13 @@ class Gateway:
         st = self.session.state
         assert st is not None
         logged, secrets = Secrets.redact(args, cls.secret, self.session.salt)
-        explicit = (meta or {}).get(META_IDEMPOTENCY)
-        key = explicit_key(str(explicit)) if explicit else step_key(writer.saga_id, name,
-                                                                    logged)
+        # a read changes nothing, so reading again is not a repeat: it reaches the server
+        reads = cls.for_policy(self.policy.trust_server_hints) == "readonly"
+        explicit = None if reads else (meta or {}).get(META_IDEMPOTENCY)
+        key = explicit_key(str(explicit)) if explicit else step_key(
+            writer.saga_id, name, [logged, st.next_step] if reads else logged)
         try:
-            repeated = repeat_of(st, key, name, logged)
+            repeated = None if reads else repeat_of(st, key, name, logged)
         except KeyReuseError as exc:
             return CallOutcome(False, None, str(exc))  # nothing ran; nothing to undo
         if repeated is not None:  # the same call again in this saga: its recorded answer
@@ -419,9 +439,7 @@ class Gateway:
                 if claim.state == "pending":  # nothing recorded yet: no answer to give
                     return CallOutcome(False, None, "a call with that idempotency key is in "
                                        "progress; try again shortly")
-                return CallOutcome(claim.state == OutcomeKind.SUCCEEDED, (claim.result or {}).get(
-                    "structuredContent"), f"(repeated call, recorded answer) "
-                    f"{(claim.result or {}).get('text', '')}")
+                return replayed(claim.state == OutcomeKind.SUCCEEDED, claim.result, None)
         step = st.next_step
         verdict = self.policy.decide(name, cls.for_policy(self.policy.trust_server_hints),
                                      args)
@@ -445,7 +463,7 @@ class Gateway:
                     self.dedupe.finish(writer.saga_id, key, "failed", {"text": denial})
                 return await self._failed(writer, name, cls, CallOutcome(False, None, denial))
             self._add(writer, [started], phase=Phase.FORWARD)
-        outcome = _scrubbed(await self._call(name, args, key), secrets)
+        outcome = _scrubbed(await self._call(name, args, key, meta=meta), secrets)
         said = _as_outcome(outcome)
         self._add(writer, [build.step_outcome(step, said.kind, result=said.result,
                                               error=said.error, tool=name)])
@@ -466,11 +484,18 @@ class Gateway:
                 claim = self.dedupe.claim(key, digest, saga_id, step, take_from=claim)
         return claim
 
-    async def _call(self, name: str, args: dict[str, Any], key: str) -> CallOutcome:
+    async def _call(self, name: str, args: dict[str, Any], key: str,
+                    timeout_s: float | None = None,
+                    meta: Mapping[str, Any] | None = None) -> CallOutcome:
         """Call downstream, passing the idempotency key in ``_meta`` for servers that
-        honour one (a resent compensation after a crash is then harmless)."""
+        honour one (a resent compensation after a crash is then harmless), beside
+        what the client's own ``_meta`` says (its progressToken, say: the server's
+        progress notifications pass through to it). A call that outlasts
+        ``timeout_s`` is in doubt."""
+        import anyio
         try:
-            return await self.call(name, args, {META_IDEMPOTENCY: key})
+            with anyio.fail_after(timeout_s):
+                return await self.call(name, args, {**(meta or {}), META_IDEMPOTENCY: key})
         except Exception as exc:  # the downstream broke mid-call: unknown if it ran
             return CallOutcome(False, None, f"{type(exc).__name__}: {exc}",
                                in_doubt=f"the call did not return: {type(exc).__name__}")
@@ -483,9 +508,8 @@ class Gateway:
             self._project(writer)
             return outcome
         ended, undone = await self.rollback(writer, f"{name} failed: {outcome.text[:300]}")
-        note = (f"\n\n[saga {writer.saga_id} rolled back: {ended}; undone, last first: "
-                f"{', '.join(undone) if undone else 'nothing'}. Earlier results of this "
-                "session no longer hold.]")
+        note = f"\n\n[saga {writer.saga_id} rolled back: {ended}; " + rollback_note(
+            undone, still_standing(self.store.state(writer.saga_id))) + "]"
         return CallOutcome(False, outcome.structured, outcome.text + note, outcome.raw,
                            outcome.in_doubt)
 
@@ -493,9 +517,7 @@ class Gateway:
         s = st.steps[step]
         with contextlib.suppress(ConflictError):
             self._add(writer, [build.duplicate_suppressed(step, s.status)])
-        result = s.result if isinstance(s.result, dict) else {}
-        return CallOutcome(s.status is StepStatus.SUCCEEDED, result.get("structuredContent"),
-                           f"(repeated call, recorded answer) {result.get('text', s.error or '')}")
+        return replayed(s.status is StepStatus.SUCCEEDED, s.result, s.error)
 
     def _invalid(self, name: str, args: dict[str, Any]) -> str | None:
         if self.tools and name not in self.tools:  # a typo is not a failure to undo
@@ -542,6 +564,10 @@ class Gateway:
         undo = ({"tool": cls.compensation.tool, "mapping": dict(cls.compensation.args)}
                 if cls.compensation else None)
         preview = approvals.preview(name, args, cls.reversibility, undo, verdict, timeout_s)
+        if cls.scope:  # the server's own word on what the call touches
+            preview["side_effect_scope"] = list(cls.scope)
+        if cls.notes:
+            preview["notes"] = cls.notes
         approvals.request(writer, step, name, preview, timeout_s)
         self._project(writer)
         notify.approval_requested(writer.saga_id, step, name, self.session.agent_id,
@@ -584,10 +610,10 @@ class Gateway:
             return CallOutcome(True, {"saga_id": None}, "no saga was open")
         writer = current
         ended, undone = await self.rollback(writer, reason)
+        standing = still_standing(self.store.state(writer.saga_id))
         return CallOutcome(True, {"saga_id": writer.saga_id, "state": ended,
-                                  "undone": undone},
-                           f"saga {writer.saga_id} {ended}; undone, last first: "
-                           f"{', '.join(undone) or 'nothing'}")
+                                  "undone": undone, "standing": standing},
+                           f"saga {writer.saga_id} {ended}; {rollback_note(undone, standing)}")
 
     # -- the unwind ----------------------------------------------------------------
 
@@ -623,7 +649,9 @@ class Gateway:
                 self._apply(writer, st, unwind.probed(act, await self._probe(act, st)))
             elif isinstance(act, unwind.Compensate):
                 self._apply(writer, st, [act.intent])
-                out = _as_outcome(await self._call(act.undo.tool, act.args, act.key))
+                comp = self.classification(st.steps[act.step].tool or "").compensation
+                out = _as_outcome(await self._call(act.undo.tool, act.args, act.key,
+                                                   comp.timeout_s if comp else None))
                 items, retry_in = unwind.compensated(st, act, out, catalogue.resume_hint)
                 self._apply(writer, st, items)
                 if out.ok:
@@ -637,8 +665,10 @@ class Gateway:
                 self._close(writer)
                 notify.needs_attention(writer.saga_id, st.agent_id, act.attention)
                 return ("needs attention" if act.attention else "compensated"), undone
-            else:
+            else:  # stuck: it waits for a person, or the next gateway to start
                 self._project(writer)
+                if self.session.writer is writer:  # the session's next call opens a new saga
+                    self.session.writer, self.session.state = None, None
                 return str(act.status), undone
 
     async def _probe(self, act: unwind.Probe, st: SagaState) -> Any:
@@ -716,11 +746,38 @@ class GatewayCatalogue:
         cls = self.gateway.classification(st.tool or "")
         if cls.compensation is None:
             return f"{st.tool} is {cls.reversibility}: {cls.label()}"
-        return unwind.Undo(cls.compensation.tool, cls.compensation.args)
+        return unwind.Undo(cls.compensation.tool, cls.compensation.args,
+                           cls.compensation.max_attempts)
 
     def probe_of(self, st: StepState) -> str | None:
         probe = self.gateway.classification(st.tool or "").probe
         return probe.tool if probe is not None else None
+
+
+def still_standing(st: SagaState) -> list[str]:
+    """The calls of a rolled-back saga whose effects were not undone: what the
+    client must not believe gone. Reads and failed calls changed nothing."""
+    out = []
+    for s in st.steps.values():
+        if s.reversibility == "readonly" or s.compensation in (CompStatus.SUCCEEDED,
+                                                               CompStatus.RESOLVED):
+            continue
+        if s.status is StepStatus.SUCCEEDED:
+            why = {"irreversible": "irreversible", "unknown": "unclassified, not undoable"
+                   }.get(str(s.reversibility), "its undo did not succeed")
+            out.append(f"{s.tool} (step {s.step}, {why})")
+        elif s.status is StepStatus.IN_DOUBT:
+            out.append(f"{s.tool} (step {s.step}, may have happened: its outcome is unknown)")
+    return out
+
+
+def rollback_note(undone: list[str], standing: list[str]) -> str:
+    """What a rollback undid and what still stands, for the client."""
+    text = (f"undone, last first: {', '.join(undone)}; their results no longer hold. "
+            if undone else "nothing was undone. ")
+    if standing:
+        return text + f"Still standing, not undone: {', '.join(standing)}."
+    return text + "Nothing else this session changed still stands."
 
 
 def _as_outcome(out: CallOutcome) -> Outcome:
@@ -738,11 +795,11 @@ def _scrubbed(out: CallOutcome, secrets: Mapping[str, Any]) -> CallOutcome:
     the server's own answer (``raw``)."""
     if not secrets:
         return out
-    structured = out.structured
-    if structured is not None:
-        structured = orjson.loads(scrub(orjson.dumps(structured).decode(), secrets))
-    return CallOutcome(out.ok, structured, scrub(out.text, secrets), out.raw,
-                       scrub(out.in_doubt, secrets) if out.in_doubt else None)
+    def clean(x: Any) -> Any:
+        return None if x is None else orjson.loads(scrub(orjson.dumps(x).decode(), secrets))
+    return CallOutcome(out.ok, clean(out.structured), scrub(out.text, secrets), out.raw,
+                       scrub(out.in_doubt, secrets) if out.in_doubt else None,
+                       clean(out.content))
 
 
 def result_text(content: Any) -> str:
@@ -753,6 +810,24 @@ def result_text(content: Any) -> str:
                                             "text": getattr(c, "text", None)}
              for c in content)
     return "\n".join(c.get("text") or "" for c in parts if c.get("type") == "text")
+
+
+def replayed(ok: bool, result: Any, error: str | None) -> CallOutcome:
+    """A repeated call's answer, from what the log recorded of the first: a success as
+    the server gave it, every content block (marked in ``_meta`` as a replay); a
+    failure as the error it was."""
+    result = result if isinstance(result, dict) else {}
+    text = str(result.get("text", error or ""))
+    if not ok:
+        return CallOutcome(False, result.get("structuredContent"),
+                           f"(repeated call, recorded answer) {text}")
+    content = result.get("content")
+    raw: dict[str, Any] = {
+        "content": content if isinstance(content, list) else [{"type": "text", "text": text}],
+        "isError": False, "_meta": {META_REPLAYED: True}}
+    if result.get("structuredContent") is not None:
+        raw["structuredContent"] = result["structuredContent"]
+    return CallOutcome(True, result.get("structuredContent"), text, raw=raw)
 
 
 def built_result(out: CallOutcome) -> dict[str, Any]:

@@ -31,7 +31,8 @@ def caller(session: Any) -> CallFn:
     async def call(name: str, args: dict[str, Any], meta: dict[str, Any]) -> CallOutcome:
         r = await session.call_tool(name, args, meta=meta)
         return CallOutcome(not r.is_error, r.structured_content, result_text(r.content),
-                           raw=r)
+                           raw=r, content=[c.model_dump(mode="json", by_alias=True,
+                                                        exclude_none=True) for c in r.content])
     return call
 
 
@@ -88,7 +89,8 @@ class GuardedSession:
 
 def as_result(out: CallOutcome) -> Any:
     """A ``CallToolResult`` for the client: the server's own when it succeeded."""
-    if out.raw is not None and out.ok:
-        return out.raw
     import mcp_types as types
+    if out.raw is not None and out.ok:  # a replay's is as on the wire
+        return types.CallToolResult.model_validate(out.raw) if isinstance(out.raw, dict) \
+            else out.raw
     return types.CallToolResult.model_validate(built_result(out))

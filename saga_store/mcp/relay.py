@@ -393,7 +393,8 @@ class Relay:
                                             f"(JSON-RPC error {err.get('code')})")
         content = result.get("content")
         return CallOutcome(not result.get("isError"), result.get("structuredContent"),
-                           result_text(content), raw=result)
+                           result_text(content), raw=result,
+                           content=content if isinstance(content, list) else None)
 
     async def _close_saga(self) -> None:
         try:

@@ -46,6 +46,14 @@ def test_safe_defaults_gate_what_cannot_be_undone_and_what_nobody_classified() -
     assert not p.decide("reserve", "compensable", {"note": "productive"}).production
 
 
+def test_a_forgotten_approval_becomes_a_denial_after_an_hour_unless_told_otherwise() -> None:
+    """The safe defaults, and a policy file that does not say, deny after 3600 s; 0
+    waits forever."""
+    assert Policy.safe().approval_timeout_s == 3600
+    assert Policy.from_dict({"defaults": {"irreversible": "deny"}}).approval_timeout_s == 3600
+    assert Policy.from_dict({"defaults": {"approval_timeout_s": 0}}).approval_timeout_s == 0
+
+
 def test_rules_match_tool_reversibility_and_arguments_first_match_wins() -> None:
     p = Policy.from_dict({
         "defaults": {"irreversible": "allow"},
