@@ -50,9 +50,12 @@ with RedisServer(appendfsync="everysec") as srv:
 '''
 
 
-def one(checkout: str, plans: int, steps: int) -> float:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(plans), str(steps)], cwd=checkout,
-                         capture_output=True, text=True, check=True, timeout=600)
+def one(spec: str, plans: int, steps: int) -> float:
+    """One round on ``spec``: a checkout, or ``DIR:PYTHON`` for one with its own
+    virtual environment (an editable install maps packages to its own tree)."""
+    checkout, _, python = spec.partition(":")
+    out = subprocess.run([python or sys.executable, "-c", CHILD, str(plans), str(steps)],
+                         cwd=checkout, capture_output=True, text=True, check=True, timeout=600)
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["committed"] == plans, res
     return float(res["cpu_ms_per_step"])
