@@ -7,7 +7,8 @@ policy, deduplicated by its idempotency key, and, when a later mutating call
 fails, the session's earlier calls are compensated last first through the
 downstream server's own compensation tools.
 
-Tools are classified and undone as :mod:`saga_store.mcp_tools` says.
+Tools are classified and undone as :mod:`saga_store.mcp.classify` says (the
+tools-map, then the server's declarations: :mod:`saga_store.mcp.declared`).
 
 Session boundaries: one saga per client session (committed when the session
 ends), or explicit ones with the ``saga_begin`` / ``saga_commit`` /

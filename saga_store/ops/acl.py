@@ -19,8 +19,9 @@ of letters, digits and ``-`` never contains ``_``, so no namespace covers
 another's: agent ``a`` does not cover ``a-b``. Outside it the agent may only
 add: push its jobs' ids onto the two queues, push ledger entries onto the
 pending list (the sealer chains only what the sagas' own chains bear out and
-sets the rest aside, which ``saga verify`` reports), and add its name to
-``ss:agents`` (the sweeper's list of indexes). It cannot read other agents'
+sets the rest aside, which ``saga verify`` reports), and add names to
+``ss:agents`` (the sweeper's list of indexes: it reads only names an agent can
+own, and drops from an index what is not that agent's). It cannot read other agents'
 sagas, write the ledger chain, trim the pending list, or touch the shared
 index of sagas in flight, other agents' jobs or records.
 
