@@ -122,6 +122,15 @@ def clear_password(user: str) -> dict[str, Any]:
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+async def wait_for(path: str) -> dict[str, Any]:
+    """Answer once the file at ``path`` exists: a read the test holds open."""
+    import anyio
+    while not os.path.exists(path):
+        await anyio.sleep(0.01)
+    return {"waited_for": path}
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
 def saga_settings_seen() -> dict[str, Any]:
     """Which of Saga Store's settings (SAGA_*) reached this server's environment."""
     return {"names": sorted(k for k in os.environ if k.startswith("SAGA_"))}

@@ -23,7 +23,6 @@ import contextlib
 import logging
 import os
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -51,6 +50,7 @@ from saga_store.mcp.classify import Classification, classify
 from saga_store.mcp.identity import gateway_id
 from saga_store.mcp.leases import Leases
 from saga_store.mcp.mapcheck import mapping_problem
+from saga_store.mcp.turns import CURRENT, Turns, exclusive_now
 from saga_store.protocol import build, unwind
 from saga_store.protocol.forward import commit_blocker, repeat_of
 from saga_store.protocol.mapping import resolve_all
@@ -116,37 +116,6 @@ def session_tools() -> list[dict[str, Any]]:
     """The tools the gateway adds to a listing, as MCP ``Tool`` objects on the wire."""
     return [{"name": n, "description": d, "inputSchema": schema}
             for n, (d, schema) in SESSION_TOOLS.items()]
-
-
-class Turns:
-    """The calls of one session, one at a time in arrival order. Taking a free turn
-    does not yield to the event loop (an anyio Lock costs 4% of a gateway call)."""
-
-    def __init__(self) -> None:
-        self.busy = False
-        self.waiting: deque[Any] = deque()  # anyio Events, first come first served
-
-    async def take(self) -> None:
-        if not self.busy:
-            self.busy = True
-            return
-        import anyio
-        turn = anyio.Event()
-        self.waiting.append(turn)
-        try:
-            await turn.wait()
-        except BaseException:
-            if turn.is_set():  # handed the turn, then cancelled: pass it on
-                self.give()
-            else:
-                self.waiting.remove(turn)
-            raise
-
-    def give(self) -> None:
-        if self.waiting:
-            self.waiting.popleft().set()  # still busy: the turn goes to the next caller
-        else:
-            self.busy = False
 
 
 @dataclass
@@ -390,10 +359,12 @@ class Gateway:
 
     async def handle(self, name: str, args: dict[str, Any], meta: Mapping[str, Any] | None,
                      ) -> CallOutcome:
-        """One tools/call from the client, start to end. Calls of one session run one
-        at a time, in arrival order (a saga's steps are sequential), even when the
-        client sends them concurrently or in a batch."""
-        await self._turns.take()
+        """One tools/call from the client, start to end. The mutating calls of one
+        session run one at a time, in arrival order (a saga's steps are undone last
+        first), even when the client sends them concurrently or in a batch; reads
+        run beside each other (:mod:`saga_store.mcp.turns`)."""
+        turn = await self._turns.take(shared=self._reads(name))
+        held = CURRENT.set((self._turns, turn))
         try:
             return await self._handle(name, args, meta)
         except ConflictError as exc:  # incl. FencedOff
@@ -401,7 +372,13 @@ class Gateway:
                 raise
             return lost
         finally:
-            self._turns.give()
+            CURRENT.reset(held)
+            self._turns.give(turn)
+
+    def _reads(self, name: str) -> bool:
+        """Whether a call of ``name`` only reads, by the classification the policy uses."""
+        return name not in SESSION_TOOLS and self.classification(name).for_policy(
+            self.policy.trust_server_hints) == "readonly"
 
     async def _handle(self, name: str, args: dict[str, Any],
                       meta: Mapping[str, Any] | None) -> CallOutcome:
@@ -508,6 +485,7 @@ class Gateway:
         if not cls.mutating and not outcome.in_doubt:
             self._project(writer)
             return outcome
+        await exclusive_now()  # a read in doubt rolls back alone, as a mutating call
         ended, undone = await self.rollback(writer, f"{name} failed: {outcome.text[:300]}")
         note = f"\n\n[saga {writer.saga_id} rolled back: {ended}; " + rollback_note(
             undone, still_standing(self.store.state(writer.saga_id))) + "]"

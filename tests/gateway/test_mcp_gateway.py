@@ -48,6 +48,9 @@ secret = ["password"]
 
 [tools.refund]
 reversibility = "irreversible"
+
+[tools.wait_for]
+reversibility = "readonly"
 """
 POLICY = """
 [defaults]
@@ -308,6 +311,35 @@ def test_repeated_calls_are_answered_from_the_log(gw: dict[str, Any]) -> None:
     kinds = [e["kind"] for st in _sagas(gw["store"])
              for e in gw["store"].events.log.bodies(st.saga_id)]
     assert K.STEP_DUPLICATE_SUPPRESSED in kinds
+
+
+def test_reads_of_one_session_run_beside_each_other(gw: dict[str, Any]) -> None:
+    """A read held open by the server does not hold up a later read of the same
+    session (before, every call waited for the one before it)."""
+    first, second = gw["tmp"] / "first", gw["tmp"] / "second"
+
+    async def go() -> list[str]:
+        done: list[str] = []
+        async with _session(gw) as s:
+            async def read(flag: Path) -> None:
+                await s.call_tool("wait_for", {"path": str(flag)})
+                done.append(flag.name)
+
+            with anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(read, first)
+                    await anyio.sleep(0.2)  # the first read is in flight
+                    tg.start_soon(read, second)
+                    second.touch()  # only the second may answer
+                    while not done:
+                        await anyio.sleep(0.01)
+                    first.touch()
+        return done
+    assert _run(go) == ["second", "first"]
+    [st] = _sagas(gw["store"])
+    assert st.status is Status.COMMITTED
+    assert len(st.steps) == 2
+    assert Verifier(gw["store"].events.log).verify().ok
 
 
 def test_a_keyed_call_whose_claim_never_became_a_step_runs_on_retry(
