@@ -29,6 +29,10 @@ class Settings:
     # call and no keepalive for this long is taken for abandoned: the sweeper
     # aborts it and unwinds what ran
     client_lease_s: float = 300.0
+    # while an MCP call waits for a person's approval, the gateway tells a client
+    # that asked for progress (a progressToken) this often that it still waits,
+    # so the client's request timeout does not end the call
+    approval_progress_s: float = 10.0
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Self:
@@ -50,6 +54,9 @@ class Settings:
                                                     "SAGA_DURABILITY_CHECK_S")
         if e.get("SAGA_CLIENT_LEASE_S"):
             values["client_lease_s"] = _seconds(e["SAGA_CLIENT_LEASE_S"], "SAGA_CLIENT_LEASE_S")
+        if e.get("SAGA_APPROVAL_PROGRESS_S"):
+            values["approval_progress_s"] = _seconds(e["SAGA_APPROVAL_PROGRESS_S"],
+                                                     "SAGA_APPROVAL_PROGRESS_S")
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]  # checked at run time
 

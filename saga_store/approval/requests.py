@@ -114,8 +114,10 @@ def pending(store: SagaStore, limit: int = 1000) -> list[Pending]:
 
 
 def decide(store: SagaStore, saga_id: str, step: int, *, grant: bool, by: str,
-           reason: str = "") -> None:
-    """Record a person's decision on a pending approval and queue the step again."""
+           reason: str = "", withdrawn: bool = False) -> None:
+    """Record a person's decision on a pending approval and queue the step again.
+    ``withdrawn``: no person decided; the caller that asked took its request back
+    (recorded as a denial that says so)."""
     check_saga_id(saga_id)
     by = by.strip()
     if not by or len(by) > MAX_NAME or any(c in by for c in "\n\r"):
@@ -129,8 +131,8 @@ def decide(store: SagaStore, saga_id: str, step: int, *, grant: bool, by: str,
             raise NoSuchSaga(no_such_saga(saga_id))
         s = st.steps.get(step)
         if s is None or s.approval is not Approval.REQUESTED:
-            state = ("no such step" if s is None else
-                     f"already {s.approval}" if s.approval else "it never asked for one")
+            state = ("no such step" if s is None else _decided(s.approval, s.approval_data)
+                     if s.approval else "it never asked for one")
             raise InvalidInput(f"step {step} of saga {saga_id} has no pending approval "
                                f"({state}); 'saga approvals' lists the pending ones",
                                field="step")
@@ -139,6 +141,8 @@ def decide(store: SagaStore, saga_id: str, step: int, *, grant: bool, by: str,
         data: dict[str, Any] = {"by": by, "at_ms": int(time.time() * 1000)}
         if reason:
             data["reason"] = reason
+        if withdrawn:
+            data["withdrawn"] = True
         writer = store.events.writer(saga_id)
         try:
             writer.append_many([build.approval_decided(step, grant, data)],
@@ -156,6 +160,16 @@ def decide(store: SagaStore, saga_id: str, step: int, *, grant: bool, by: str,
         pipe.execute()
         return
     raise ConflictError(f"saga {saga_id} kept moving; try again")
+
+
+def _decided(approval: Approval, approval_data: Any) -> str:
+    """How a step's approval ended, for a refusal to decide it again."""
+    decision = (approval_data or {}).get("decision")
+    decision = decision if isinstance(decision, dict) else {}
+    if decision.get("withdrawn"):
+        return f"its request was withdrawn: {decision.get('reason') or 'no reason given'}"
+    by = f" by {decision['by']}" if decision.get("by") else ""
+    return f"already {approval}{by}"
 
 
 def _pairs(rows: Any) -> list[tuple[bytes, float]]:

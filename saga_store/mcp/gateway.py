@@ -155,6 +155,10 @@ class Gateway:
         # same downstream leaves them alone, and one that lost its lease writes nothing
         self.leases = Leases(self.store.redis, EXECUTOR, saga_store.settings.lease_ms)
         self.recovered = False  # what was left at the start is done: keep looking
+        # the client's side: where notifications to it go (none in-process), and
+        # whether its session is closing (a call waiting for approval withdraws it)
+        self.to_client: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+        self.closing = False
 
     # -- tools/list ------------------------------------------------------------
 
@@ -434,7 +438,7 @@ class Gateway:
                 self.dedupe.release(key, digest, writer.saga_id, step)
             raise
         if verdict.decision is not Decision.ALLOW:
-            denial = await self._gate(writer, step, name, logged, cls, verdict)
+            denial = await self._gate(writer, step, name, logged, cls, verdict, meta)
             if denial is not None:
                 self._add(writer, [build.step_outcome(step, OutcomeKind.FAILED, error=denial)])
                 if explicit:  # the key's record says how it ended, not "pending" for a week
@@ -535,7 +539,8 @@ class Gateway:
         return checks
 
     async def _gate(self, writer: ChainWriter, step: int, name: str, args: dict[str, Any],
-                    cls: Classification, verdict: Verdict) -> str | None:
+                    cls: Classification, verdict: Verdict,
+                    meta: Mapping[str, Any] | None = None) -> str | None:
         """None if the call may run; else why not. Waits for a person when asked to."""
         if verdict.decision is Decision.DENY:
             return f"denied by policy ({verdict.reason})"
@@ -553,8 +558,21 @@ class Gateway:
                                   verdict.reason)
         log.warning("saga %s step %d (%s) waits for approval: saga approve %s %d",
                     writer.saga_id, step, name, writer.saga_id, step)
+        return await self._await_decision(writer, step, name, timeout_s,
+                                          (meta or {}).get("progressToken"))
+
+    async def _await_decision(self, writer: ChainWriter, step: int, name: str,
+                              timeout_s: float, token: Any) -> str | None:
+        """Wait for the step's approval to be decided: granted (None), denied (why),
+        denied by its deadline, or withdrawn when the client's session closes. A
+        client that gave a progressToken hears that the call waits, at once and
+        then every ``approval_progress_s``, so its request timeout (reset on
+        progress) does not end the call while a person decides."""
         import anyio
-        deadline = time.monotonic() + timeout_s if timeout_s else None
+        now = time.monotonic()
+        deadline = now + timeout_s if timeout_s else None
+        every = self.saga_store.settings.approval_progress_s
+        told, next_tell = 0, now
         while True:
             s = self._refresh().steps[step]
             if s.approval is Approval.GRANTED:
@@ -563,12 +581,31 @@ class Gateway:
             if s.approval is Approval.DENIED:
                 writer.head = self.store.log.head(writer.saga_id)
                 return approvals.denial((s.approval_data or {}).get("decision"))
-            if deadline is not None and time.monotonic() > deadline:
+            now = time.monotonic()
+            if self.closing or (deadline is not None and now > deadline):
+                by, why = (("gateway", "the client's session closed before a decision")
+                           if self.closing else
+                           ("timeout", "no decision before the deadline"))
                 with contextlib.suppress(InvalidInput, ConflictError):
                     approvals.decide(self.saga_store, writer.saga_id, step, grant=False,
-                                     by="timeout", reason="no decision before the deadline")
+                                     by=by, reason=why, withdrawn=self.closing)
                 continue
+            if token is not None and self.to_client is not None and now >= next_tell:
+                told += 1
+                await self._still_waiting(token, told, writer.saga_id, step, name)
+                next_tell = now + every
             await anyio.sleep(APPROVAL_POLL_S)
+
+    async def _still_waiting(self, token: Any, told: int, saga_id: str, step: int,
+                             name: str) -> None:
+        how = f"saga approve {saga_id} {step} (or saga deny {saga_id} {step} --reason ...)"
+        message = (f"{name} waits for a person's approval: {how}" if told == 1 else
+                   f"{name} still waits for approval: {how}")
+        with contextlib.suppress(Exception):  # a client gone mid-wait: the close withdraws
+            assert self.to_client is not None
+            await self.to_client({"jsonrpc": "2.0", "method": "notifications/progress",
+                                  "params": {"progressToken": token, "progress": told,
+                                             "message": message}})
 
     async def _session_tool(self, name: str, args: dict[str, Any]) -> CallOutcome:
         if name == "saga_begin":

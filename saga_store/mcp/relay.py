@@ -129,6 +129,7 @@ class Relay:
                  downstream: PipeDownstream | SdkDownstream,
                  client_out: Callable[[bytes], Awaitable[None]]) -> None:
         self.gateway = gateway(self.call)  # it reaches the downstream through the relay
+        self.gateway.to_client = self._answer  # e.g. progress while a call waits
         self.down, self._out = downstream, client_out
         # unguessable, so no id a client picks is taken for one of the gateway's own
         self._prefix, self._ids = f"{OWN}{os.urandom(6).hex()}-", itertools.count(1)
@@ -151,6 +152,7 @@ class Relay:
         reader = asyncio.create_task(self._read(lines))
         keeper = asyncio.create_task(self.gateway.keep_alive())
         await asyncio.wait({pump, reader}, return_when=asyncio.FIRST_COMPLETED)
+        self.gateway.closing = True  # a call waiting for approval withdraws its request
         reader.cancel()
         try:
             await reader

@@ -116,4 +116,6 @@ def denial(decision: Any) -> str:
     """The error a denied step fails with: who denied it, and why."""
     d = decision if isinstance(decision, dict) else {}
     why = f": {d['reason']}" if d.get("reason") else ""
+    if d.get("withdrawn"):
+        return f"approval request withdrawn by {d.get('by', 'its caller')}{why}"
     return f"denied by {d.get('by', 'someone')}{why}"

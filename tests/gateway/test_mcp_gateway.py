@@ -762,6 +762,7 @@ tools:
     compensation: {tool: clear_password, args: {user: "$.input.user"}}
     secret: [password]
   refund: {reversibility: irreversible}
+  wait_for: {reversibility: readonly}
 """)
     yaml = load_tools_map(tmp_path / "tools.yml")
     assert yaml == load_tools_map(tmp_path / "tools.toml")
