@@ -4,6 +4,12 @@ logged), interleaved one by one in one run so noise hits both alike. Then cost
 per call against session depth: calls N-99..N of one session against calls
 1..100 of a fresh one, interleaved too.
 
+The yardsticks, measured in the same rotation: a byte relay (the process hop
+alone) and the two appends a logged call needs ([intent, started], then the
+outcome), made by a bare writer on the same Redis. The targets are ratios the
+machine's phase cannot fake: the stdio gateway's overhead at most (hop + two
+appends) x 1.25, the in-process guard's at most (two appends) x 1.25.
+
     python -m benchmarks.bench_gateway [--calls 3000]
 """
 
@@ -26,10 +32,13 @@ from saga_store import Registry, SagaStore
 from saga_store.approval.policy import Policy
 from saga_store.mcp.guarded import GuardedSession
 from saga_store.ops.connection import connect
+from saga_store.protocol import build
+from saga_store.protocol.vocab import OutcomeKind, Phase
 
 from .common import bench_redis, machine, percentile
 
 ROOT = Path(__file__).resolve().parent.parent
+SLACK = 1.25  # the targets' allowance over their yardsticks
 SERVER = [sys.executable, str(ROOT / "benchmarks" / "mcp_kv_server.py")]
 
 
@@ -49,6 +58,31 @@ def _params(command: list[str], url: str | None = None,
         args=["-m", "saga_store.cli.main", "--redis-url", url, "mcp-guard", "--", *command])
 
 
+class TwoAppends:
+    """The Redis work of one logged call and nothing else: [intent, started] in one
+    append, the outcome in another, by a writer of its own; each timed alone."""
+
+    def __init__(self, store: SagaStore) -> None:
+        self.writer = store.events.open("bench-appends")
+        self.step = 0
+        self.first: list[float] = []
+        self.second: list[float] = []
+
+    async def call_tool(self, name: str, args: dict[str, Any]) -> Any:
+        n, self.step = self.step, self.step + 1
+        t0 = time.perf_counter()
+        self.writer.append_riding([
+            build.step_intent(n, name, args, "compensable", None, f"k{n}"),
+            build.step_started(n, 1, worker="bench")], phase=Phase.FORWARD)
+        t1 = time.perf_counter()
+        self.writer.append_riding([build.step_outcome(n, OutcomeKind.SUCCEEDED,
+                                                      result={"ok": True}, tool=name)])
+        t2 = time.perf_counter()
+        self.first.append((t1 - t0) * 1000)
+        self.second.append((t2 - t1) * 1000)
+        return type("Done", (), {"is_error": False})()
+
+
 async def _measure(url: str, side_by_side: int, depth: int) -> dict[str, Any]:
     async with stdio_client(_params(SERVER)) as (r1, w1), ClientSession(r1, w1) as direct, \
             stdio_client(_params(SERVER, url)) as (r2, w2), ClientSession(r2, w2) as guarded, \
@@ -61,7 +95,8 @@ async def _measure(url: str, side_by_side: int, depth: int) -> dict[str, Any]:
         store = SagaStore(connect(url), Registry())
         inproc = GuardedSession(direct, store, policy=Policy.safe(), downstream="bench")
         await inproc.__aenter__()
-        for s in (direct, guarded, proxied, relayed, inproc):
+        appends = TwoAppends(store)
+        for s in (direct, guarded, proxied, relayed, inproc, appends):
             for i in range(50):  # warm every path
                 await s.call_tool("put", {"key": f"warm{i}", "value": "v"})
         await guarded.call_tool("saga_commit", {})
@@ -70,10 +105,13 @@ async def _measure(url: str, side_by_side: int, depth: int) -> dict[str, Any]:
         p_ms: list[float] = []
         i_ms: list[float] = []
         r_ms: list[float] = []
+        a_ms: list[float] = []
         paths = [(direct, d_ms), (guarded, g_ms), (proxied, p_ms), (relayed, r_ms),
-                 (inproc, i_ms)]
+                 (inproc, i_ms), (appends, a_ms)]
+        appends.first, appends.second = [], []  # the warm-up's do not count
         for i in range(side_by_side):
-            for s, out in paths[i % 5:] + paths[:i % 5]:  # rotate who goes first
+            k = i % len(paths)
+            for s, out in paths[k:] + paths[:k]:  # rotate who goes first
                 t0 = time.perf_counter()
                 res = await s.call_tool("put", {"key": f"k{i}", "value": "v" * 100})
                 out.append((time.perf_counter() - t0) * 1000)
@@ -82,7 +120,23 @@ async def _measure(url: str, side_by_side: int, depth: int) -> dict[str, Any]:
         inproc.gateway.commit()
         depths = await _depth(url, direct, guarded, inproc, store, depth)
         await inproc.__aexit__(None, None, None)
+    two = statistics.median(appends.first) + statistics.median(appends.second)
+    hop = statistics.median(r_ms) - statistics.median(d_ms)
+    gateway = statistics.median(g_ms) - statistics.median(d_ms)
+    in_process = statistics.median(i_ms) - statistics.median(d_ms)
     return {
+        "two_appends_p50_ms": two,
+        "append_ms": {"intent_started_p50": statistics.median(appends.first),
+                      "outcome_p50": statistics.median(appends.second),
+                      "p99": percentile(appends.first + appends.second, 99)},
+        "targets": {
+            "gateway_overhead_max_ms": (hop + two) * SLACK,
+            "gateway_ratio": gateway / (hop + two),
+            "gateway_met": gateway <= (hop + two) * SLACK,
+            "in_process_overhead_max_ms": two * SLACK,
+            "in_process_ratio": in_process / two,
+            "in_process_met": in_process <= two * SLACK,
+        },
         "direct_ms": {"p50": statistics.median(d_ms), "p99": percentile(d_ms, 99)},
         "gateway_ms": {"p50": statistics.median(g_ms), "p99": percentile(g_ms, 99)},
         "sdk_proxy_ms": {"p50": statistics.median(p_ms), "p99": percentile(p_ms, 99)},
