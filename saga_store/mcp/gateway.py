@@ -83,6 +83,10 @@ CONTENT_LOG_LIMIT = 64 * 1024  # bytes of a result's content blocks the log keep
 META_REPLAYED = "dev.chronomcp/replayed"  # in a result answered from the log
 
 CallFn = Callable[[str, dict[str, Any], dict[str, Any]], Awaitable["CallOutcome"]]
+# how a task-augmented call reaches the server: the client's ``task`` params too
+TaskCallFn = Callable[[str, dict[str, Any], dict[str, Any], dict[str, Any]],
+                      Awaitable["CallOutcome"]]
+Answer = Callable[["CallOutcome"], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,7 @@ class CallOutcome:
     raw: Any = None
     in_doubt: str | None = None  # the call raised: transport error, timeout
     content: list[Any] | None = None  # every block of the result, as on the wire
+    task_id: str | None = None  # the server made the call an MCP task: its result comes later
 
     def logged(self) -> dict[str, Any]:
         """The result as the log keeps it: a repeat of the call is answered with it.
@@ -159,6 +164,9 @@ class Gateway:
         # whether its session is closing (a call waiting for approval withdraws it)
         self.to_client: Callable[[dict[str, Any]], Awaitable[None]] | None = None
         self.closing = False
+        # MCP tasks: how a task-augmented call reaches the server, and its result
+        self.call_task: TaskCallFn | None = None
+        self.task_result: Callable[[str], Awaitable[CallOutcome]] | None = None
 
     # -- tools/list ------------------------------------------------------------
 
@@ -362,15 +370,20 @@ class Gateway:
     # -- tools/call -------------------------------------------------------------
 
     async def handle(self, name: str, args: dict[str, Any], meta: Mapping[str, Any] | None,
+                     task: Mapping[str, Any] | None = None, answer: Answer | None = None,
                      ) -> CallOutcome:
         """One tools/call from the client, start to end. The mutating calls of one
         session run one at a time, in arrival order (a saga's steps are undone last
         first), even when the client sends them concurrently or in a batch; reads
-        run beside each other (:mod:`saga_store.mcp.turns`)."""
+        run beside each other (:mod:`saga_store.mcp.turns`).
+
+        A task-augmented call (``task``: the client's ``params.task``) is answered
+        through ``answer`` as soon as the server has made it a task; the step's
+        outcome is the task's result, which the gateway waits for itself."""
         turn = await self._turns.take(shared=self._reads(name))
         held = CURRENT.set((self._turns, turn))
         try:
-            return await self._handle(name, args, meta)
+            return await self._handle(name, args, meta, task, answer)
         except ConflictError as exc:  # incl. FencedOff
             if (lost := self._lost(exc)) is None:
                 raise
@@ -384,8 +397,9 @@ class Gateway:
         return name not in SESSION_TOOLS and self.classification(name).for_policy(
             self.policy.trust_server_hints) == "readonly"
 
-    async def _handle(self, name: str, args: dict[str, Any],
-                      meta: Mapping[str, Any] | None) -> CallOutcome:
+    async def _handle(self, name: str, args: dict[str, Any], meta: Mapping[str, Any] | None,
+                      task: Mapping[str, Any] | None = None, answer: Answer | None = None,
+                      ) -> CallOutcome:
         try:  # before the schema's check, which would take NaN and recurse into any depth
             check_json(args, "arguments", self.saga_store.settings.max_depth)
         except InvalidInput as exc:
@@ -445,7 +459,12 @@ class Gateway:
                     self.dedupe.finish(writer.saga_id, key, "failed", {"text": denial})
                 return await self._failed(writer, name, cls, CallOutcome(False, None, denial))
             self._add(writer, [started], phase=Phase.FORWARD)
-        outcome = _scrubbed(await self._call(name, args, key, meta=meta), secrets)
+        outcome = await self._call(name, args, key, meta=meta, task=task)
+        if outcome.task_id is not None:  # the client polls the task; its result is the outcome
+            if answer is not None:
+                await answer(outcome)
+            outcome = await self._task_result(outcome.task_id)
+        outcome = _scrubbed(outcome, secrets)
         said = _as_outcome(outcome)
         self._add(writer, [build.step_outcome(step, said.kind, result=said.result,
                                               error=said.error, tool=name)])
@@ -468,19 +487,33 @@ class Gateway:
 
     async def _call(self, name: str, args: dict[str, Any], key: str,
                     timeout_s: float | None = None,
-                    meta: Mapping[str, Any] | None = None) -> CallOutcome:
+                    meta: Mapping[str, Any] | None = None,
+                    task: Mapping[str, Any] | None = None) -> CallOutcome:
         """Call downstream, passing the idempotency key in ``_meta`` for servers that
         honour one (a resent compensation after a crash is then harmless), beside
         what the client's own ``_meta`` says (its progressToken, say: the server's
         progress notifications pass through to it). A call that outlasts
         ``timeout_s`` is in doubt."""
         import anyio
+        meta = {**(meta or {}), META_IDEMPOTENCY: key}
         try:
             with anyio.fail_after(timeout_s):
-                return await self.call(name, args, {**(meta or {}), META_IDEMPOTENCY: key})
+                if task is not None and self.call_task is not None:
+                    return await self.call_task(name, args, meta, dict(task))
+                return await self.call(name, args, meta)
         except Exception as exc:  # the downstream broke mid-call: unknown if it ran
             return CallOutcome(False, None, f"{type(exc).__name__}: {exc}",
                                in_doubt=f"the call did not return: {type(exc).__name__}")
+
+    async def _task_result(self, task_id: str) -> CallOutcome:
+        """The result of an MCP task the server made of a call (``tasks/result``
+        waits for it to end); one the gateway cannot get is in doubt."""
+        try:
+            assert self.task_result is not None
+            return await self.task_result(task_id)
+        except Exception as exc:
+            return CallOutcome(False, None, f"task {task_id}: {type(exc).__name__}: {exc}",
+                               in_doubt=f"the task's result did not come: {type(exc).__name__}")
 
     async def _failed(self, writer: ChainWriter, name: str, cls: Classification,
                       outcome: CallOutcome) -> CallOutcome:

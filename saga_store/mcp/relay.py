@@ -130,6 +130,7 @@ class Relay:
                  client_out: Callable[[bytes], Awaitable[None]]) -> None:
         self.gateway = gateway(self.call)  # it reaches the downstream through the relay
         self.gateway.to_client = self._answer  # e.g. progress while a call waits
+        self.gateway.call_task, self.gateway.task_result = self.call_task, self.task_result
         self.down, self._out = downstream, client_out
         # unguessable, so no id a client picks is taken for one of the gateway's own
         self._prefix, self._ids = f"{OWN}{os.urandom(6).hex()}-", itertools.count(1)
@@ -354,15 +355,30 @@ class Relay:
             await reply(_error(rid, -32602, "tools/call params.arguments and params._meta "
                                             "are objects"))
             return
+        task = params.get("task")
+        if not (task is None or isinstance(task, dict)):
+            await reply(_error(rid, -32602, "tools/call params.task is an object"))
+            return
+        answered = False
+
+        async def answer(out: CallOutcome) -> None:  # the server made the call a task
+            nonlocal answered
+            answered = True
+            await reply({"jsonrpc": "2.0", "id": rid, "result": out.raw})
+
         try:
-            out = await self.gateway.handle(params["name"], args, meta)
+            out = await self.gateway.handle(params["name"], args, meta, task, answer)
         except Exception as exc:  # e.g. Redis went away: the log says how far it got
+            if answered:  # the client has its task; the log says how the call ended
+                log.exception("tools/call %s (a task) failed in the gateway", params["name"])
+                return
             log.exception("tools/call %s failed in the gateway", params["name"])
             await reply(_error(rid, -32603, f"the gateway could not keep the call's record "
                                             f"({type(exc).__name__}: {exc}); the next gateway "
                                             "for this server settles the session"))
             return
-        await reply({"jsonrpc": "2.0", "id": rid, "result": _result(out)})
+        if not answered:
+            await reply({"jsonrpc": "2.0", "id": rid, "result": _result(out)})
 
     def _cancels_call(self, msg: dict[str, Any]) -> bool:
         params = msg.get("params")
@@ -385,18 +401,23 @@ class Relay:
 
     async def call(self, name: str, args: dict[str, Any], meta: dict[str, Any]) -> CallOutcome:
         """The gateway's way to reach the downstream (see :data:`~.gateway.CallFn`)."""
+        return _outcome(await self.request("tools/call", {"name": name, "arguments": args,
+                                                          "_meta": meta}))
+
+    async def call_task(self, name: str, args: dict[str, Any], meta: dict[str, Any],
+                        task: dict[str, Any]) -> CallOutcome:
+        """A task-augmented call: its answer names the task the server made of it."""
         reply = await self.request("tools/call", {"name": name, "arguments": args,
-                                                  "_meta": meta})
-        result = reply.get("result")
-        if not isinstance(result, dict):  # a JSON-RPC error: the server refused the call
-            err = reply.get("error")
-            err = err if isinstance(err, dict) else {}
-            return CallOutcome(False, None, f"{err.get('message', 'no result')} "
-                                            f"(JSON-RPC error {err.get('code')})")
-        content = result.get("content")
-        return CallOutcome(not result.get("isError"), result.get("structuredContent"),
-                           result_text(content), raw=result,
-                           content=content if isinstance(content, list) else None)
+                                                  "_meta": meta, "task": task})
+        created = reply.get("result")
+        made = created.get("task") if isinstance(created, dict) else None
+        if isinstance(made, dict) and isinstance(made.get("taskId"), str):
+            return CallOutcome(True, None, "", raw=created, task_id=made["taskId"])
+        return _outcome(reply)  # the server answered at once (or refused)
+
+    async def task_result(self, task_id: str) -> CallOutcome:
+        """What a task ended with (``tasks/result`` waits for its end)."""
+        return _outcome(await self.request("tasks/result", {"taskId": task_id}))
 
     async def _close_saga(self) -> None:
         try:
@@ -410,6 +431,20 @@ class Relay:
                                               "unsettled")
         if closed:
             log.info("session ended; saga %s closed", closed)
+
+
+def _outcome(reply: dict[str, Any]) -> CallOutcome:
+    """A ``tools/call`` (or ``tasks/result``) answer as the gateway reads it."""
+    result = reply.get("result")
+    if not isinstance(result, dict):  # a JSON-RPC error: the server refused the call
+        err = reply.get("error")
+        err = err if isinstance(err, dict) else {}
+        return CallOutcome(False, None, f"{err.get('message', 'no result')} "
+                                        f"(JSON-RPC error {err.get('code')})")
+    content = result.get("content")
+    return CallOutcome(not result.get("isError"), result.get("structuredContent"),
+                       result_text(content), raw=result,
+                       content=content if isinstance(content, list) else None)
 
 
 def _key(rid: Any) -> bytes:
