@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+import itertools
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from saga_store.approval.policy import Policy
@@ -25,11 +26,19 @@ if TYPE_CHECKING:
     from saga_store.client.api import SagaStore
     from saga_store.mcp.classify import Classification
 
+# the SDK's progress callback: (progress, total, message)
+ProgressFn = Callable[[float, float | None, str | None], Awaitable[None]]
 
-def caller(session: Any) -> CallFn:
-    """How the gateway reaches a downstream MCP ``ClientSession``."""
+
+def caller(session: Any, heard: Mapping[Any, ProgressFn] | None = None) -> CallFn:
+    """How the gateway reaches a downstream MCP ``ClientSession``. A call whose
+    ``_meta`` names a progress token of ``heard`` has the server's progress go to
+    that token's callback (the SDK gives the server a token of its own)."""
     async def call(name: str, args: dict[str, Any], meta: dict[str, Any]) -> CallOutcome:
-        r = await session.call_tool(name, args, meta=meta)
+        fn = (heard or {}).get(meta.get("progressToken"))
+        if fn is not None:
+            meta = {k: v for k, v in meta.items() if k != "progressToken"}
+        r = await session.call_tool(name, args, meta=meta, progress_callback=fn)
         return CallOutcome(not r.is_error, r.structured_content, result_text(r.content),
                            raw=r, content=[c.model_dump(mode="json", by_alias=True,
                                                         exclude_none=True) for c in r.content])
@@ -51,10 +60,13 @@ class GuardedSession:
                  tools_map: Mapping[str, Classification] | None = None,
                  downstream: str = "in-process", agent_id: str = "mcp-client") -> None:
         self.session = session
+        self._heard: dict[Any, ProgressFn] = {}  # progress token -> the caller's callback
+        self._tokens = itertools.count(1)
         self.gateway = Gateway(saga_store, policy or Policy.safe(), tools_map or {},
-                               caller(session),
+                               caller(session, self._heard),
                                gateway_id(None, downstream), agent_id=agent_id,
                                dedupe_ttl_s=saga_store.settings.dedupe_ttl_s)
+        self.gateway.to_client = self._notified
 
     async def __aenter__(self) -> GuardedSession:
         await self.list_tools()
@@ -82,9 +94,27 @@ class GuardedSession:
         return listed.model_copy(update={"tools": self.gateway.listed(listed.tools)})
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None = None,
-                        meta: Mapping[str, Any] | None = None) -> Any:
-        out = await self.gateway.handle(name, dict(arguments or {}), meta)
+                        meta: Mapping[str, Any] | None = None,
+                        progress_callback: ProgressFn | None = None) -> Any:
+        """As ``ClientSession.call_tool``: with ``progress_callback``, it hears the
+        server's progress and, while the call waits for approval, the gateway's."""
+        if progress_callback is None:
+            return as_result(await self.gateway.handle(name, dict(arguments or {}), meta))
+        token = f"saga-guarded-{next(self._tokens)}"
+        self._heard[token] = progress_callback
+        try:
+            out = await self.gateway.handle(name, dict(arguments or {}),
+                                            {**(meta or {}), "progressToken": token})
+        finally:
+            del self._heard[token]
         return as_result(out)
+
+    async def _notified(self, msg: dict[str, Any]) -> None:
+        """The gateway's notifications to its client: progress goes to its callback."""
+        params = msg.get("params") or {}
+        fn = self._heard.get(params.get("progressToken"))
+        if msg.get("method") == "notifications/progress" and fn is not None:
+            await fn(params.get("progress", 0), params.get("total"), params.get("message"))
 
 
 def as_result(out: CallOutcome) -> Any:

@@ -227,6 +227,46 @@ def test_the_clients_meta_reaches_the_server_and_its_progress_reaches_the_client
     assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
 
 
+def test_the_in_process_guard_passes_progress_on_and_says_how_to_approve(
+        gw: dict[str, Any], client: redis.Redis) -> None:
+    """GuardedSession.call_tool takes a progress callback, as ClientSession's does:
+    while the call waits for approval it hears the gateway, then the server."""
+    from saga_store.approval.policy import Policy
+    from saga_store.mcp.guarded import GuardedSession
+    from saga_store.settings import Settings
+    (gw["tmp"] / "gated.toml").write_text('[[rules]]\ntool = "slow_count"\n'
+                                          'decision = "require_approval"\n')
+    store = SagaStore(client, Registry(), Settings(approval_progress_s=0.1))
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        seen.append((done, total, message))
+
+    async def go() -> Any:
+        params = StdioServerParameters(command=SERVER[0], args=SERVER[1:], env=gw["env"])
+        async with stdio_client(params) as (r, w), ClientSession(r, w) as raw:
+            await raw.initialize()
+            async with GuardedSession(raw, store, policy=Policy.load(gw["tmp"] / "gated.toml"),
+                                      ) as s, anyio.create_task_group() as tg:
+                out: list[Any] = []
+
+                async def count() -> None:
+                    out.append(await s.call_tool("slow_count", {"steps": 2},
+                                                 progress_callback=progress))
+                tg.start_soon(count)
+                await anyio.to_thread.run_sync(lambda: assert_eventually(
+                    lambda: len(seen) >= 2, timeout=30, what="two notes that the call waits"))
+                [p] = approvals.pending(store)
+                approvals.decide(store, p.saga_id, p.step, grant=True, by="alice")
+            return out[0], p
+    result, p = anyio.run(go)
+    assert not result.is_error, _text(result)
+    waiting = [m for _, _, m in seen if m and "approv" in m]
+    assert len(waiting) >= 2
+    assert f"saga approve {p.saga_id} {p.step}" in waiting[0]
+    assert seen[-2:] == [(1, 2, "step 1"), (2, 2, "step 2")]  # then the server's own
+
+
 def test_reads_always_reach_the_server_and_a_repeat_gets_every_recorded_block(
         gw: dict[str, Any]) -> None:
     """A read made twice is made twice (its answer may have changed); a write made
