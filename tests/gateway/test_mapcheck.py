@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,9 +21,11 @@ from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from saga_store import Registry, SagaStore
+from saga_store.approval import requests as approvals
 from saga_store.mcp.declared import Compensation
 from saga_store.mcp.mapcheck import mapping_problem
 from saga_store.protocol.state import Status
+from saga_store.testing import assert_eventually
 from saga_store.verify.checker import Verifier
 from tests.gateway.test_mcp_gateway import _memory_server
 
@@ -136,4 +139,79 @@ reversibility = "readonly"
     store = SagaStore(client, Registry())
     states = [store.state(sid).status for sid in reversed(store.events.saga_ids())]
     assert states == [Status.COMPENSATED, Status.COMMITTED]
+    assert Verifier(store.events.log).verify().ok
+
+
+def _memory_file(path: Path) -> set[str]:
+    """The entity names in a server-memory file (its own store, read directly)."""
+    if not path.exists():
+        return set()
+    return {json.loads(line)["name"] for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("type") == "entity"}
+
+
+@pytest.mark.real_redis
+@pytest.mark.timeout(120)
+def test_a_gateway_for_other_data_never_undoes_a_killed_ones_calls(
+        redis_url: str, client: redis.Redis, tmp_path: Path) -> None:
+    """The outsiders' case: a gateway killed mid-session with MEMORY_FILE_PATH=A, then one
+    with the same command and MEMORY_FILE_PATH=B, whose file holds an unrelated entity
+    of the same name. B's gateway leaves A's session alone (B's entity stands); the next
+    gateway for A rolls it back in A."""
+    server = _memory_server(ROOT / ".cache" / "npm")
+    (tmp_path / "memory.toml").write_text("""
+[tools.create_entities]
+compensation = { tool = "delete_entities", args = { entityNames = "$.input.entities[*].name" } }
+""")
+    (tmp_path / "policy.toml").write_text('[defaults]\nunknown = "allow"\n\n[[rules]]\n'
+                                          'tool = "add_observations"\n'
+                                          'decision = "require_approval"\n')
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    b.write_text(json.dumps({"type": "entity", "name": "alice", "entityType": "person",
+                             "observations": ["B's own alice"]}) + "\n")
+    argv = [sys.executable, "-m", "saga_store.cli.main", "mcp-guard", "--tools-map",
+            str(tmp_path / "memory.toml"), "--policy", str(tmp_path / "policy.toml"), "--",
+            *server]
+    base = {**os.environ, "PYTHONPATH": str(ROOT), "SAGA_REDIS_URL": redis_url}
+    store = SagaStore(client, Registry())
+    killed = subprocess.Popen(argv, cwd=ROOT, env={**base, "MEMORY_FILE_PATH": str(a)},
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True, start_new_session=True)
+    assert killed.stdin is not None
+    assert killed.stdout is not None
+    for msg in ({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+                    "protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "raw", "version": "1"}}},
+                {"jsonrpc": "2.0", "method": "notifications/initialized"},
+                {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+                    "name": "create_entities", "arguments": {"entities": [
+                        {"name": "alice", "entityType": "person", "observations": []}]}}},
+                {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+                    "name": "add_observations", "arguments": {"observations": [
+                        {"entityName": "alice", "contents": ["x"]}]}}}):
+        killed.stdin.write(json.dumps(msg) + "\n")
+        killed.stdin.flush()
+    assert_eventually(lambda: approvals.pending(store), timeout=30,
+                      what="the second call waiting for approval")
+    assert _memory_file(a) == {"alice"}
+    os.killpg(killed.pid, signal.SIGKILL)  # mid-session: a call without an outcome
+    killed.wait()
+
+    def visit(path: Path) -> None:
+        params = StdioServerParameters(command=argv[0], args=argv[1:], cwd=str(ROOT),
+                                       env={**base, "MEMORY_FILE_PATH": str(path)})
+
+        async def go() -> None:
+            async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+                await s.initialize()
+                await s.list_tools()  # served only once what it must finish is finished
+        anyio.run(go)
+    [left] = list(store.events.saga_ids())
+    visit(b)
+    assert store.state(left).status is Status.RUNNING  # not B's to finish
+    assert _memory_file(b) == {"alice"}  # B's own alice stands
+    visit(a)
+    assert store.state(left).status is Status.COMPENSATED
+    assert _memory_file(a) == set()  # A's alice was undone, in A
+    assert _memory_file(b) == {"alice"}
     assert Verifier(store.events.log).verify().ok
