@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import anyio
 import pytest
 
 from saga_store import SagaStore
@@ -22,7 +21,7 @@ from saga_store.protocol.state import Status
 from saga_store.testing import assert_eventually
 from saga_store.verify.checker import Verifier
 
-from .test_mcp_gateway import ROOT, RawGateway, _effects, _run, _session, _text, gw
+from .test_mcp_gateway import ROOT, RawGateway, _effects, _gated, _run, _session, _text, gw
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(180)]
 __all__ = ["gw"]  # the fixture, shared with the gateway's main tests
@@ -42,18 +41,13 @@ def test_a_waiting_call_tells_the_client_how_to_approve_it(gw: dict[str, Any]) -
         async def heard(progress: float, total: float | None, message: str | None) -> None:
             seen.append((progress, message))
 
-        async with _session(gw) as s, anyio.create_task_group() as tg:
-            out: list[Any] = []
-
-            async def wire() -> None:
-                out.append(await s.call_tool("wire_funds", {"amount_cents": 5, "to": "a"},
-                                             progress_callback=heard))
-            tg.start_soon(wire)
-            await anyio.to_thread.run_sync(lambda: assert_eventually(
-                lambda: len(seen) >= 3, timeout=30, what="three progress notifications"))
-            [p] = approvals.pending(store)
+        def decide(p: Any) -> None:  # once three notes that the call waits came
+            assert_eventually(lambda: len(seen) >= 3, timeout=30,
+                              what="three progress notifications")
             approvals.decide(store, p.saga_id, p.step, grant=True, by="alice")
-        return out[0], p
+
+        async with _session(gw) as s:
+            return await _gated(s, store, decide, progress_callback=heard)
     result, p = _run(go)
     assert not result.is_error
     assert [k for _, k, _ in _effects(gw["ledger"])] == ["wire"]
@@ -207,16 +201,9 @@ def test_a_denied_or_withdrawn_approval_is_not_decided_again(gw: dict[str, Any])
     store: SagaStore = gw["store"]
 
     async def go() -> Any:
-        async with _session(gw) as s, anyio.create_task_group() as tg:
-            out: list[Any] = []
-
-            async def wire() -> None:
-                out.append(await s.call_tool("wire_funds", {"amount_cents": 5, "to": "a"}))
-            tg.start_soon(wire)
-            [p] = await anyio.to_thread.run_sync(lambda: assert_eventually(
-                lambda: approvals.pending(store), timeout=30, what="an approval request"))
-            approvals.decide(store, p.saga_id, p.step, grant=False, by="bob", reason="no")
-        return out[0], p
+        async with _session(gw) as s:
+            return await _gated(s, store, lambda p: approvals.decide(
+                store, p.saga_id, p.step, grant=False, by="bob", reason="no"))
     result, p = _run(go)
     assert "denied by bob: no" in _text(result)
     seq = store.state(p.saga_id).seq

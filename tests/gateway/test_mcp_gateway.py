@@ -98,6 +98,25 @@ async def _session(gw: dict[str, Any], downstream: list[str] = SERVER,
         yield s
 
 
+async def _gated(s: Any, store: SagaStore, decide: Callable[[Any], None],
+                 name: str = "wire_funds", args: dict[str, Any] | None = None,
+                 **call: Any) -> tuple[Any, Any]:
+    """Call ``name`` (one the policy gates) on session ``s``, ``decide`` its approval
+    request once it is pending (in a thread: the event loop goes on meanwhile), and
+    return the call's result and the request."""
+    async with anyio.create_task_group() as tg:
+        out: list[Any] = []
+
+        async def gated() -> None:
+            out.append(await s.call_tool(name, args or {"amount_cents": 5, "to": "a"},
+                                         **call))
+        tg.start_soon(gated)
+        [pending] = await anyio.to_thread.run_sync(lambda: assert_eventually(
+            lambda: approvals.pending(store), timeout=30, what="an approval request"))
+        await anyio.to_thread.run_sync(decide, pending)
+    return out[0], pending
+
+
 def _run(fn: Callable[[], Any]) -> Any:
     return anyio.run(fn)
 
@@ -230,17 +249,9 @@ def test_an_approved_irreversible_call_runs_once(gw: dict[str, Any]) -> None:
     store: SagaStore = gw["store"]
 
     async def go() -> Any:
-        async with _session(gw) as s, anyio.create_task_group() as tg:
-            out: list[Any] = []
-
-            async def wire() -> None:
-                out.append(await s.call_tool("wire_funds", {"amount_cents": 5, "to": "a"}))
-            tg.start_soon(wire)
-            pending = await anyio.to_thread.run_sync(lambda: assert_eventually(
-                lambda: approvals.pending(store), timeout=30, what="an approval request"))
-            approvals.decide(store, pending[0].saga_id, pending[0].step, grant=True,
-                             by="alice")
-        return out[0]
+        async with _session(gw) as s:
+            return (await _gated(s, store, lambda p: approvals.decide(
+                store, p.saga_id, p.step, grant=True, by="alice")))[0]
     assert not _run(go).is_error
     assert [k for _, k, _ in _effects(gw["ledger"])] == ["wire"]
     [st] = _sagas(store)
