@@ -66,7 +66,7 @@ from .common import machine
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = Path(__file__).parent / "out"
-NPM_CACHE = ROOT / ".cache" / "npm-restate"
+NPM_CACHE = Path(os.environ.get("RESTATE_NPM_DIR", ROOT / ".cache" / "npm-restate"))
 RESTATE_VERSION = os.environ.get("RESTATE_SERVER_VERSION", "1.7.12")  # the version tested
 PG_URL = os.environ.get("BENCH_PG_URL", "postgresql://postgres@127.0.0.1:5432")
 BASE = "saga-store everysec"  # what the ratios are to
@@ -471,6 +471,14 @@ class DbosEngine(Engine):
             self.admin.close()
 
 
+def _machine() -> dict[str, Any]:
+    try:
+        return machine()
+    except (OSError, IndexError):  # no redis-server: Saga Store is skipped, the rest run
+        return {"python": platform.python_version(), "cpus": os.cpu_count(), "redis": None,
+                "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+
+
 def engines(names: list[str], workers: int, service_workers: int) -> list[Engine]:
     every: dict[str, Callable[[], Engine]] = {
         "saga-everysec": lambda: SagaStoreEngine("everysec", workers),
@@ -492,7 +500,7 @@ def run(rounds: int = 3, ns: tuple[int, ...] = (50, 500), fail_ratios: tuple[flo
         service_workers: int = 1) -> dict[str, Any]:
     rng = random.Random(7)
     chosen = engines(names or ENGINE_NAMES, workers, service_workers)
-    out: dict[str, Any] = {"machine": machine(), "io_ms": IO_MS, "steps": STEPS,
+    out: dict[str, Any] = {"machine": _machine(), "io_ms": IO_MS, "steps": STEPS,
                            "rounds": rounds, "saga_store_workers": workers,
                            "restate_service_workers": service_workers,
                            "order": "interleaved: engines forward on even rounds, reversed "
@@ -507,6 +515,7 @@ def run(rounds: int = 3, ns: tuple[int, ...] = (50, 500), fail_ratios: tuple[flo
                 e.start()
             except Exception as exc:
                 reason = str(exc) if isinstance(exc, Skip) else f"{type(exc).__name__}: {exc}"
+                reason = " ".join(reason.split())
                 print(f"SKIPPED {e.name}: {reason}", file=sys.stderr, flush=True)
                 out["skipped"][e.name] = reason
                 with contextlib.suppress(Exception):
@@ -561,6 +570,7 @@ def _case(per: dict[str, list[dict[str, float] | None]]) -> dict[str, Any]:
                 med[f"cpu_x_vs_{tag}"] = statistics.median(
                     r["cpu_ms_total"] / b["cpu_ms_total"] for r, b in pairs)
         med["runs"] = len(ok)
+        med["each_round"] = runs
         res[name] = med
     return res
 
