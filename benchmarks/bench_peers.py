@@ -171,9 +171,10 @@ class SagaStoreEngine(Engine):
             if shutil.which("redis-server") is None:
                 raise Skip("redis-server is not installed (apt-get install redis-server)")
             stack = contextlib.ExitStack()
+            made: list[Path] = []  # the Redis's directory, removed once it has stopped
+            stack.callback(lambda: [shutil.rmtree(d, ignore_errors=True) for d in made])
             SagaStoreEngine.shared = stack.enter_context(durable(self.workers))
-            srv = SagaStoreEngine.shared.srv
-            stack.callback(shutil.rmtree, srv.dir, True)
+            made.append(SagaStoreEngine.shared.srv.dir)
             SagaStoreEngine._stack = stack
         r = SagaStoreEngine.shared.store.redis
         r.config_set("appendfsync", self.appendfsync)
