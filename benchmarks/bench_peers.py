@@ -61,6 +61,7 @@ from .bench_workflows import (
     memory_run,
     plans,
     summarize,
+    yardstick,
 )
 from .common import machine
 
@@ -507,6 +508,9 @@ def run(rounds: int = 3, ns: tuple[int, ...] = (50, 500), fail_ratios: tuple[flo
                            "order": "interleaved: engines forward on even rounds, reversed "
                                     "on odd; the same plans for every engine in a round",
                            "engines": {}, "skipped": {}, "cases": {}}
+    out["load_avg_before"] = os.getloadavg()
+    if shutil.which("redis-server"):  # the machine's speed now, as bench_workflows reads it
+        out["bare_rq_8_workers_10ms_jobs_per_s"] = yardstick(1000 if rounds > 1 else 400)
     live: list[Engine] = []
     started = time.time()
     try:
@@ -548,6 +552,7 @@ def run(rounds: int = 3, ns: tuple[int, ...] = (50, 500), fail_ratios: tuple[flo
             with contextlib.suppress(Exception):
                 e.close()
     out["seconds"] = round(time.time() - started, 1)
+    out["load_avg_after"] = os.getloadavg()
     return out
 
 
@@ -591,6 +596,10 @@ def table(out: dict[str, Any]) -> str:
                          f"| {m['p99_ms']:.0f} | {m['cpu_ms_total']:.2f} ({parts}) | "
                          f"{x('wfps_x_vs_everysec')} | {x('cpu_x_vs_everysec')} | "
                          f"{x('wfps_x_vs_always')} |")
+    if "bare_rq_8_workers_10ms_jobs_per_s" in out:
+        lines += ["", "Yardstick (bare RQ, 8 SimpleWorkers, 10 ms jobs, same run): "
+                  f"{out['bare_rq_8_workers_10ms_jobs_per_s']:.0f} jobs/s; load average "
+                  f"before/after {out['load_avg_before'][0]:.1f}/{out['load_avg_after'][0]:.1f}"]
     lines += ["", "Durability:"]
     lines += [f"- {name}: {e['durability']}" for name, e in out["engines"].items()]
     if out["skipped"]:
