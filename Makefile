@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real test-parity lint typecheck bench chaos clean \
+.PHONY: demo test test-real test-parity lint typecheck bench bench-peers chaos clean \
 	example-openai-agents example-pydantic-ai example-langgraph example-anthropic
 
 $(STAMP): pyproject.toml
@@ -42,6 +42,20 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	QUICK=$(QUICK) $(BIN)/python -m benchmarks.run_all
+
+# the peer workload on Saga Store (appendfsync everysec and always), Restate, DBOS and
+# the in-memory engine, interleaved: QUICK=1 for one round at n=50, ROUNDS=5 for more,
+# PEERS_ARGS for any other flag of benchmarks/bench_peers.py. Needs npm (restate-server
+# is installed into .cache/npm-restate on first run) and PostgreSQL on 127.0.0.1:5432;
+# an engine that cannot start is skipped with its reason.
+PEERS_STAMP := $(VENV)/.installed-peers
+ROUNDS ?= 3
+$(PEERS_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev,peers]'
+	touch $(PEERS_STAMP)
+
+bench-peers: $(PEERS_STAMP)
+	$(BIN)/python -m benchmarks.bench_peers --rounds $(ROUNDS) $(if $(filter 1,$(QUICK)),--quick) $(PEERS_ARGS)
 
 # the chaos soak at full size (SAGAS=400 for a short one); the suite runs a short one
 SAGAS ?= 10000

@@ -1,0 +1,1 @@
+"""The peer workload as other durable-execution engines run it (bench_peers)."""
