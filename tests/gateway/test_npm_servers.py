@@ -1,0 +1,295 @@
+"""The MCP gateway (``saga mcp-guard``, a real process) in front of the npm
+reference servers ``server-everything`` and ``server-filesystem``, run with Node,
+spoken to with the official MCP SDK client. What is compared is what the
+servers answer (directly and through the gateway) and what is on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis
+from mcp import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from saga_store import Registry, SagaStore
+from saga_store.log.events import EventKind as K
+from saga_store.testing import assert_eventually
+
+pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(180)]
+ROOT = Path(__file__).resolve().parents[2]
+CACHE = ROOT / ".cache" / "npm"
+VERSIONS = {"server-everything": "2026.8.31", "server-filesystem": "2026.8.31"}
+GUARD = ["-m", "saga_store.cli.main", "mcp-guard"]
+
+
+def _npm_server(package: str) -> list[str]:
+    """``node`` and the entry of an npm reference server, installed once (pinned) into
+    the cache directory."""
+    if shutil.which("npm") is None or shutil.which("node") is None:
+        pytest.skip("npm and node are needed for the reference-server tests (apt install npm)")
+    entry = CACHE / "node_modules" / "@modelcontextprotocol" / package / "dist" / "index.js"
+    if not entry.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(CACHE),
+                        f"@modelcontextprotocol/{package}@{VERSIONS[package]}"], check=True,
+                       capture_output=True, timeout=300)
+    return ["node", str(entry)]
+
+
+@pytest.fixture
+def gw(redis_url: str, client: redis.Redis, tmp_path: Path) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "SAGA_REDIS_URL": redis_url}
+    return {"env": env, "store": SagaStore(client, Registry()), "tmp": tmp_path,
+            "redis_url": redis_url}
+
+
+@asynccontextmanager
+async def _direct(server: list[str]) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(command=server[0], args=server[1:], cwd=str(ROOT))
+    async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+        await s.initialize()
+        yield s
+
+
+@asynccontextmanager
+async def _guarded(gw: dict[str, Any], server: list[str],
+                   args: list[str]) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(command=sys.executable,
+                                   args=[*GUARD, *args, "--", *server], env=gw["env"],
+                                   cwd=str(ROOT))
+    async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+        await s.initialize()
+        yield s
+
+
+def _files(gw: dict[str, Any], name: str, text: str) -> str:
+    path = gw["tmp"] / name
+    path.write_text(text)
+    return str(path)
+
+
+def _blocks(result: Any) -> list[dict[str, Any]]:
+    return [c.model_dump(by_alias=True, mode="json", exclude_none=True) for c in result.content]
+
+
+def _text(result: Any) -> str:
+    return "\n".join(getattr(c, "text", "") for c in result.content)
+
+
+def _kinds(store: SagaStore) -> list[str]:
+    return [e["kind"] for sid in store.events.saga_ids() for e in store.events.log.bodies(sid)]
+
+
+# -- server-everything ----------------------------------------------------------
+
+EVERYTHING_MAP = """
+[tools.trigger-long-running-operation]
+reversibility = "readonly"
+
+[tools.toggle-simulated-logging]
+reversibility = "readonly"   # a read whose answer says whether it was reached
+
+[tools.get-tiny-image]
+reversibility = "irreversible"   # treated as mutating: a repeat is answered from the log
+
+[tools.get-annotated-message]
+reversibility = "irreversible"
+"""
+ALLOW_IRREVERSIBLE = """
+[defaults]
+irreversible = "allow"
+"""
+
+
+def _everything(gw: dict[str, Any]) -> tuple[list[str], list[str]]:
+    server = [*_npm_server("server-everything"), "stdio"]
+    args = ["--tools-map", _files(gw, "everything.toml", EVERYTHING_MAP),
+            "--policy", _files(gw, "policy.toml", ALLOW_IRREVERSIBLE)]
+    return server, args
+
+
+def test_progress_notifications_pass_through_unchanged(gw: dict[str, Any]) -> None:
+    """trigger-long-running-operation reports each step: the client sees the same
+    notifications through the gateway as directly (count, values, totals, messages)."""
+    server, args = _everything(gw)
+    op = {"duration": 1, "steps": 5}
+
+    async def run(session: Any) -> tuple[list[tuple[float, float | None, str | None]], str]:
+        seen: list[tuple[float, float | None, str | None]] = []
+
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            seen.append((done, total, message))
+        result = await session.call_tool("trigger-long-running-operation", op,
+                                         progress_callback=progress)
+        assert not result.is_error, _text(result)
+        return seen, _text(result)
+
+    async def go() -> tuple[Any, Any]:
+        async with _direct(server) as s:
+            direct = await run(s)
+        async with _guarded(gw, server, args) as s:
+            guarded = await run(s)
+        return direct, guarded
+    (direct, direct_text), (guarded, guarded_text) = anyio.run(go)
+    assert direct == [(float(i), 5.0, None) for i in range(1, 6)]
+    assert guarded == direct
+    assert guarded_text == direct_text
+
+
+def test_repeated_reads_reach_the_server_every_time(gw: dict[str, Any]) -> None:
+    """toggle-simulated-logging, read-only by the tools map, answers Started and
+    Stopped in turn: four identical calls get four answers from the server."""
+    server, args = _everything(gw)
+
+    async def go() -> list[str]:
+        async with _guarded(gw, server, args) as s:
+            return [_text(await s.call_tool("toggle-simulated-logging", {}))
+                    for _ in range(4)]
+    answers = anyio.run(go)
+    assert [a.split()[0] for a in answers] == ["Started", "Stopped", "Started", "Stopped"]
+    assert K.STEP_DUPLICATE_SUPPRESSED not in _kinds(gw["store"])
+
+
+def test_a_replayed_mutating_call_returns_every_content_block(gw: dict[str, Any]) -> None:
+    """get-tiny-image (text, image, text) and get-annotated-message (annotated text and
+    image), treated as mutating: a repeat in the session is answered from the log, and
+    both answers are, block by block, what the server gives a direct call."""
+    server, args = _everything(gw)
+    calls = [("get-tiny-image", {}),
+             ("get-annotated-message", {"messageType": "error", "includeImage": True})]
+
+    async def go() -> tuple[list[Any], list[Any], list[Any]]:
+        async with _direct(server) as s:
+            direct = [await s.call_tool(n, a) for n, a in calls]
+        async with _guarded(gw, server, args) as s:
+            first = [await s.call_tool(n, a) for n, a in calls]
+            again = [await s.call_tool(n, a) for n, a in calls]
+        return direct, first, again
+    direct, first, again = anyio.run(go)
+    for d, f, a in zip(direct, first, again, strict=True):
+        assert not d.is_error
+        assert [b["type"] for b in _blocks(d)] in (["text", "image", "text"], ["text", "image"])
+        assert _blocks(f) == _blocks(d)
+        assert _blocks(a) == _blocks(d)
+        assert a.is_error == d.is_error
+    assert _kinds(gw["store"]).count(K.STEP_DUPLICATE_SUPPRESSED) == 2  # both were replays
+
+
+# -- server-filesystem ----------------------------------------------------------
+
+PRODUCTION_POLICY = """
+[defaults]
+production = "allow"   # only the rule below holds PRODUCTION calls
+
+[[rules]]
+tool = "write_file"
+args = { path = "/PRODUCTION/" }
+decision = "require_approval"
+name = "production-writes"
+
+[[rules]]
+tool = "write_file"
+decision = "allow"
+name = "other-writes"
+"""
+
+
+def _saga(gw: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
+    """The real ``saga`` CLI against the test's Redis."""
+    return subprocess.run([sys.executable, "-m", "saga_store.cli.main", *args], cwd=ROOT,
+                          env=gw["env"], capture_output=True, text=True, timeout=60,
+                          check=False)
+
+
+def _pending_cli(gw: dict[str, Any]) -> list[dict[str, Any]]:
+    listed = _saga(gw, "approvals", "--json")
+    assert listed.returncode == 0, listed.stderr
+    items: list[dict[str, Any]] = json.loads(listed.stdout)
+    return items
+
+
+def _filesystem(gw: dict[str, Any]) -> tuple[list[str], list[str], Path]:
+    root = gw["tmp"] / "root"
+    (root / "PRODUCTION").mkdir(parents=True)
+    (root / "staging").mkdir()
+    server = [*_npm_server("server-filesystem"), str(root)]
+    return server, ["--policy", _files(gw, "policy.toml", PRODUCTION_POLICY)], root
+
+
+def test_a_production_write_waits_and_runs_once_when_approved_at_the_cli(
+        gw: dict[str, Any]) -> None:
+    server, args, root = _filesystem(gw)
+    target, other = root / "PRODUCTION" / "x", root / "staging" / "y"
+
+    async def go() -> tuple[Any, Any, Any, list[dict[str, Any]]]:
+        async with _guarded(gw, server, args) as s:
+            with anyio.fail_after(30):  # elsewhere: no approval to wait for
+                staged = await s.call_tool("write_file", {"path": str(other), "content": "s1"})
+            assert other.read_text() == "s1"
+            async with anyio.create_task_group() as tg:
+                got: list[Any] = []
+
+                async def write() -> None:
+                    got.append(await s.call_tool("write_file",
+                                                 {"path": str(target), "content": "v1"}))
+                tg.start_soon(write)
+                pending = await anyio.to_thread.run_sync(lambda: assert_eventually(
+                    lambda: _pending_cli(gw), timeout=30, what="the write to wait"))
+                assert not target.exists()  # it waits: nothing written yet
+                approved = await anyio.to_thread.run_sync(lambda: _saga(
+                    gw, "approve", pending[0]["saga_id"], str(pending[0]["step"]),
+                    "--by", "alice"))
+                assert approved.returncode == 0, approved.stderr
+            assert target.read_text() == "v1"
+            target.write_text("changed since")  # a second run would write v1 again
+            again = await s.call_tool("write_file", {"path": str(target), "content": "v1"})
+            return staged, got[0], again, pending
+    staged, written, again, pending = anyio.run(go)
+    assert not staged.is_error, _text(staged)
+    assert [(p["tool"], p["args"]["path"], p["reason"]) for p in pending] == [
+        ("write_file", str(target), "policy rule production-writes")]
+    assert not written.is_error, _text(written)
+    assert not again.is_error
+    assert _text(again) == _text(written)  # the repeat was answered from the log
+    assert target.read_text() == "changed since"  # it ran once
+    assert other.read_text() == "s1"
+    twice = _saga(gw, "approve", pending[0]["saga_id"], str(pending[0]["step"]), "--by", "bob")
+    assert twice.returncode != 0  # a decided step is not decided again
+    assert target.read_text() == "changed since"
+    assert _pending_cli(gw) == []
+
+
+def test_a_denied_production_write_leaves_the_file_unwritten(gw: dict[str, Any]) -> None:
+    server, args, root = _filesystem(gw)
+    target = root / "PRODUCTION" / "x"
+
+    async def go() -> Any:
+        async with _guarded(gw, server, args) as s, anyio.create_task_group() as tg:
+            got: list[Any] = []
+
+            async def write() -> None:
+                got.append(await s.call_tool("write_file",
+                                             {"path": str(target), "content": "v1"}))
+            tg.start_soon(write)
+            pending = await anyio.to_thread.run_sync(lambda: assert_eventually(
+                lambda: _pending_cli(gw), timeout=30, what="the write to wait"))
+            denied = await anyio.to_thread.run_sync(lambda: _saga(
+                gw, "deny", pending[0]["saga_id"], str(pending[0]["step"]), "--by", "bob",
+                "--reason", "freeze"))
+            assert denied.returncode == 0, denied.stderr
+        return got[0]
+    result = anyio.run(go)
+    assert result.is_error
+    assert "denied by bob: freeze" in _text(result)
+    assert not target.exists()
+    assert list((root / "PRODUCTION").iterdir()) == []
