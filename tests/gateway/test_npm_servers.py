@@ -82,6 +82,18 @@ def _blocks(result: Any) -> list[dict[str, Any]]:
     return [c.model_dump(by_alias=True, mode="json", exclude_none=True) for c in result.content]
 
 
+def _steady(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Blocks without what the server makes anew for each call: the contents of a
+    dynamic resource (server-everything's say when they were created)."""
+    out = []
+    for b in blocks:
+        if b["type"] == "resource" and "/dynamic/" in b["resource"]["uri"]:
+            b = {**b, "resource": {k: v for k, v in b["resource"].items()
+                                   if k not in ("text", "blob")}}
+        out.append(b)
+    return out
+
+
 def _text(result: Any) -> str:
     return "\n".join(getattr(c, "text", "") for c in result.content)
 
@@ -103,6 +115,15 @@ reversibility = "readonly"   # a read whose answer says whether it was reached
 reversibility = "irreversible"   # treated as mutating: a repeat is answered from the log
 
 [tools.get-annotated-message]
+reversibility = "irreversible"
+
+[tools.get-resource-reference]
+reversibility = "irreversible"
+
+[tools.get-resource-links]
+reversibility = "irreversible"
+
+[tools.get-structured-content]
 reversibility = "irreversible"
 """
 ALLOW_IRREVERSIBLE = """
@@ -161,28 +182,36 @@ def test_repeated_reads_reach_the_server_every_time(gw: dict[str, Any]) -> None:
 
 
 def test_a_replayed_mutating_call_returns_every_content_block(gw: dict[str, Any]) -> None:
-    """get-tiny-image (text, image, text) and get-annotated-message (annotated text and
-    image), treated as mutating: a repeat in the session is answered from the log, and
-    both answers are, block by block, what the server gives a direct call."""
+    """Tools treated as mutating, answering with an image (get-tiny-image: text, image,
+    text), annotated blocks, an embedded blob resource, resource links, and structured
+    content: a repeat in the session is answered from the log, and both answers are,
+    block by block, what the server gives a direct call."""
     server, args = _everything(gw)
-    calls = [("get-tiny-image", {}),
-             ("get-annotated-message", {"messageType": "error", "includeImage": True})]
+    calls = [("get-tiny-image", {}, ["text", "image", "text"]),
+             ("get-annotated-message", {"messageType": "error", "includeImage": True},
+              ["text", "image"]),
+             ("get-resource-reference", {"resourceType": "Blob", "resourceId": 2},
+              ["text", "resource", "text"]),
+             ("get-resource-links", {"count": 2}, ["text", "resource_link", "resource_link"]),
+             ("get-structured-content", {"location": "Chicago"}, ["text"])]
 
     async def go() -> tuple[list[Any], list[Any], list[Any]]:
         async with _direct(server) as s:
-            direct = [await s.call_tool(n, a) for n, a in calls]
+            direct = [await s.call_tool(n, a) for n, a, _ in calls]
         async with _guarded(gw, server, args) as s:
-            first = [await s.call_tool(n, a) for n, a in calls]
-            again = [await s.call_tool(n, a) for n, a in calls]
+            first = [await s.call_tool(n, a) for n, a, _ in calls]
+            again = [await s.call_tool(n, a) for n, a, _ in calls]
         return direct, first, again
     direct, first, again = anyio.run(go)
-    for d, f, a in zip(direct, first, again, strict=True):
-        assert not d.is_error
-        assert [b["type"] for b in _blocks(d)] in (["text", "image", "text"], ["text", "image"])
-        assert _blocks(f) == _blocks(d)
-        assert _blocks(a) == _blocks(d)
-        assert a.is_error == d.is_error
-    assert _kinds(gw["store"]).count(K.STEP_DUPLICATE_SUPPRESSED) == 2  # both were replays
+    for (name, _, types), d, f, a in zip(calls, direct, first, again, strict=True):
+        assert not d.is_error, (name, _text(d))
+        assert [b["type"] for b in _blocks(d)] == types, name
+        assert _steady(_blocks(f)) == _steady(_blocks(d)), name
+        assert _blocks(a) == _blocks(f), name  # the replay: exactly what the call gave
+        assert (f.is_error, a.is_error) == (d.is_error, d.is_error), name
+        assert f.structured_content == a.structured_content == d.structured_content, name
+    assert direct[-1].structured_content is not None  # the structured one has some
+    assert _kinds(gw["store"]).count(K.STEP_DUPLICATE_SUPPRESSED) == len(calls)
 
 
 # -- server-filesystem ----------------------------------------------------------
