@@ -214,6 +214,59 @@ def test_a_replayed_mutating_call_returns_every_content_block(gw: dict[str, Any]
     assert _kinds(gw["store"]).count(K.STEP_DUPLICATE_SUPPRESSED) == len(calls)
 
 
+def test_the_servers_requests_to_the_client_pass_through(gw: dict[str, Any]) -> None:
+    """The server asks the client: sampling/createMessage (trigger-sampling-request) and
+    roots/list (get-roots-list), tools the server offers only to a client that says
+    it can answer. Through the gateway the client is asked and the server gets its
+    answers, as directly."""
+    server, args = _everything(gw)
+    (gw["tmp"] / "asks.toml").write_text(EVERYTHING_MAP + """
+[tools.trigger-sampling-request]
+reversibility = "readonly"
+
+[tools.get-roots-list]
+reversibility = "readonly"
+""")
+    args[1] = str(gw["tmp"] / "asks.toml")
+    import mcp_types as types
+
+    async def go(guarded: bool) -> tuple[list[str], list[str]]:
+        asked: list[str] = []
+
+        async def sampling(ctx: Any, params: Any) -> Any:
+            asked.append(f"sampling:{params.messages[0].content.text}")
+            return types.CreateMessageResult(role="assistant", model="test-model",
+                                             content=types.TextContent(type="text",
+                                                                       text="SAMPLED-42"))
+
+        async def roots(ctx: Any) -> Any:
+            asked.append("roots")
+            return types.ListRootsResult(roots=[types.Root(uri="file:///srv/r1", name="r1")])
+        if guarded:
+            params = StdioServerParameters(command=sys.executable,
+                                           args=[*GUARD, *args, "--", *server],
+                                           env=gw["env"], cwd=str(ROOT))
+        else:
+            params = StdioServerParameters(command=server[0], args=server[1:], cwd=str(ROOT))
+        async with stdio_client(params) as (r, w), ClientSession(
+                r, w, sampling_callback=sampling, list_roots_callback=roots) as s:
+            await s.initialize()
+            with anyio.fail_after(30):
+                sampled = await s.call_tool("trigger-sampling-request",
+                                            {"prompt": "hello", "maxTokens": 5})
+                rooted = await s.call_tool("get-roots-list", {})
+        assert not sampled.is_error, _text(sampled)
+        assert not rooted.is_error, _text(rooted)
+        return [_text(sampled), _text(rooted)], asked
+    direct = anyio.run(go, False)
+    guarded = anyio.run(go, True)
+    assert "SAMPLED-42" in direct[0][0]
+    assert "file:///srv/r1" in direct[0][1]
+    assert guarded == direct
+    assert any(a.startswith("sampling:") and a.endswith("hello") for a in guarded[1])
+    assert "roots" in guarded[1]
+
+
 # -- server-filesystem ----------------------------------------------------------
 
 PRODUCTION_POLICY = """
@@ -287,6 +340,8 @@ def test_a_production_write_waits_and_runs_once_when_approved_at_the_cli(
     assert not staged.is_error, _text(staged)
     assert [(p["tool"], p["args"]["path"], p["reason"]) for p in pending] == [
         ("write_file", str(target), "policy rule production-writes")]
+    assert pending[0]["production"] is True
+    assert pending[0]["reversibility"] == "irreversible"  # the server's destructiveHint
     assert not written.is_error, _text(written)
     assert not again.is_error
     assert _text(again) == _text(written)  # the repeat was answered from the log
@@ -322,3 +377,39 @@ def test_a_denied_production_write_leaves_the_file_unwritten(gw: dict[str, Any])
     assert "denied by bob: freeze" in _text(result)
     assert not target.exists()
     assert list((root / "PRODUCTION").iterdir()) == []
+
+
+MOVE_MAP = """
+[tools.move_file]   # a move is undone by the move back
+reversibility = "compensable"
+[tools.move_file.compensation]
+tool = "move_file"
+args = { source = "$.input.destination", destination = "$.input.source" }
+"""
+
+
+def test_a_move_is_moved_back_when_a_later_write_fails(gw: dict[str, Any]) -> None:
+    """move_file, compensable by the move back (tools map); then a write the server
+    refuses (outside its allowed directory): the file is where it was, on disk."""
+    server, args, root = _filesystem(gw)
+    args += ["--tools-map", _files(gw, "move.toml", MOVE_MAP)]
+    start, moved_to = root / "staging" / "a.txt", root / "staging" / "b.txt"
+    start.write_text("contents")
+    outside = gw["tmp"] / "outside.txt"
+
+    async def go() -> tuple[Any, Any]:
+        async with _guarded(gw, server, args) as s:
+            moved = await s.call_tool("move_file", {"source": str(start),
+                                                    "destination": str(moved_to)})
+            assert moved_to.read_text() == "contents"
+            assert not start.exists()
+            refused = await s.call_tool("write_file", {"path": str(outside), "content": "x"})
+            return moved, refused
+    moved, refused = anyio.run(go)
+    assert not moved.is_error, _text(moved)
+    assert refused.is_error
+    assert "rolled back" in _text(refused)
+    assert "move_file (step 0)" in _text(refused)
+    assert start.read_text() == "contents"
+    assert not moved_to.exists()
+    assert not outside.exists()
