@@ -64,6 +64,8 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
         if init_file is not None:
             _init_tools_map(init_file, command, url, force)
             return
+        if force:
+            raise InvalidInput("--force goes with --init-tools-map FILE")
         for fd, name in ((0, "stdin"), (1, "stdout")):
             if stat.S_ISREG(os.fstat(fd).st_mode):
                 raise InvalidInput(f"saga mcp-guard speaks MCP over pipes; its {name} is a "

@@ -48,6 +48,8 @@ UNDO_VERBS = {"create": ("delete", "remove"), "add": ("remove", "delete"),
               "charge": ("refund",), "take": ("refund",), "open": ("close",),
               "start": ("stop", "cancel"), "enable": ("disable",), "lock": ("unlock",),
               "attach": ("detach",), "assign": ("unassign",), "subscribe": ("unsubscribe",)}
+SWAPS = (("source", "destination"), ("from", "to"), ("src", "dst"), ("old_path", "new_path"),
+         ("oldPath", "newPath"))
 SECRET_NAME = re.compile(r"(?i)(password|passwd|secret|token|api_?key|credential)")
 BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -254,14 +256,15 @@ def _entry(tool: Any, tools: Mapping[str, Any], undoes: list[str]) -> Entry:
         lines = [*notes, head, 'reversibility = "irreversible"   # the server\'s '
                  "destructiveHint; CHECK: if a tool undoes it, make it compensable"]
         if undo is not None:
-            lines += _commented_compensation(tool, tools, undo, "a guess from the tool names")
+            lines += _commented_compensation(tool, tools, undo, _why(tool, undo),
+                                             " (in place of the line above)")
         return Entry(tool.name, "annotations", [*lines, *secret])
     undo = _guess(tool, tools)
     lines = [*notes, f"# {head}", '# reversibility = "?"   # DECIDE: readonly, compensable '
              "(name its undo tool) or irreversible; left out, it is unknown to the policy "
              "(mutating, not undoable)"]
     if undo is not None:
-        lines += _commented_compensation(tool, tools, undo, "a guess from the tool names")
+        lines += _commented_compensation(tool, tools, undo, _why(tool, undo))
     lines += [f"# {s}" if not s.startswith("#") else s for s in secret]
     return Entry(tool.name, "guess" if undo is not None else "undecided", lines)
 
@@ -324,6 +327,9 @@ def _guess(tool: Any, tools: Mapping[str, Any]) -> Compensation | None:
     """An undo tool named as the opposite verb (create_x / delete_x), and a mapping
     by parameter names: the forward call's argument or output field of the same name."""
     name = tool.name
+    swapped = _swap(tool)
+    if swapped is not None:
+        return swapped
     m = re.match(r"^([A-Za-z]+)([_-].*)$", name)
     if m is None:
         return None
@@ -345,6 +351,17 @@ def _guess(tool: Any, tools: Mapping[str, Any]) -> Compensation | None:
     return None
 
 
+def _swap(tool: Any) -> Compensation | None:
+    """A move (``source``/``destination``, ``from``/``to``...) is undone by itself, the
+    two swapped, when those are all it requires."""
+    schema = tool.input_schema if isinstance(tool.input_schema, dict) else {}
+    required = set(schema.get("required") or [])
+    for a, b in SWAPS:
+        if required == {a, b}:
+            return Compensation(tool.name, {a: f"$.input.{b}", b: f"$.input.{a}"})
+    return None
+
+
 def _source_of(tool: Any, param: str) -> str | None:
     ins = (tool.input_schema or {}).get("properties") or {}
     outs = ((tool.output_schema or {}).get("properties") or {}) if tool.output_schema else {}
@@ -358,12 +375,17 @@ def _source_of(tool: Any, param: str) -> str | None:
     return None
 
 
+def _why(tool: Any, undo: Compensation) -> str:
+    return ("a guess: the same move, the other way" if undo.tool == tool.name
+            else "a guess from the tool names")
+
+
 def _commented_compensation(tool: Any, tools: Mapping[str, Any], comp: Compensation,
-                            why: str) -> list[str]:
+                            why: str, where: str = "") -> list[str]:
     problem = mapping_problem(tool, comp, tools)
     check = (f"CHECK: as mapped it can never make a valid call ({_one_line(problem)})"
              if problem else "CHECK that it really undoes the call")
-    return [f"# perhaps undone by {comp.tool} ({why}); {check}:",
+    return [f"# perhaps undone by {comp.tool} ({why}); {check}{where}:",
             '# reversibility = "compensable"', f"# compensation = {_compensation(comp)}"]
 
 
@@ -425,6 +447,8 @@ def render(tools: Sequence[Any], info: Mapping[str, Any], source: str,
         "# server claims; a tool left out (or commented out) is unknown to the policy:",
         "# treated as mutating and not undoable. Use it with",
         "#   saga mcp-guard --tools-map THIS_FILE -- COMMAND ...",
+        "# Listed as a client with no capabilities (sampling, roots, elicitation) sees them:",
+        "# a server may offer more tools to a client that has some; add those by hand.",
         "",
     ]
     body: list[str] = []

@@ -81,6 +81,8 @@ def _accept(text: str, tool: str) -> str:
     block = _block(text, tool)
     lines = []
     for line in block.splitlines():
+        if line.startswith("reversibility = "):  # an entry the guess replaces
+            continue
         for start in (f"# [tools.{tool}]", '# reversibility = "compensable"',
                       "# compensation = "):
             if line.startswith(start):
@@ -241,17 +243,16 @@ def test_annotations_become_entries_and_the_gateway_follows_them(
     assert kinds[0] == "create"
 
 
-def _memory_server(cache: Path) -> list[str]:
-    """The npm reference server, installed once into a cache directory."""
+def _npm(cache: Path, package: str) -> list[str]:
+    """An npm reference server (pinned), installed once into a cache directory."""
     npm = subprocess.run(["npm", "--version"], capture_output=True, text=True, check=False)
     if npm.returncode != 0:
-        pytest.skip("npm is needed for the reference-server test (apt install npm)")
-    entry = cache / "node_modules" / "@modelcontextprotocol" / "server-memory" / "dist" / \
-        "index.js"
+        pytest.skip("npm is needed for the reference-server tests (apt install npm)")
+    entry = cache / "node_modules" / "@modelcontextprotocol" / package / "dist" / "index.js"
     if not entry.exists():
         cache.mkdir(parents=True, exist_ok=True)
         subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(cache),
-                        "@modelcontextprotocol/server-memory@2026.8.31"], check=True,
+                        f"@modelcontextprotocol/{package}@2026.8.31"], check=True,
                        capture_output=True, timeout=300)
     return ["node", str(entry)]
 
@@ -262,7 +263,7 @@ def test_the_npm_memory_server_and_an_accepted_guess(tmp_path: Path, redis_url: 
     """The memory server declares nothing but annotations: reads and deletes come from
     them; create_relations gets a guessed undo (delete_relations), commented out.
     Taken as it is, the gateway undoes a relation through it when a later call fails."""
-    server = _memory_server(ROOT / ".cache" / "npm")
+    server = _npm(ROOT / ".cache" / "npm", "server-memory")
     memory = tmp_path / "memory.jsonl"
     env = {**_env(tmp_path), "MEMORY_FILE_PATH": str(memory)}
     out = tmp_path / "memory.toml"
@@ -307,6 +308,54 @@ def test_the_npm_memory_server_and_an_accepted_guess(tmp_path: Path, redis_url: 
     _ = client  # the gateway's store: flushed per test
 
 
+@pytest.mark.real_redis
+def test_the_npm_filesystem_server_and_its_guessed_move_back(tmp_path: Path, redis_url: str,
+                                                             client: redis.Redis) -> None:
+    """server-filesystem: reads and writes from its annotations; move_file, destructive,
+    gets the move back as a guessed undo. Taken, a gateway with the map moves a file
+    back when a later write fails."""
+    entry = _npm(ROOT / ".cache" / "npm", "server-filesystem")
+    root = tmp_path / "root"
+    root.mkdir()
+    server = [*entry, str(root)]
+    out = tmp_path / "fs.toml"
+    done = _init(out, server)
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    classes = load_tools_map(out)
+    assert classes["write_file"].reversibility == "irreversible"
+    assert classes["move_file"].reversibility == "irreversible"
+    assert classes["read_text_file"].reversibility == "readonly"
+    assert "create_directory" not in classes
+    assert "DECIDE" in _block(text, "create_directory")
+    assert "perhaps undone by move_file" in _block(text, "move_file")
+    out.write_text(_accept(text, "move_file"))
+    move = load_tools_map(out)["move_file"]
+    assert move.compensation is not None
+    assert dict(move.compensation.args) == {"source": "$.input.destination",
+                                            "destination": "$.input.source"}
+    (tmp_path / "policy.toml").write_text('[defaults]\nirreversible = "allow"\n')
+    env = {**_env(tmp_path), "SAGA_REDIS_URL": redis_url}
+    start, moved_to = root / "a.txt", root / "b.txt"
+    start.write_text("contents")
+
+    async def go() -> tuple[Any, Any]:
+        async with _guarded(env, server, ["--tools-map", str(out), "--policy",
+                                          str(tmp_path / "policy.toml")]) as s:
+            moved = await s.call_tool("move_file", {"source": str(start),
+                                                    "destination": str(moved_to)})
+            assert moved_to.exists()
+            refused = await s.call_tool("write_file", {"path": str(tmp_path / "outside"),
+                                                       "content": "x"})
+            return moved, refused
+    moved, refused = anyio.run(go)
+    assert not moved.is_error, _text(moved)
+    assert "rolled back" in _text(refused)
+    assert start.read_text() == "contents"
+    assert not moved_to.exists()
+    _ = client
+
+
 def test_an_existing_file_is_kept_unless_forced(tmp_path: Path) -> None:
     out = tmp_path / "tools.toml"
     out.write_text("# mine\n")
@@ -319,6 +368,11 @@ def test_an_existing_file_is_kept_unless_forced(tmp_path: Path) -> None:
     assert forced.returncode == 0, forced.stderr
     assert "create_record" in load_tools_map(out)
     assert sorted(p.name for p in tmp_path.iterdir() if p.suffix != ".db") == ["tools.toml"]
+    alone = subprocess.run([*GUARD, "--force", "--", *RECORDS], cwd=ROOT, env=_env(tmp_path),
+                           capture_output=True, text=True, timeout=60,
+                           stdin=subprocess.DEVNULL, check=False)
+    assert alone.returncode == 2
+    assert "--force goes with --init-tools-map" in alone.stderr
     yaml = _init(tmp_path / "tools.yaml", RECORDS)
     assert yaml.returncode == 2
     assert "TOML" in yaml.stderr
