@@ -268,6 +268,63 @@ reversibility = "readonly"
     assert "roots" in guarded[1]
 
 
+def test_over_streamable_http_progress_reads_and_replays_hold_too(gw: dict[str, Any]) -> None:
+    """server-everything over Streamable HTTP, the gateway in front with --url: the
+    same progress as a direct HTTP client sees, toggles reaching the server each
+    time, and a replayed image answer block for block."""
+    import socket
+
+    from mcp.client.streamable_http import streamable_http_client
+
+    from saga_store.testing import free_port
+    everything, args = _everything(gw)
+    node = everything[:2]
+    port = free_port()
+    server = subprocess.Popen([*node, "streamableHttp"], env={**os.environ, "PORT": str(port)},
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}/mcp"
+
+    async def exercise(s: Any) -> tuple[list[Any], list[str], list[Any]]:
+        seen: list[Any] = []
+
+        async def progress(done: float, total: float | None, message: str | None) -> None:
+            seen.append((done, total, message))
+        with anyio.fail_after(60):
+            await s.call_tool("trigger-long-running-operation", {"duration": 1, "steps": 4},
+                              progress_callback=progress)
+            toggles = [_text(await s.call_tool("toggle-simulated-logging", {})).split()[0]
+                       for _ in range(2)]
+            images = [_blocks(await s.call_tool("get-tiny-image", {})) for _ in range(2)]
+        return seen, toggles, images
+
+    async def go() -> tuple[Any, Any]:
+        async with streamable_http_client(url) as streams, ClientSession(
+                streams[0], streams[1]) as s:
+            await s.initialize()
+            direct = await exercise(s)
+        params = StdioServerParameters(command=sys.executable,
+                                       args=[*GUARD, *args, "--url", url], env=gw["env"],
+                                       cwd=str(ROOT))
+        async with stdio_client(params) as (r, w), ClientSession(r, w) as s:
+            await s.initialize()
+            guarded = await exercise(s)
+        return direct, guarded
+    try:
+        def up() -> bool:
+            with socket.socket() as sock:
+                return sock.connect_ex(("127.0.0.1", port)) == 0
+        assert_eventually(up, timeout=30, what="the HTTP server to listen")
+        direct, guarded = anyio.run(go)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert direct[0] == [(float(i), 4.0, None) for i in range(1, 5)]
+    assert guarded[0] == direct[0]
+    assert direct[1] == guarded[1] == ["Started", "Stopped"]
+    assert guarded[2][0] == guarded[2][1] == direct[2][0]
+    assert _kinds(gw["store"]).count(K.STEP_DUPLICATE_SUPPRESSED) == 1
+
+
 # -- server-filesystem ----------------------------------------------------------
 
 PRODUCTION_POLICY = """
