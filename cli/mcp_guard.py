@@ -40,7 +40,7 @@ from .common import Context, errors_to_exit, pass_ctx
 @click.option("--agent", "agent_id", default="mcp-client", show_default=True,
               envvar="SAGA_AGENT_ID", help="Agent id the sagas are recorded under.")
 @click.option("--log-level", default="WARNING", envvar="SAGA_LOG_LEVEL", show_default=True)
-@click.option("--init-tools-map", "init_file", default=None,
+@click.option("--init-tools-map", "init_tools_map", default=None,
               type=click.Path(dir_okay=False),
               help="Do not serve: ask the server for its tools and write a starter tools "
                    "map (TOML) to this file, then exit. Read its CHECK and DECIDE comments.")
@@ -49,7 +49,7 @@ from .common import Context, errors_to_exit, pass_ctx
 @pass_ctx
 def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
               url: str | None, gateway_name: str | None, agent_id: str, log_level: str,
-              init_file: str | None, force: bool, command: tuple[str, ...]) -> None:
+              init_tools_map: str | None, force: bool, command: tuple[str, ...]) -> None:
     """Put Saga Store in front of an MCP server: saga mcp-guard -- COMMAND ARGS...
 
     Serves MCP on stdio to the client. Each tools/call is logged in a saga (one per
@@ -57,12 +57,15 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
     deduplicated, and when a mutating call fails, earlier calls are compensated
     last first through the server's own compensation tools. Approve gated calls
     from another terminal with 'saga approvals' and 'saga approve'.
+
+    With --init-tools-map FILE it serves nothing: it lists the server's tools, writes
+    a starter tools map to FILE and exits.
     """
     logging.basicConfig(level=log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(message)s")
     with errors_to_exit():
-        if init_file is not None:
-            _init_tools_map(init_file, command, url, force)
+        if init_tools_map is not None:
+            _init_tools_map(init_tools_map, command, url, force)
             return
         if force:
             raise InvalidInput("--force goes with --init-tools-map FILE")
