@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import tempfile
@@ -39,6 +40,7 @@ from saga_store.errors import InvalidInput
 from saga_store.mcp.declared import DEFAULT_ATTEMPTS, META_COMPENSATE, Compensation, read_declared
 from saga_store.mcp.mapcheck import mapping_problem
 
+log = logging.getLogger("saga_store.gateway")
 ANSWER_TIMEOUT_S = 60.0
 STOP_S = 1.0
 MAX_PAGES = 1000
@@ -90,10 +92,15 @@ async def list_tools(command: Sequence[str], url: str | None,
     for t in raw:
         try:
             tools.append(types.Tool.model_validate(t))
-        except ValidationError as exc:
-            raise InvalidInput(f"the downstream server listed a tool that does not read "
-                               f"as an MCP tool ({t.get('name') if isinstance(t, dict) else t!r}"
-                               f": {exc.error_count()} error(s))") from None
+        except ValidationError as exc:  # known by its name only, as the gateway knows it
+            name = t.get("name") if isinstance(t, dict) else None
+            if not isinstance(name, str) or not name:
+                log.warning("the server listed a tool without a name; left out")
+                continue
+            log.warning("tool %r does not read as an MCP tool (%d error(s)); written by "
+                        "name only", name, exc.error_count())
+            tools.append(types.Tool(name=name, input_schema={"type": "object"},
+                                    description="(its listing does not read as an MCP tool)"))
     return info, tools
 
 
@@ -125,7 +132,9 @@ class _Talk:
                                        f"{err.get('message', msg['error'])}")
                 result = msg["result"]
                 return result if isinstance(result, dict) else {}
-            if "method" in msg and "id" in msg:  # the server asks something: nothing to give
+            if msg.get("method") == "ping" and "id" in msg:
+                await self._send({"jsonrpc": "2.0", "id": msg["id"], "result": {}})
+            elif "method" in msg and "id" in msg:  # the server asks something: nothing to give
                 await self._send({"jsonrpc": "2.0", "id": msg["id"], "error": {
                     "code": -32601, "message": "not supported while listing tools"}})
 

@@ -39,19 +39,35 @@ import json, sys
 TOOLS = [{"name": n, "inputSchema": {"type": "object"}, "annotations": a} for n, a in [
     ("look", {"readOnlyHint": True}), ("weird.name", {"readOnlyHint": True}),
     ('say "hi"', {"destructiveHint": True}), ("tab\there", {}), ("last", {})]]
+TOOLS.append({"name": "odd", "inputSchema": "not a schema"})  # read by its name only
+pinged, waiting = False, []
+
+def out(msg):
+    print(json.dumps(msg), flush=True)
+
+def page(msg):  # answered only once the client answered the server's ping
+    start = int(msg.get("params", {}).get("cursor") or 0)
+    result = {"tools": TOOLS[start:start + 2]}
+    if start + 2 < len(TOOLS):
+        result["nextCursor"] = str(start + 2)
+    out({"jsonrpc": "2.0", "id": msg["id"], "result": result})
+
 for line in sys.stdin:
     msg = json.loads(line)
-    if "id" not in msg:
-        continue
-    if msg["method"] == "initialize":
-        result = {"protocolVersion": msg["params"]["protocolVersion"], "capabilities":
-                  {"tools": {}}, "serverInfo": {"name": "paged", "version": "1"}}
+    if msg.get("method") == "notifications/initialized":  # the server asks first
+        out({"jsonrpc": "2.0", "id": "srv-1", "method": "ping"})
+    elif "method" not in msg:
+        pinged = msg == {"jsonrpc": "2.0", "id": "srv-1", "result": {}}
+        for w in waiting:
+            page(w)
+    elif msg["method"] == "initialize":
+        out({"jsonrpc": "2.0", "id": msg["id"], "result": {
+            "protocolVersion": msg["params"]["protocolVersion"], "capabilities": {"tools": {}},
+            "serverInfo": {"name": "paged", "version": "1"}}})
+    elif pinged:
+        page(msg)
     else:
-        start = int(msg.get("params", {}).get("cursor") or 0)
-        result = {"tools": TOOLS[start:start + 2]}
-        if start + 2 < len(TOOLS):
-            result["nextCursor"] = str(start + 2)
-    print(json.dumps({"jsonrpc": "2.0", "id": msg["id"], "result": result}), flush=True)
+        waiting.append(msg)
 '''
 
 
@@ -402,7 +418,7 @@ def test_every_page_of_the_listing_is_written_and_odd_names_are_quoted(
     out = tmp_path / "paged.toml"
     done = _init(out, [sys.executable, "-c", PAGED])
     assert done.returncode == 0, done.stderr
-    assert "5 tools" in done.stderr
+    assert "6 tools" in done.stderr
     doc = tomllib.loads(out.read_text())
     assert sorted(doc["tools"]) == ["look", 'say "hi"', "weird.name"]
     assert {n: c.reversibility for n, c in load_tools_map(out).items()} == {
@@ -410,6 +426,8 @@ def test_every_page_of_the_listing_is_written_and_odd_names_are_quoted(
     text = out.read_text()
     assert '# [tools."tab\\there"]' in text
     assert "# [tools.last]" in text
+    assert "# [tools.odd]" in text
+    assert "does not read as an MCP tool" in done.stderr
 
 
 def test_a_streamable_http_server_gives_the_same_map(tmp_path: Path) -> None:
