@@ -182,6 +182,28 @@ def test_repeated_reads_reach_the_server_every_time(gw: dict[str, Any]) -> None:
     assert K.STEP_DUPLICATE_SUPPRESSED not in _kinds(gw["store"])
 
 
+def test_reads_by_the_servers_annotations_are_each_a_call_of_their_own(
+        gw: dict[str, Any]) -> None:
+    """get-sum, read-only by its annotations alone (a policy that trusts server hints,
+    no tools map): three identical calls are three calls the server answered, each
+    its own step in the log, none answered from it."""
+    server = [*_npm_server("server-everything"), "stdio"]
+    args = ["--policy", _files(gw, "trusting.toml", "[defaults]\ntrust_server_hints = true\n")]
+
+    async def go() -> tuple[list[str], str]:
+        async with _guarded(gw, server, args) as s:
+            listed = {t.name: t.description or "" for t in (await s.list_tools()).tools}
+            with anyio.fail_after(30):  # no approval to wait for
+                return [_text(await s.call_tool("get-sum", {"a": 2, "b": 3}))
+                        for _ in range(3)], listed["get-sum"]
+    answers, label = anyio.run(go)
+    assert "read-only (server's claim)" in label
+    assert answers == ["The sum of 2 and 3 is 5."] * 3
+    kinds = _kinds(gw["store"])
+    assert kinds.count(K.STEP_STARTED) == kinds.count(K.STEP_SUCCEEDED) == 3
+    assert K.STEP_DUPLICATE_SUPPRESSED not in kinds
+
+
 def test_a_replayed_mutating_call_returns_every_content_block(gw: dict[str, Any]) -> None:
     """Tools treated as mutating, answering with an image (get-tiny-image: text, image,
     text), annotated blocks, an embedded blob resource, resource links, and structured
