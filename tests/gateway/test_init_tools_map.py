@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sqlite3
 import subprocess
@@ -261,9 +262,8 @@ def test_annotations_become_entries_and_the_gateway_follows_them(
 
 def _npm(cache: Path, package: str) -> list[str]:
     """An npm reference server (pinned), installed once into a cache directory."""
-    npm = subprocess.run(["npm", "--version"], capture_output=True, text=True, check=False)
-    if npm.returncode != 0:
-        pytest.skip("npm is needed for the reference-server tests (apt install npm)")
+    if shutil.which("npm") is None or shutil.which("node") is None:
+        pytest.skip("npm and node are needed for the reference-server tests (apt install npm)")
     entry = cache / "node_modules" / "@modelcontextprotocol" / package / "dist" / "index.js"
     if not entry.exists():
         cache.mkdir(parents=True, exist_ok=True)

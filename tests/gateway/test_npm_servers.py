@@ -544,6 +544,7 @@ def test_a_client_leaving_during_an_approval_wait_closes_its_session(
     server, args, root = _filesystem(gw)
     pending = _left_waiting(gw, server, args, root / "PRODUCTION" / "x")
     store: SagaStore = gw["store"]
-    assert_eventually(lambda: store.state(pending["saga_id"]).status in FINAL, timeout=20,
+    # the gateway closes it within its 5 s grace when it is not killed first
+    assert_eventually(lambda: store.state(pending["saga_id"]).status in FINAL, timeout=12,
                       what="the left session's saga to be closed")
     assert _pending_cli(gw) == []
