@@ -274,7 +274,7 @@ def _entry(tool: Any, tools: Mapping[str, Any], undoes: list[str]) -> Entry:
              "(mutating, not undoable)"]
     if undo is not None:
         lines += _commented_compensation(tool, tools, undo, _why(tool, undo))
-    lines += [f"# {s}" if not s.startswith("#") else s for s in secret]
+    lines += secret
     return Entry(tool.name, "guess" if undo is not None else "undecided", lines)
 
 
@@ -287,9 +287,12 @@ def _declared(tool: Any, tools: Mapping[str, Any], head: str, notes: list[str],
         lines.append(f"# the server's notes: {_one_line(d.notes)}")
     comp: Compensation | None = d.compensation
     if comp is None:
-        return Entry(tool.name, "_meta", [*lines, head,
-                                          f"reversibility = {_str(d.reversibility)}   "
-                                          "# declared by the server", *_secret_line(tool)])
+        said = ("declared by the server; CHECK it changes nothing: here it is your word, "
+                "which the policy trusts" if d.reversibility == "readonly"
+                else "declared by the server")
+        return Entry(tool.name, "_meta", [*lines, head, f"reversibility = "
+                                          f"{_str(d.reversibility)}   # {said}",
+                                          *_secret_line(tool)])
     problem = mapping_problem(tool, comp, tools)
     if problem is not None:
         lines += [f"# CHECK: the server declares it undone by {comp.tool}, but that mapping "
@@ -297,8 +300,7 @@ def _declared(tool: Any, tools: Mapping[str, Any], head: str, notes: list[str],
                   "# Until it is fixed the gateway treats this tool as unclassified "
                   "(mutating, not undoable).", f"# {head}", '# reversibility = "compensable"',
                   f"# compensation = {_compensation(comp)}"]
-        lines += [f"# {s}" for s in _secret_line(tool)]
-        return Entry(tool.name, "undecided", lines)
+        return Entry(tool.name, "undecided", [*lines, *_secret_line(tool)])
     entry = [head, 'reversibility = "compensable"   # declared by the server',
              f"compensation = {_compensation(comp)}", *_secret_line(tool)]
     if comp.timeout_s is not None or comp.max_attempts != DEFAULT_ATTEMPTS:
@@ -309,7 +311,8 @@ def _declared(tool: Any, tools: Mapping[str, Any], head: str, notes: list[str],
                   "has no place for: uncommented, this entry", f"# replaces the declaration "
                   f"and the undo is tried {DEFAULT_ATTEMPTS} times, each as long as it takes. "
                   "Left commented, the server's declaration applies as it is."]
-        return Entry(tool.name, "_meta", [*lines, *(f"# {x}" for x in entry)], active=False)
+        return Entry(tool.name, "_meta", [*lines, *(_commented(x) for x in entry)],
+                     active=False)
     return Entry(tool.name, "_meta", [*lines, *entry])
 
 
@@ -426,6 +429,10 @@ def _compensation(comp: Compensation) -> str:
     args = ", ".join(f"{_key(p)} = {_str(path)}" for p, path in comp.args.items())
     return f"{{ tool = {_str(comp.tool)}, args = {{ {args} }} }}" if args else \
         f"{{ tool = {_str(comp.tool)}, args = {{}} }}"
+
+
+def _commented(line: str) -> str:
+    return line if line.startswith("#") else f"# {line}"
 
 
 def _one_line(s: str) -> str:
