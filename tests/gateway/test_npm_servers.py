@@ -168,6 +168,39 @@ def test_progress_notifications_pass_through_unchanged(gw: dict[str, Any]) -> No
     assert guarded_text == direct_text
 
 
+def test_progress_of_reads_side_by_side_goes_to_each_its_own_caller(
+        gw: dict[str, Any]) -> None:
+    """Two long-running reads at once in one session, of 3 and 5 steps: each caller
+    hears its own call's progress and nothing of the other's, as directly."""
+    server, args = _everything(gw)
+
+    async def both(session: Any) -> dict[int, list[Any]]:
+        seen: dict[int, list[Any]] = {3: [], 5: []}
+
+        async def one(steps: int) -> None:
+            async def progress(done: float, total: float | None, message: str | None) -> None:
+                seen[steps].append((done, total, message))
+            result = await session.call_tool("trigger-long-running-operation",
+                                             {"duration": 1, "steps": steps},
+                                             progress_callback=progress)
+            assert not result.is_error, _text(result)
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, 3)
+                tg.start_soon(one, 5)
+        return seen
+
+    async def go() -> tuple[Any, Any]:
+        async with _direct(server) as s:
+            direct = await both(s)
+        async with _guarded(gw, server, args) as s:
+            guarded = await both(s)
+        return direct, guarded
+    direct, guarded = anyio.run(go)
+    assert direct == {n: [(float(i), float(n), None) for i in range(1, n + 1)] for n in (3, 5)}
+    assert guarded == direct
+
+
 def test_repeated_reads_reach_the_server_every_time(gw: dict[str, Any]) -> None:
     """toggle-simulated-logging, read-only by the tools map, answers Started and
     Stopped in turn: four identical calls get four answers from the server."""
