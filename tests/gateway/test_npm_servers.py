@@ -568,3 +568,57 @@ def test_a_write_left_waiting_by_a_client_that_left_never_runs(gw: dict[str, Any
     assert st.steps[pending["step"]].status != "succeeded"
     assert not target.exists()
     assert _pending_cli(gw) == []
+
+
+async def _approve_in_turn(gw: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """Approve ``n`` waiting calls at the CLI as they come, each alone in the list."""
+    asked: list[dict[str, Any]] = []
+
+    def waiting() -> list[dict[str, Any]]:
+        seen = {(p["saga_id"], p["step"]) for p in asked}
+        return [p for p in _pending_cli(gw) if (p["saga_id"], p["step"]) not in seen]
+
+    def approve(p: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        return _saga(gw, "approve", p["saga_id"], str(p["step"]), "--by", "alice")
+    for _ in range(n):
+        pending = await anyio.to_thread.run_sync(lambda: assert_eventually(
+            waiting, timeout=30, what="the next write to wait"))
+        assert len(pending) == 1, pending  # one at a time
+        asked.append(pending[0])
+        done = await anyio.to_thread.run_sync(approve, pending[0])
+        assert done.returncode == 0, done.stderr
+    return asked
+
+
+def test_two_production_writes_at_once_wait_in_turn_and_each_runs_once(
+        gw: dict[str, Any]) -> None:
+    """Two PRODUCTION writes sent at once in one session: mutating calls go one at a
+    time, so a person is asked about one, then the other; each approved write is on
+    disk with its own content, and a repeat of either runs nothing."""
+    server, args, root = _filesystem(gw)
+    a, b = root / "PRODUCTION" / "a", root / "PRODUCTION" / "b"
+    writes = ((a, "A"), (b, "B"))
+
+    async def go() -> tuple[list[Any], list[dict[str, Any]], list[Any]]:
+        got: list[Any] = []
+        async with _guarded(gw, server, args) as s:
+            async def write(path: Path, content: str) -> None:
+                got.append(await s.call_tool("write_file", {"path": str(path),
+                                                            "content": content}))
+            async with anyio.create_task_group() as tg:
+                for path, content in writes:
+                    tg.start_soon(write, path, content)
+                asked = await _approve_in_turn(gw, 2)
+            assert (a.read_text(), b.read_text()) == ("A", "B")
+            a.write_text("changed")  # a second run of either would write it again
+            b.write_text("changed")
+            with anyio.fail_after(30):  # repeats: answered from the log, no person asked
+                again = [await s.call_tool("write_file", {"path": str(p), "content": c})
+                         for p, c in writes]
+        return got, asked, again
+    got, asked, again = anyio.run(go)
+    assert all(not r.is_error for r in got + again), [_text(r) for r in got + again]
+    assert sorted(p["args"]["path"] for p in asked) == [str(a), str(b)]
+    assert (a.read_text(), b.read_text()) == ("changed", "changed")
+    assert _kinds(gw["store"]).count(K.STEP_DUPLICATE_SUPPRESSED) == 2
+    assert _pending_cli(gw) == []
