@@ -455,3 +455,31 @@ def test_a_streamable_http_server_gives_the_same_map(tmp_path: Path) -> None:
     def body(p: Path) -> list[str]:
         return [line for line in p.read_text().splitlines() if not line.startswith("# written")]
     assert body(tmp_path / "http.toml") == body(tmp_path / "stdio.toml")
+
+
+def test_the_npm_everything_server_over_http_gives_the_map_it_gives_on_stdio(
+        tmp_path: Path) -> None:
+    """server-everything under Node, on stdio and on Streamable HTTP: the same entries
+    (reads from readOnlyHint, the toggles for a person)."""
+    node = _npm(ROOT / ".cache" / "npm", "server-everything")
+    assert _init(tmp_path / "stdio.toml", [*node, "stdio"]).returncode == 0
+    port = free_port()
+    server = subprocess.Popen([*node, "streamableHttp"], env={**os.environ, "PORT": str(port)},
+                              cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def up() -> bool:
+            with socket.socket() as s:
+                return s.connect_ex(("127.0.0.1", port)) == 0
+        assert_eventually(up, timeout=30, what="the HTTP MCP server to listen")
+        done = _init(tmp_path / "http.toml", extra=["--url", f"http://127.0.0.1:{port}/mcp"])
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+    assert done.returncode == 0, done.stderr
+    classes = load_tools_map(tmp_path / "http.toml")
+    assert classes == load_tools_map(tmp_path / "stdio.toml")
+    assert classes["get-sum"].reversibility == "readonly"
+    assert classes["trigger-long-running-operation"].reversibility == "readonly"
+    text = (tmp_path / "http.toml").read_text()
+    assert "DECIDE" in _block(text, "toggle-simulated-logging")
+    assert "toggle-simulated-logging" not in classes
