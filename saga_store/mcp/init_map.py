@@ -285,6 +285,9 @@ def _declared(tool: Any, tools: Mapping[str, Any], head: str, notes: list[str],
         lines.append(f"# the server says it touches: {', '.join(d.scope)}")
     if d.notes:
         lines.append(f"# the server's notes: {_one_line(d.notes)}")
+    if d.scope or d.notes:
+        lines.append("# (with an entry here, approvers no longer see what the server says it "
+                     "touches or its notes; the tools-map form has no place for them)")
     comp: Compensation | None = d.compensation
     if comp is None:
         said = ("declared by the server; CHECK it changes nothing: here it is your word, "

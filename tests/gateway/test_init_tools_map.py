@@ -150,6 +150,7 @@ def test_the_compensate_servers_declarations_become_entries(tmp_path: Path) -> N
     assert "timeoutMs = 300, maxRetries = 1" in _block(text, "book_room")
     assert "the server's notes: A sent email cannot be recalled." in _block(text, "send_email")
     assert "the server says it touches: email, customers" in _block(text, "send_email")
+    assert "approvers no longer see" in _block(text, "send_email")
     # a declared mapping that can never make a valid call is for a person to fix
     tag = _block(text, "tag_item")
     assert "CHECK" in tag
