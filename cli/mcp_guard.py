@@ -40,11 +40,16 @@ from .common import Context, errors_to_exit, pass_ctx
 @click.option("--agent", "agent_id", default="mcp-client", show_default=True,
               envvar="SAGA_AGENT_ID", help="Agent id the sagas are recorded under.")
 @click.option("--log-level", default="WARNING", envvar="SAGA_LOG_LEVEL", show_default=True)
+@click.option("--init-tools-map", "init_tools_map", default=None,
+              type=click.Path(dir_okay=False),
+              help="Do not serve: ask the server for its tools and write a starter tools "
+                   "map (TOML) to this file, then exit. Read its CHECK and DECIDE comments.")
+@click.option("--force", is_flag=True, help="With --init-tools-map: replace an existing file.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @pass_ctx
 def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
               url: str | None, gateway_name: str | None, agent_id: str, log_level: str,
-              command: tuple[str, ...]) -> None:
+              init_tools_map: str | None, force: bool, command: tuple[str, ...]) -> None:
     """Put Saga Store in front of an MCP server: saga mcp-guard -- COMMAND ARGS...
 
     Serves MCP on stdio to the client. Each tools/call is logged in a saga (one per
@@ -52,10 +57,18 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
     deduplicated, and when a mutating call fails, earlier calls are compensated
     last first through the server's own compensation tools. Approve gated calls
     from another terminal with 'saga approvals' and 'saga approve'.
+
+    With --init-tools-map FILE it serves nothing: it lists the server's tools, writes
+    a starter tools map to FILE and exits.
     """
     logging.basicConfig(level=log_level, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(message)s")
     with errors_to_exit():
+        if init_tools_map is not None:
+            _init_tools_map(init_tools_map, command, url, force)
+            return
+        if force:
+            raise InvalidInput("--force goes with --init-tools-map FILE")
         for fd, name in ((0, "stdin"), (1, "stdout")):
             if stat.S_ISREG(os.fstat(fd).st_mode):
                 raise InvalidInput(f"saga mcp-guard speaks MCP over pipes; its {name} is a "
@@ -83,6 +96,25 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
             "gateway id %s (%s)", gid, "given" if gateway_name else
             "from the URL" if url else "from the command, its directory and environment")
         anyio.run(_serve, store, policy, tools_map, gid, agent_id, list(command), url)
+
+
+def _init_tools_map(path: str, command: tuple[str, ...], url: str | None,
+                    force: bool) -> None:
+    """--init-tools-map: list the server's tools, write the starter map, exit."""
+    if bool(command) == bool(url):
+        raise InvalidInput("give the downstream server as -- COMMAND ARGS... or --url URL, "
+                           "not both or neither")
+    try:
+        import mcp  # noqa: F401  # imported only to check it is installed
+    except ImportError:
+        raise InvalidInput("--init-tools-map needs the mcp package: "
+                           "pip install 'saga-store[mcp]'") from None
+    from saga_store.mcp.init_map import init_tools_map
+    made = init_tools_map(path, command, url, force=force)
+    decide = sum(1 for e in made if e.source in ("guess", "undecided"))
+    click.echo(f"wrote {path}: {len(made)} tools, {decide} for a person to decide; read its "
+               "CHECK and DECIDE comments, then: saga mcp-guard --tools-map "
+               f"{path} -- ...", err=True)
 
 
 @asynccontextmanager
