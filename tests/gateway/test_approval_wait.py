@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +19,7 @@ from saga_store.log.events import EventKind as K
 from saga_store.protocol.state import Status
 from saga_store.testing import assert_eventually
 from saga_store.verify.checker import Verifier
+from tests.npm import installed
 
 from .test_mcp_gateway import ROOT, RawGateway, _effects, _gated, _run, _session, _text, gw
 
@@ -109,17 +109,6 @@ def test_closing_the_session_withdraws_a_pending_approval(gw: dict[str, Any]) ->
     assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "delete"]
 
 
-def _ts_client(cache: Path) -> Path:
-    """The official TypeScript MCP SDK, installed once into a cache directory."""
-    sdk = cache / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json"
-    if not sdk.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(cache),
-                        "@modelcontextprotocol/sdk@1.32.2"], check=True,
-                       capture_output=True, timeout=300)
-    return cache
-
-
 TS_CLIENT = r"""
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
@@ -152,7 +141,7 @@ def test_a_typescript_client_outlives_its_request_timeout_while_a_person_decides
     """The TypeScript SDK client's request timeout (3 s here; 60 s by default) resets
     on each progress notification: a call approved after three timeouts' worth of
     waiting completes. Without progress the same client gives up (the control)."""
-    npm = _ts_client(ROOT / ".cache" / "npm-sdk")
+    npm = installed("sdk").parents[2]
     (npm / "client.mjs").write_text(TS_CLIENT)
     store: SagaStore = gw["store"]
     env = {**gw["env"], "SAGA_APPROVAL_PROGRESS_S": "1", "CLIENT_TIMEOUT_MS": "3000",

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import sqlite3
 import subprocess
@@ -28,6 +27,7 @@ from saga_store import Registry, SagaStore
 from saga_store.approval import requests as approvals
 from saga_store.mcp.classify import load_tools_map
 from saga_store.testing import assert_eventually, free_port
+from tests.npm import reference_server
 
 pytestmark = [pytest.mark.timeout(180)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -264,26 +264,13 @@ def test_annotations_become_entries_and_the_gateway_follows_them(
     assert kinds[0] == "create"
 
 
-def _npm(cache: Path, package: str) -> list[str]:
-    """An npm reference server (pinned), installed once into a cache directory."""
-    if shutil.which("npm") is None or shutil.which("node") is None:
-        pytest.skip("npm and node are needed for the reference-server tests (apt install npm)")
-    entry = cache / "node_modules" / "@modelcontextprotocol" / package / "dist" / "index.js"
-    if not entry.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(cache),
-                        f"@modelcontextprotocol/{package}@2026.8.31"], check=True,
-                       capture_output=True, timeout=300)
-    return ["node", str(entry)]
-
-
 @pytest.mark.real_redis
 def test_the_npm_memory_server_and_an_accepted_guess(tmp_path: Path, redis_url: str,
                                                      client: redis.Redis) -> None:
     """The memory server declares nothing but annotations: reads and deletes come from
     them; create_relations gets a guessed undo (delete_relations), commented out.
     Taken as it is, the gateway undoes a relation through it when a later call fails."""
-    server = _npm(ROOT / ".cache" / "npm", "server-memory")
+    server = reference_server("server-memory")
     memory = tmp_path / "memory.jsonl"
     env = {**_env(tmp_path), "MEMORY_FILE_PATH": str(memory)}
     out = tmp_path / "memory.toml"
@@ -334,7 +321,7 @@ def test_the_npm_filesystem_server_and_its_guessed_move_back(tmp_path: Path, red
     """server-filesystem: reads and writes from its annotations; move_file, destructive,
     gets the move back as a guessed undo. Taken, a gateway with the map moves a file
     back when a later write fails."""
-    entry = _npm(ROOT / ".cache" / "npm", "server-filesystem")
+    entry = reference_server("server-filesystem")
     root = tmp_path / "root"
     root.mkdir()
     server = [*entry, str(root)]
@@ -462,7 +449,7 @@ def test_the_npm_everything_server_over_http_gives_the_map_it_gives_on_stdio(
         tmp_path: Path) -> None:
     """server-everything under Node, on stdio and on Streamable HTTP: the same entries
     (reads from readOnlyHint, the toggles for a person)."""
-    node = _npm(ROOT / ".cache" / "npm", "server-everything")
+    node = reference_server("server-everything")
     assert _init(tmp_path / "stdio.toml", [*node, "stdio"]).returncode == 0
     port = free_port()
     server = subprocess.Popen([*node, "streamableHttp"], env={**os.environ, "PORT": str(port)},

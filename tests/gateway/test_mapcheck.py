@@ -27,7 +27,7 @@ from saga_store.mcp.mapcheck import mapping_problem
 from saga_store.protocol.state import Status
 from saga_store.testing import assert_eventually
 from saga_store.verify.checker import Verifier
-from tests.gateway.test_mcp_gateway import _memory_server
+from tests.npm import reference_server
 
 ROOT = Path(__file__).resolve().parents[2]
 ITEMS = [sys.executable, str(ROOT / "tests" / "mcp_compensate_server.py")]
@@ -101,7 +101,7 @@ def test_a_list_projection_undoes_a_batch_through_the_reference_server(
         redis_url: str, client: redis.Redis, tmp_path: Path) -> None:
     """create_entities is undone by delete_entities(entityNames = $.input.entities[*].name)
     when a later call fails; the server's graph no longer has them."""
-    server = _memory_server(ROOT / ".cache" / "npm")
+    server = reference_server("server-memory")
     (tmp_path / "memory.toml").write_text("""
 [tools.create_entities]
 compensation = { tool = "delete_entities", args = { entityNames = "$.input.entities[*].name" } }
@@ -158,7 +158,7 @@ def test_a_gateway_for_other_data_never_undoes_a_killed_ones_calls(
     with the same command and MEMORY_FILE_PATH=B, whose file holds an unrelated entity
     of the same name. B's gateway leaves A's session alone (B's entity stands); the next
     gateway for A rolls it back in A."""
-    server = _memory_server(ROOT / ".cache" / "npm")
+    server = reference_server("server-memory")
     (tmp_path / "memory.toml").write_text("""
 [tools.create_entities]
 compensation = { tool = "delete_entities", args = { entityNames = "$.input.entities[*].name" } }

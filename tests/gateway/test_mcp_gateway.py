@@ -30,6 +30,7 @@ from saga_store.log.events import EventKind as K
 from saga_store.protocol.state import Status
 from saga_store.testing import assert_eventually
 from saga_store.verify.checker import Verifier
+from tests.npm import reference_server
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -572,24 +573,10 @@ def test_a_gateway_killed_mid_unwind_is_finished_by_the_next(gw: dict[str, Any])
     assert Verifier(store.events.log).verify().ok
 
 
-def _memory_server(cache: Path) -> list[str]:
-    """The npm reference server, installed once into a cache directory."""
-    npm = subprocess.run(["npm", "--version"], capture_output=True, text=True, check=False)
-    assert npm.returncode == 0, "npm is needed for the reference-server test (apt install npm)"
-    entry = cache / "node_modules" / "@modelcontextprotocol" / "server-memory" / "dist" / \
-        "index.js"
-    if not entry.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(cache),
-                        "@modelcontextprotocol/server-memory@2026.8.31"], check=True,
-                       capture_output=True, timeout=300)
-    return ["node", str(entry)]
-
-
 def test_in_front_of_the_npm_reference_memory_server(gw: dict[str, Any]) -> None:
     """create_relations is compensable by delete_relations (declared in the tools map);
     a failing add_observations rolls it back through the server itself."""
-    server = _memory_server(ROOT / ".cache" / "npm")
+    server = reference_server("server-memory")
     (gw["tmp"] / "memory.toml").write_text("""
 [tools.create_relations]
 reversibility = "compensable"

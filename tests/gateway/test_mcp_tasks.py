@@ -10,30 +10,18 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from saga_store.protocol.state import Status
 from saga_store.verify.checker import Verifier
+from tests.npm import reference_server
 
 from .test_mcp_gateway import ROOT, _sagas, gw
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
 __all__ = ["gw"]
-
-
-def everything_server(cache: Path) -> list[str]:
-    """The npm reference server ``server-everything``, installed once into a cache."""
-    entry = cache / "node_modules" / "@modelcontextprotocol" / "server-everything" / \
-        "dist" / "index.js"
-    if not entry.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(cache),
-                        "@modelcontextprotocol/server-everything@2026.8.31"], check=True,
-                       capture_output=True, timeout=300)
-    return ["node", str(entry), "stdio"]
 
 
 class Lines:
@@ -69,7 +57,7 @@ class Lines:
 
 def test_a_task_augmented_call_is_a_step_whose_outcome_is_the_tasks_result(
         gw: dict[str, Any]) -> None:
-    server = everything_server(ROOT / ".cache" / "npm")
+    server = [*reference_server("server-everything"), "stdio"]
     store = gw["store"]
     client = Lines([sys.executable, *gw["args"], "--", *server], gw["env"])
     try:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -25,26 +24,11 @@ from saga_store import Registry, SagaStore
 from saga_store.log.events import EventKind as K
 from saga_store.protocol.vocab import FINAL
 from saga_store.testing import assert_eventually
+from tests.npm import reference_server
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(180)]
 ROOT = Path(__file__).resolve().parents[2]
-CACHE = ROOT / ".cache" / "npm"
-VERSIONS = {"server-everything": "2026.8.31", "server-filesystem": "2026.8.31"}
 GUARD = ["-m", "saga_store.cli.main", "mcp-guard"]
-
-
-def _npm_server(package: str) -> list[str]:
-    """``node`` and the entry of an npm reference server, installed once (pinned) into
-    the cache directory."""
-    if shutil.which("npm") is None or shutil.which("node") is None:
-        pytest.skip("npm and node are needed for the reference-server tests (apt install npm)")
-    entry = CACHE / "node_modules" / "@modelcontextprotocol" / package / "dist" / "index.js"
-    if not entry.exists():
-        CACHE.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(CACHE),
-                        f"@modelcontextprotocol/{package}@{VERSIONS[package]}"], check=True,
-                       capture_output=True, timeout=300)
-    return ["node", str(entry)]
 
 
 @pytest.fixture
@@ -134,7 +118,7 @@ irreversible = "allow"
 
 
 def _everything(gw: dict[str, Any]) -> tuple[list[str], list[str]]:
-    server = [*_npm_server("server-everything"), "stdio"]
+    server = [*reference_server("server-everything"), "stdio"]
     args = ["--tools-map", _files(gw, "everything.toml", EVERYTHING_MAP),
             "--policy", _files(gw, "policy.toml", ALLOW_IRREVERSIBLE)]
     return server, args
@@ -220,7 +204,7 @@ def test_reads_by_the_servers_annotations_are_each_a_call_of_their_own(
     """get-sum, read-only by its annotations alone (a policy that trusts server hints,
     no tools map): three identical calls are three calls the server answered, each
     its own step in the log, none answered from it."""
-    server = [*_npm_server("server-everything"), "stdio"]
+    server = [*reference_server("server-everything"), "stdio"]
     args = ["--policy", _files(gw, "trusting.toml", "[defaults]\ntrust_server_hints = true\n")]
 
     async def go() -> tuple[list[str], str]:
@@ -417,7 +401,7 @@ def _filesystem(gw: dict[str, Any]) -> tuple[list[str], list[str], Path]:
     root = gw["tmp"] / "root"
     (root / "PRODUCTION").mkdir(parents=True)
     (root / "staging").mkdir()
-    server = [*_npm_server("server-filesystem"), str(root)]
+    server = [*reference_server("server-filesystem"), str(root)]
     return server, ["--policy", _files(gw, "policy.toml", PRODUCTION_POLICY)], root
 
 
