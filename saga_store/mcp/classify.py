@@ -31,7 +31,13 @@ from typing import Any
 
 from saga_store.approval.policy import read_config
 from saga_store.errors import InvalidInput, MappingError
-from saga_store.mcp.declared import META_COMPENSATE, Compensation, check_paths, read_declared
+from saga_store.mcp.declared import (
+    DEFAULT_ATTEMPTS,
+    META_COMPENSATE,
+    Compensation,
+    check_paths,
+    read_declared,
+)
 from saga_store.protocol.mapping import parts_of
 from saga_store.protocol.vocab import Reversibility
 
@@ -140,10 +146,24 @@ def _compensation(raw: Any, where: str, rev: str) -> Compensation | None:
     if not isinstance(raw, dict) or not isinstance(raw.get("tool"), str):
         raise InvalidInput(f"{where}: a compensable tool needs compensation = "
                            "{ tool = \"...\", args = { param = \"$.input.x\" } }")
+    unknown = set(raw) - {"tool", "args", "timeout_s", "attempts"}
+    if unknown:
+        raise InvalidInput(f"{where}: compensation takes tool, args, timeout_s and attempts, "
+                           f"not {sorted(unknown)}")
     args = raw.get("args") or {}
     if not isinstance(args, dict):
         raise InvalidInput(f"{where}: compensation args is a table of param = path")
-    return Compensation(raw["tool"], check_paths(args, where))
+    timeout = raw.get("timeout_s")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float)
+                                or not 0 < timeout < float("inf")):
+        raise InvalidInput(f"{where}: compensation timeout_s is a number of seconds above 0 "
+                           f"(each try of the undo), got {timeout!r}")
+    attempts = raw.get("attempts", DEFAULT_ATTEMPTS)
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise InvalidInput(f"{where}: compensation attempts is a whole number from 1 (tries "
+                           f"of the undo before the saga is stuck), got {attempts!r}")
+    return Compensation(raw["tool"], check_paths(args, where), attempts,
+                        float(timeout) if timeout is not None else None)
 
 
 def classify(tool: Any, tools_map: Mapping[str, Classification]) -> Classification:

@@ -7,9 +7,10 @@ for every page of tools/list, and each tool becomes an entry in the form
 something:
 
 1. the server's ``_meta["dev.chronomcp/compensate"]`` declaration (reversibility,
-   compensation tool and mapping); what the tools-map form has no place for
-   (``timeoutMs``, ``maxRetries``, ``sideEffectScope``, ``notes``) is written as a
-   comment, since an entry replaces the declaration;
+   compensation tool and mapping, ``timeoutMs`` as ``timeout_s``, ``maxRetries``
+   + 1 as ``attempts``); what the tools-map form has no place for
+   (``sideEffectScope``, ``notes``) is written as a comment, since an entry
+   replaces the declaration;
 2. the MCP annotations: ``readOnlyHint`` gives ``readonly``, ``destructiveHint``
    ``irreversible``, each with a comment to check it (a local entry is trusted by
    the policy as the server's hint is not);
@@ -306,16 +307,6 @@ def _declared(tool: Any, tools: Mapping[str, Any], head: str, notes: list[str],
         return Entry(tool.name, "undecided", [*lines, *_secret_line(tool)])
     entry = [head, 'reversibility = "compensable"   # declared by the server',
              f"compensation = {_compensation(comp)}", *_secret_line(tool)]
-    if comp.timeout_s is not None or comp.max_attempts != DEFAULT_ATTEMPTS:
-        said = ", ".join(x for x in (
-            f"timeoutMs = {round(comp.timeout_s * 1000)}" if comp.timeout_s is not None else "",
-            f"maxRetries = {comp.max_attempts - 1}") if x)
-        lines += [f"# CHECK: the server declares {said} for the undo, which a tools-map entry "
-                  "has no place for: uncommented, this entry", f"# replaces the declaration "
-                  f"and the undo is tried {DEFAULT_ATTEMPTS} times, each as long as it takes. "
-                  "Left commented, the server's declaration applies as it is."]
-        return Entry(tool.name, "_meta", [*lines, *(_commented(x) for x in entry)],
-                     active=False)
     return Entry(tool.name, "_meta", [*lines, *entry])
 
 
@@ -429,9 +420,15 @@ def _list(items: Sequence[str]) -> str:
 
 
 def _compensation(comp: Compensation) -> str:
+    """A compensation in the tools-map's form, with its tries and their time limit
+    where they are not the default (the server's ``maxRetries`` + 1, ``timeoutMs``)."""
     args = ", ".join(f"{_key(p)} = {_str(path)}" for p, path in comp.args.items())
-    return f"{{ tool = {_str(comp.tool)}, args = {{ {args} }} }}" if args else \
-        f"{{ tool = {_str(comp.tool)}, args = {{}} }}"
+    extra = "".join((f", timeout_s = {comp.timeout_s:g}" if comp.timeout_s is not None
+                     else "",
+                     f", attempts = {comp.max_attempts}" if comp.max_attempts != DEFAULT_ATTEMPTS
+                     else ""))
+    return f"{{ tool = {_str(comp.tool)}, args = {{ {args} }}{extra} }}" if args else \
+        f"{{ tool = {_str(comp.tool)}, args = {{}}{extra} }}"
 
 
 def _commented(line: str) -> str:

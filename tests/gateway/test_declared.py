@@ -3,13 +3,14 @@ extension's form as written, the shorthand, and clear refusals of what is wrong.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import mcp_types as types
 import pytest
 
 from saga_store.errors import InvalidInput
-from saga_store.mcp.classify import Classification, classify
+from saga_store.mcp.classify import Classification, classify, load_tools_map
 from saga_store.mcp.declared import META_COMPENSATE, read_declared
 
 SPEC = {"reversibility": "compensable",
@@ -75,3 +76,25 @@ def test_a_declaration_that_does_not_read_says_what_is_wrong(raw: Any, says: str
 
 def test_a_declaration_that_does_not_read_leaves_the_tool_unclassified() -> None:
     assert classify(_tool({"reversibility": "maybe"}), {}).reversibility == "unknown"
+
+
+def test_a_tools_map_compensation_takes_its_tries_and_their_time_limit(tmp_path: Path) -> None:
+    good = tmp_path / "tools.toml"
+    good.write_text('[tools.book]\ncompensation = { tool = "cancel", args = { id = '
+                    '"$.input.id" }, timeout_s = 2.5, attempts = 5 }\n'
+                    '[tools.plain]\ncompensation = { tool = "undo", args = {} }\n')
+    classes = load_tools_map(good)
+    book, plain = classes["book"].compensation, classes["plain"].compensation
+    assert book is not None
+    assert plain is not None
+    assert (book.timeout_s, book.max_attempts) == (2.5, 5)
+    assert (plain.timeout_s, plain.max_attempts) == (None, 3)
+    for bad, says in (("timeout_s = 0", "timeout_s is a number of seconds above 0"),
+                      ('timeout_s = "5s"', "timeout_s is a number of seconds above 0"),
+                      ("attempts = 0", "attempts is a whole number from 1"),
+                      ("attempts = 1.5", "attempts is a whole number from 1"),
+                      ("retries = 2", "takes tool, args, timeout_s and attempts")):
+        f = tmp_path / "bad.toml"
+        f.write_text(f'[tools.book]\ncompensation = {{ tool = "cancel", args = {{}}, {bad} }}\n')
+        with pytest.raises(InvalidInput, match=says):
+            load_tools_map(f)

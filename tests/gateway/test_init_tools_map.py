@@ -143,11 +143,19 @@ def test_the_compensate_servers_declarations_become_entries(tmp_path: Path) -> N
     assert classes["take_payment"].compensation.tool == "refund_payment"
     assert dict(classes["take_payment"].compensation.args) == {
         "payment_id": "$.output.structuredContent.id"}
-    assert {n: c.reversibility for n, c in classes.items() if n != "take_payment"} == {
-        "count_items": "readonly", "slow_count": "readonly", "send_email": "irreversible",
-        "print_label": "irreversible"}
-    # what the form has no place for stays as the server declared it, said in comments
-    assert "timeoutMs = 300, maxRetries = 1" in _block(text, "book_room")
+    assert {n: c.reversibility for n, c in classes.items()} == {
+        "take_payment": "compensable", "add_item": "compensable", "reserve_slot": "compensable",
+        "book_room": "compensable", "count_items": "readonly", "slow_count": "readonly",
+        "send_email": "irreversible", "print_label": "irreversible"}
+    # the undo's tries and their time limit, as the server declared them (timeoutMs,
+    # maxRetries + 1)
+    undo = {n: (c.compensation.tool, c.compensation.timeout_s, c.compensation.max_attempts)
+            for n, c in classes.items() if c.compensation is not None}
+    assert undo["book_room"] == ("cancel_room", 0.3, 2)
+    assert undo["add_item"] == ("remove_item", 5.0, 2)
+    assert undo["reserve_slot"] == ("release_slot", None, 1)
+    assert undo["take_payment"][1:] == (None, 3)
+    # what the form has no place for is said in comments
     assert "the server's notes: A sent email cannot be recalled." in _block(text, "send_email")
     assert "the server says it touches: email, customers" in _block(text, "send_email")
     assert "approvers no longer see" in _block(text, "send_email")
