@@ -425,7 +425,9 @@ class Gateway:
             return CallOutcome(False, None, str(exc))  # nothing ran; nothing to undo
         if repeated is not None:  # the same call again in this saga: its recorded answer
             return self._repeat(writer, st, repeated)
-        digest = args_digest(name, args, cls.secret, self.saga_store.settings.hmac_key)
+        # what an explicit key's record holds of the arguments (no key: nothing to hold)
+        digest = args_digest(name, args, cls.secret, self.saga_store.settings.hmac_key) \
+            if explicit else ""
         if explicit:
             try:
                 claim = self._claim(key, digest, writer.saga_id, st.next_step)
@@ -497,9 +499,12 @@ class Gateway:
         import anyio
         meta = {**(meta or {}), META_IDEMPOTENCY: key}
         try:
-            with anyio.fail_after(timeout_s):
-                if task is not None and self.call_task is not None:
+            if task is not None and self.call_task is not None:
+                with anyio.fail_after(timeout_s):
                     return await self.call_task(name, args, meta, dict(task))
+            if timeout_s is None:  # most calls: no cancel scope to enter and leave
+                return await self.call(name, args, meta)
+            with anyio.fail_after(timeout_s):
                 return await self.call(name, args, meta)
         except Exception as exc:  # the downstream broke mid-call: unknown if it ran
             return CallOutcome(False, None, f"{type(exc).__name__}: {exc}",
