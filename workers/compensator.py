@@ -43,8 +43,11 @@ log = logging.getLogger("saga_store.compensator")
 MAX_REDECIDE = 50
 
 
-def run_compensation(store: SagaStore, worker: str, saga_id: str, ack: Any = None) -> str:
-    return Compensator(store, worker).run(saga_id, ack)
+def run_compensation(store: SagaStore, worker: str, saga_id: str, ack: Any = None,
+                     invoker: Invoker | None = None) -> str:
+    """One delivery of a saga's unwind; ``invoker`` runs its tools (the asyncio
+    worker's runs async ones on its loop)."""
+    return Compensator(store, worker, invoker).run(saga_id, ack)
 
 
 class RegistryCatalogue:
@@ -76,9 +79,9 @@ class RegistryCatalogue:
 
 
 class Compensator:
-    def __init__(self, store: SagaStore, worker: str) -> None:
+    def __init__(self, store: SagaStore, worker: str, invoker: Invoker | None = None) -> None:
         self.store, self.worker = store, worker
-        self.invoker = Invoker()
+        self.invoker = invoker or Invoker()
         self.tools = RegistryCatalogue(store.registry)
         self._released = False
 

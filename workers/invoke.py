@@ -3,7 +3,9 @@
 A call that runs past the tool's ``timeout`` is *in doubt*, not failed: it may
 have had its effect. Sync tools are interrupted with SIGALRM when they run on
 the main thread (as in a worker), else waited for on a thread; async tools run
-under ``asyncio.wait_for`` on the worker's event loop.
+under ``asyncio.wait_for`` on the worker's event loop: the invoker's own, or,
+in the asyncio worker, the process's running loop, so that the async tools of
+all its in-flight steps wait together on one thread.
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ class StepTimeout(BaseException):
 
 
 class Invoker:
-    """Runs tools for one worker process; owns its event loop for async tools."""
+    """Runs tools for one worker thread. Async tools run on ``loop`` when given (a
+    loop running on another thread, which the call waits on), else on an event
+    loop of the invoker's own."""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._shared = loop
 
     def invoke(self, spec: ToolSpec, args: Mapping[str, Any], ctx: StepContext,
                secrets: Mapping[str, Any] | None = None) -> Outcome:
@@ -73,6 +78,12 @@ class Invoker:
     def _call(self, spec: ToolSpec, kwargs: dict[str, Any], ctx: StepContext) -> Any:
         if spec.takes_ctx:
             kwargs = {**kwargs, "ctx": ctx}
+        if spec.is_async and self._shared is not None:
+            call = asyncio.wait_for(spec.fn(**kwargs), spec.timeout)
+            try:
+                return asyncio.run_coroutine_threadsafe(call, self._shared).result()
+            except TimeoutError:
+                raise StepTimeout from None
         if spec.is_async:
             loop = self._loop or asyncio.new_event_loop()
             self._loop = loop

@@ -69,9 +69,10 @@ class _Continuation:
 
 class StepRunner:
     def __init__(self, store: SagaStore, worker_name: str,
-                 keep_going: Callable[[], bool] = lambda: True) -> None:
+                 keep_going: Callable[[], bool] = lambda: True,
+                 invoker: Invoker | None = None) -> None:
         self.store, self.name = store, worker_name
-        self.invoker = Invoker()
+        self.invoker = invoker or Invoker()
         self.counts: dict[str, int] = {}
         # run a plan's next step here, claimed in the outcome's own append, instead
         # of queueing it for any worker; ``keep_going`` is False once asked to stop
@@ -108,7 +109,7 @@ class StepRunner:
             self._unwind = False
             from .compensator import run_compensation
             self.counts["unwound"] = self.counts.get("unwound", 0) + 1
-            run_compensation(self.store, self.name, saga_id)
+            run_compensation(self.store, self.name, saga_id, invoker=self.invoker)
         return what
 
     def read(self, saga_id: str, step: int, intent_seq: int, reads: Any = None) -> StepView:
