@@ -13,9 +13,11 @@ from ..chaos import Config, run
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(240)]
 
 
-def test_chaos_soak_short() -> None:
+def test_chaos_soak_short(worker_kind: str) -> None:
+    """1,200 sagas through RQ or asyncio worker pools SIGKILLed about every 1.5 s and
+    one Redis restart: every guarantee holds against the soak's own ledger."""
     out = io.StringIO()
-    rep = run(Config(sagas=1200, kill_every_s=1.5, seed=7), out=out)
+    rep = run(Config(sagas=1200, kill_every_s=1.5, seed=7, worker_kind=worker_kind), out=out)
     print(rep.table())
     assert rep.ok, "\n".join(rep.failures)
     assert rep.pool_kills >= 5, "too few kills to mean anything; the soak ran too fast"
