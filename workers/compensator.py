@@ -38,6 +38,7 @@ from saga_store.tools.spec import StepContext, ToolSpec
 from saga_store.verify.checker import read_verified
 
 from .invoke import Invoker
+from .step import keep_lease
 
 log = logging.getLogger("saga_store.compensator")
 MAX_REDECIDE = 50
@@ -149,7 +150,7 @@ class Compensator:
                 writer.append(act.items, lease)
             elif isinstance(act, unwind.Probe):
                 probed.add(act.step)
-                writer.append(unwind.probed(act, self._probe(act, state)), lease)
+                writer.append(unwind.probed(act, self._probe(act, state, lease.token)), lease)
             elif isinstance(act, unwind.Compensate):
                 self._compensate(writer, state, act, lease)
             elif isinstance(act, unwind.Close):
@@ -169,7 +170,9 @@ class Compensator:
         with tracing.tool_span(act.undo.tool, st.tool_call_id, state.saga_id, act.step,
                                parent=st.trace, compensation=True) as span:
             outcome = self.invoker.invoke(self.store.registry.get(act.undo.tool), act.args,
-                                          ctx)
+                                          ctx, keepalive=keep_lease(self.store,
+                                                                    state.saga_id,
+                                                                    lease.token))
             tracing.outcome(span, outcome.kind, outcome.error)
         fault("comp_after_tool")
         items, retry_in = unwind.compensated(state, act, outcome, self.tools.resume_hint)
@@ -207,7 +210,7 @@ class Compensator:
         if self.store.metrics is not None:
             self.store.metrics.compensations.labels(tool, str(outcome.kind)).inc()
 
-    def _probe(self, act: unwind.Probe, state: SagaState) -> Any:
+    def _probe(self, act: unwind.Probe, state: SagaState, token: str) -> Any:
         """Ask the probe tool whether the in-doubt call happened: it gets the step's
         arguments and idempotency key and returns a result dict (it happened),
         ``{"happened": false}`` (it did not), or raises (still unknown)."""
@@ -216,7 +219,9 @@ class Compensator:
         args = {k: v for k, v in (st.args or {}).items() if k in spec.params}
         ctx = StepContext(st.idem_key or "", state.saga_id, st.step, 1, st.tool_call_id,
                           state.agent_id)
-        outcome = self.invoker.invoke(spec, args, ctx)
+        outcome = self.invoker.invoke(spec, args, ctx,
+                                      keepalive=keep_lease(self.store, state.saga_id,
+                                                           token))
         return outcome.result if outcome.ok else None
 
 
