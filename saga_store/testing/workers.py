@@ -20,7 +20,8 @@ from pathlib import Path
 
 KIND_VAR = "SAGA_TEST_WORKER_KIND"
 KINDS = ("rq", "async")
-ASYNC_ARGS = ("--async", "--concurrency", "4")
+ASYNC_CONCURRENCY = 4
+ASYNC_ARGS = ("--async", "--concurrency", str(ASYNC_CONCURRENCY))
 
 
 def worker_kind() -> str:
