@@ -56,3 +56,28 @@ async def timed_async_sleep(seconds: float, ctx: StepContext) -> dict[str, Any]:
 def calls(kind: str = "slept") -> list[dict[str, Any]]:
     """The ledger's rows of ``kind`` (``call`` or ``slept``), their details parsed."""
     return [orjson.loads(detail) for _, _, detail in effects(kind)]
+
+
+@tool(reversibility=Reversibility.READONLY, timeout=120)
+def park(seconds: float, ctx: StepContext) -> dict[str, Any]:
+    """Sleep (a stand-in for a call that waits), noting only that it started."""
+    effect("parked", ctx.idempotency_key)
+    time.sleep(seconds)
+    return {}
+
+
+@tool(reversibility=Reversibility.READONLY, timeout=120)
+async def park_async(seconds: float, ctx: StepContext) -> dict[str, Any]:
+    """:func:`park` as a coroutine."""
+    effect("parked", ctx.idempotency_key)
+    await asyncio.sleep(seconds)
+    return {}
+
+
+@tool(reversibility=Reversibility.READONLY, timeout=0.3)
+def hang(seconds: float, ctx: StepContext) -> dict[str, Any]:
+    """A sync call that hangs far past its timeout and its lease, then returns."""
+    started = time.time()
+    time.sleep(seconds)
+    _record(ctx, started)
+    return {}

@@ -137,6 +137,20 @@ def test_a_sigkill_mid_step_is_recovered_by_another_worker(
     assert Verifier(store.events.log).verify().ok
 
 
+def test_a_sync_tool_hanging_past_its_lease_is_not_run_twice(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path, tmp_path: Path) -> None:
+    """A sync tool (timeout 0.3 s) that hangs 3 s on an async worker's thread, three
+    leases long: the step keeps its lease, so the sweeper never hands the call to a
+    second slot; it is recorded in doubt once it returns, and the overrun is logged."""
+    [sid] = submit(store, 1, [{"tool": "hang", "args": {"seconds": 3.0}}])
+    log = tmp_path / "worker.log"
+    with workers(worker_env, TOOLS, *ASYNC, "4", log=log):
+        state = store.wait(sid, timeout=60)
+    assert len(calls("call")) == 1, calls("call")
+    assert state.steps[0].status == "in_doubt"
+    assert "ran past its 0.3 s timeout on a thread" in log.read_text()
+
+
 @pytest.mark.parametrize("value", ["0", "-3"])
 def test_concurrency_below_one_is_a_usage_error(redis_url: str, value: str) -> None:
     """--concurrency 0 or negative: exit 2 with a message naming the option."""
