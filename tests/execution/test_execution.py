@@ -153,7 +153,8 @@ def test_a_timeout_is_in_doubt_not_failed(saga_store: SagaStore, worker_env: dic
 
 @pytest.mark.parametrize("serializer", [JSONSerializer, None])
 def test_a_job_naming_os_system_is_refused(client: redis.Redis, worker_env: dict[str, str],
-                                           tmp_path: Path, serializer: object) -> None:
+                                           tmp_path: Path, serializer: object,
+                                           worker_kind: str) -> None:
     """A job written straight into Redis naming os.system never runs."""
     marker = tmp_path / "pwned"
     q = Queue(jobs.STEP_QUEUE, connection=client, serializer=serializer)
