@@ -19,16 +19,18 @@ _local = threading.local()
 
 
 def db() -> sqlite3.Connection:
-    """One connection per process and thread (a fork gets its own; an asyncio
-    worker runs tools on many threads, and sqlite3 refuses to share one)."""
-    conn: tuple[int, sqlite3.Connection] | None = getattr(_local, "conn", None)
-    if conn is None or conn[0] != os.getpid():
-        c = connect(os.environ["SAGA_TEST_LEDGER"], [
+    """One connection per process, thread and ledger (a fork gets its own; an
+    asyncio worker runs tools on many threads, and sqlite3 refuses to share one;
+    a second soak in one test process has a ledger of its own)."""
+    path = os.environ["SAGA_TEST_LEDGER"]
+    conn: tuple[tuple[int, str], sqlite3.Connection] | None = getattr(_local, "conn", None)
+    if conn is None or conn[0] != (os.getpid(), path):
+        c = connect(path, [
             "CREATE TABLE IF NOT EXISTS effects (n INTEGER PRIMARY KEY AUTOINCREMENT, "
             "kind TEXT, key TEXT, saga TEXT, step INTEGER, UNIQUE(kind, key))",
             "CREATE TABLE IF NOT EXISTS runs (kind TEXT, key TEXT)"], timeout=60)
         c.execute("PRAGMA synchronous=NORMAL")
-        conn = _local.conn = (os.getpid(), c)
+        conn = _local.conn = ((os.getpid(), path), c)
     return conn[1]
 
 
