@@ -5,7 +5,9 @@ that another worker of either kind recovers from, and RQ's refusal rules."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
 import redis
 from click.testing import CliRunner
@@ -149,6 +151,34 @@ def test_a_sync_tool_hanging_past_its_lease_is_not_run_twice(
     assert len(calls("call")) == 1, calls("call")
     assert state.steps[0].status == "in_doubt"
     assert "ran past its 0.3 s timeout on a thread" in log.read_text()
+
+
+def test_saga_workers_and_rq_see_one_async_worker_busy_with_several_steps(
+        store: SagaStore, redis_url: str, worker_env: dict[str, str], ledger: Path) -> None:
+    """With three slow steps in flight the async worker is one live, busy worker,
+    registered with RQ on both queues, whose current job names one step and counts
+    the rest; RQ's own Worker.all lists it with its pid."""
+    from rq.worker import Worker
+    ids = submit(store, 3, [sleep_step("timed_sleep", 2.0)])
+    with workers(worker_env, TOOLS, *ASYNC, "4") as [w]:
+        assert_eventually(lambda: len(effects("started")) == 3, timeout=30,
+                          what="three steps in flight")
+
+        def busy() -> dict[str, Any] | None:
+            res = CliRunner().invoke(cli, ["workers", "--json"], env={
+                "SAGA_REDIS_URL": redis_url, "SAGA_HMAC_KEY": "", "SAGA_HMAC_KEY_FILE": ""})
+            out = orjson.loads(res.output)
+            return out if out["workers"] and out["workers"][0]["state"] == "busy" else None
+        [info] = assert_eventually(busy, timeout=15, what="the worker busy")["workers"]
+        assert w.proc is not None
+        assert info["pid"] == w.proc.pid
+        assert info["live"] is True
+        assert info["current_job"].endswith("(+2 more)"), info
+        assert set(info["queues"]) == {"saga-steps", "saga-compensations"}
+        [rq_worker] = Worker.all(connection=store.redis)
+        assert rq_worker.pid == info["pid"]
+        for sid in ids:
+            store.wait(sid, timeout=30)
 
 
 @pytest.mark.parametrize("value", ["0", "-3"])
