@@ -63,6 +63,10 @@ class AsyncWorker(StepWorker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # a step thread keeps a lean connection and checks out another now and then;
+        # redis-py refuses a 101st connection by default ("Too many connections")
+        pool = self.connection.connection_pool
+        pool.max_connections = max(pool.max_connections, connections_for(self.concurrency))
         self._local = threading.local()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._in_flight = 0
@@ -218,6 +222,13 @@ class AsyncWorker(StepWorker):
         log.warning("Worker %s: cold shut down with %d job(s) in flight; the sweeper "
                     "redelivers them", self.name, self._in_flight)
         os._exit(1)
+
+
+def connections_for(concurrency: int) -> int:
+    """Redis connections a worker running ``concurrency`` jobs may hold at once: two
+    per step thread (its lean pipeline's and one checked out of the pool), and a
+    few for the dequeue, the chores (sweeper included) and RQ's pubsub."""
+    return 2 * concurrency + 16
 
 
 def configured(base: type[StepWorker], concurrency: int) -> type[AsyncWorker]:

@@ -69,6 +69,20 @@ def test_one_process_runs_n_slow_steps_at_once(store: SagaStore, worker_env: dic
         assert "MainThread" not in threads
 
 
+def test_a_hundred_async_steps_wait_at_once_in_one_process(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """--concurrency 100 and a hundred 2 s async steps: all in flight together, none
+    refused a Redis connection (redis-py's pool stops at 100 unless told more)."""
+    ids = submit(store, 100, [sleep_step("timed_async_sleep", 2.0)])
+    with workers(worker_env, TOOLS, *ASYNC, "100", "--burst") as [w]:
+        assert w.proc is not None
+        assert w.proc.wait(60) == 0
+    assert all(store.state(sid).status is Status.COMMITTED for sid in ids)
+    rows = calls()
+    assert len(calls("call")) == 100  # each step ran once
+    assert overlapped(rows), "not all hundred were in flight at one moment"
+
+
 def test_no_more_than_concurrency_steps_run_at_once(store: SagaStore,
                                                     worker_env: dict[str, str],
                                                     ledger: Path) -> None:
