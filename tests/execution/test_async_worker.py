@@ -4,6 +4,8 @@ that another worker of either kind recovers from, and RQ's refusal rules."""
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +16,7 @@ from click.testing import CliRunner
 from saga_store.cli.main import cli
 
 from saga_store import Registry, SagaStore, Settings
+from saga_store.execution import jobs
 from saga_store.protocol.state import Status
 from saga_store.testing import assert_eventually
 from saga_store.testing.workers import WorkerProcess, workers
@@ -122,6 +125,49 @@ def test_sigterm_finishes_the_steps_in_flight_then_exits_0(
     assert len(calls("call")) == 4  # never run again
     assert len(effects("reserve")) == 4
     assert Verifier(store.events.log).verify().ok
+
+
+def test_a_second_sigterm_exits_at_once_and_the_sweeper_redelivers(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """SIGTERM, then another a second and a half later, with a 3.5 s step in flight:
+    the worker exits 1 without waiting for it; a new worker runs the step again
+    under the same key and the saga commits with its reservation made once."""
+    [sid] = submit(store, 1, [sleep_step("timed_sleep", 3.5),
+                              {"tool": "reserve_inventory", "args": {"sku": "A", "qty": 1}}])
+    w = WorkerProcess(worker_env, TOOLS, *ASYNC, "4", kind="async").start()
+    try:
+        assert_eventually(lambda: effects("started"), timeout=30, what="the step in flight")
+        assert w.proc is not None
+        w.proc.send_signal(signal.SIGTERM)
+        time.sleep(1.5)  # a second signal within a second is taken for the same request
+        t0 = time.monotonic()
+        assert w.terminate(timeout=10) == 1
+        assert time.monotonic() - t0 < 1.5, "the worker waited for the step"
+    finally:
+        w.kill()
+    assert calls() == []
+    with workers(worker_env, TOOLS, *ASYNC, "4"):
+        state = store.wait(sid, timeout=60)
+    assert state.status is Status.COMMITTED
+    assert len(effects("started")) == 2  # attempt 1 cut short, attempt 2 finished
+    assert len(effects("reserve")) == 1
+
+
+def test_a_job_whose_hash_is_not_a_hash_does_not_stop_the_worker(
+        store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path, tmp_path: Path) -> None:
+    """A queued id whose job key holds a string (the fetch fails with WRONGTYPE) is
+    logged and dropped; the same process then runs the saga queued behind it."""
+    client.set(jobs.job_key("not-a-hash"), "x")
+    client.rpush(jobs.queue_key(jobs.STEP_QUEUE), "not-a-hash")
+    log = tmp_path / "worker.log"
+    with workers(worker_env, TOOLS, *ASYNC, "2", log=log) as [w]:
+        assert_eventually(lambda: "dequeue failed; going on" in log.read_text(), timeout=30,
+                          what="the bad job to be logged")
+        [sid] = submit(store, 1, [{"tool": "reserve_inventory",
+                                   "args": {"sku": "A", "qty": 1}}])
+        assert store.wait(sid, timeout=30).status is Status.COMMITTED
+        assert w.alive
 
 
 def test_a_sigkill_mid_step_is_recovered_by_another_worker(
