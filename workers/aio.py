@@ -111,7 +111,7 @@ class AsyncWorker(StepWorker):
                 got = await self._next_job(loop, dequeuer, burst, bool(running))
                 if got is None:
                     slots.release()
-                    if burst and not running and not self._suspended:
+                    if burst and not running:  # suspended in burst mode too, as RQ
                         break
                     continue
                 self._in_flight += 1
