@@ -63,7 +63,7 @@ class Plan(BaseModel):
                    "at once, async tools on its event loop, sync tools on its threads.")
 @click.option("--concurrency", type=click.IntRange(min=1, max=1024), default=None,
               envvar="SAGA_CONCURRENCY",
-              help="With --async: steps (and unwinds) in flight per process  [default: 8].")
+              help="With --async: steps (and unwinds) in flight per process (default 8).")
 @click.option("--queues", "queues", multiple=True, envvar="SAGA_QUEUES",
               type=click.Choice(QUEUES), help="Queues to serve (default: steps and compensations).")
 @click.option("--log-level", default="INFO", envvar="SAGA_LOG_LEVEL", show_default=True)
