@@ -151,6 +151,9 @@ class AsyncWorker(StepWorker):
             await asyncio.sleep(SUSPENSION_CHECK_EVERY_S)
             return None
         self._connection_wait = 0.5
+        if got is not None and self._stop_requested:  # asked to stop while it waited
+            await loop.run_in_executor(dequeuer, self._give_back, *got)
+            return None
         if got is None and burst and busy:
             await asyncio.sleep(0.02)  # what is in flight may still queue more
         return got
@@ -162,6 +165,14 @@ class AsyncWorker(StepWorker):
                 job_class=self.job_class, serializer=self.serializer)
         except DequeueTimeout:
             return None
+
+    def _give_back(self, job: Any, queue: Queue) -> None:
+        """Put a job taken after the stop request back at the head of its queue
+        (and off the intermediate list), for another worker to take."""
+        pipe = self.connection.pipeline(transaction=True)
+        pipe.lpush(queue.key, job.id)
+        pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+        pipe.execute()
 
     def _run(self, job: Any, queue: Queue) -> None:
         """One job, on a step thread. Whatever it raises stays here: the log keeps

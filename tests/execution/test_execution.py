@@ -306,7 +306,7 @@ def test_with_eager_steps_off_every_step_goes_through_the_queue(
 
 def test_sigterm_mid_plan_queues_the_next_step_instead_of_running_it(
         saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
-        ledger: Path) -> None:
+        ledger: Path, worker_kind: str) -> None:
     """A worker asked to stop finishes its step and hands the rest of the plan to
     the queue, so a warm shutdown never waits for a whole saga."""
     sid = _sigterm_in_first_step(saga_store, worker_env, ORDER[:2])
