@@ -58,6 +58,12 @@ class Plan(BaseModel):
               show_default=True, envvar="SAGA_WORKERS", help="Worker processes to run.")
 @click.option("--burst", is_flag=True, envvar="SAGA_BURST",
               help="Quit when the queues are empty.")
+@click.option("--async", "use_async", is_flag=True, envvar="SAGA_WORKER_ASYNC",
+              help="Run an asyncio worker: each process runs up to --concurrency steps "
+                   "at once, async tools on its event loop, sync tools on its threads.")
+@click.option("--concurrency", type=click.IntRange(min=1, max=1024), default=None,
+              envvar="SAGA_CONCURRENCY",
+              help="With --async: steps (and unwinds) in flight per process (default 8).")
 @click.option("--queues", "queues", multiple=True, envvar="SAGA_QUEUES",
               type=click.Choice(QUEUES), help="Queues to serve (default: steps and compensations).")
 @click.option("--log-level", default="INFO", envvar="SAGA_LOG_LEVEL", show_default=True)
@@ -72,15 +78,20 @@ class Plan(BaseModel):
               help="Approval policy (TOML, or YAML if named .yaml/.yml). Without one, every "
                    "call is allowed unless its tool asks for approval itself.")
 @pass_ctx
-def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
-           queues: tuple[str, ...], log_level: str, metrics_port: int | None,
-           metrics_host: str, strict: bool, policy_file: str | None) -> None:
+def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool, use_async: bool,
+           concurrency: int | None, queues: tuple[str, ...], log_level: str,
+           metrics_port: int | None, metrics_host: str, strict: bool,
+           policy_file: str | None) -> None:
     """Run worker processes for steps and compensations.
 
-    SIGTERM or SIGINT: each worker finishes its current step, then exits. With
+    SIGTERM or SIGINT: each worker finishes its current step (with --async, every
+    step it has in flight), then exits; a second signal exits at once. With
     --metrics-port, workers record into prometheus_client's multiprocess files
     and this process serves one /metrics endpoint for all of them.
     """
+    if concurrency is not None and not use_async:
+        raise click.UsageError("--concurrency applies to asyncio workers only; add --async "
+                               "(RQ workers run one step at a time: scale them with -n)")
     if metrics_port is not None and "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         # must be set before prometheus_client is first imported, in every worker
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix="saga-metrics-")
@@ -108,6 +119,9 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool,
         from saga_store.ops.connection import set_retry_window
         set_retry_window(store.redis, None)
         worker_class = configured(tools, ctx.settings)
+        if use_async:
+            from saga_store.workers import aio
+            worker_class = aio.configured(worker_class, concurrency or aio.DEFAULT_CONCURRENCY)
         names = list(queues) or QUEUES
         logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(message)s")
         if metrics_port is not None:

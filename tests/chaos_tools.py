@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 import time
 from typing import Any
 
@@ -14,20 +15,23 @@ from saga_store import Reversibility, StepContext, tool
 
 from .sqlite_ledger import connect
 
-_conn: tuple[int, sqlite3.Connection] | None = None
+_local = threading.local()
 
 
 def db() -> sqlite3.Connection:
-    """One connection per process (a fork gets its own)."""
-    global _conn
-    if _conn is None or _conn[0] != os.getpid():
-        c = connect(os.environ["SAGA_TEST_LEDGER"], [
+    """One connection per process, thread and ledger (a fork gets its own; an
+    asyncio worker runs tools on many threads, and sqlite3 refuses to share one;
+    a second soak in one test process has a ledger of its own)."""
+    path = os.environ["SAGA_TEST_LEDGER"]
+    conn: tuple[tuple[int, str], sqlite3.Connection] | None = getattr(_local, "conn", None)
+    if conn is None or conn[0] != (os.getpid(), path):
+        c = connect(path, [
             "CREATE TABLE IF NOT EXISTS effects (n INTEGER PRIMARY KEY AUTOINCREMENT, "
             "kind TEXT, key TEXT, saga TEXT, step INTEGER, UNIQUE(kind, key))",
             "CREATE TABLE IF NOT EXISTS runs (kind TEXT, key TEXT)"], timeout=60)
         c.execute("PRAGMA synchronous=NORMAL")
-        _conn = (os.getpid(), c)
-    return _conn[1]
+        conn = _local.conn = ((os.getpid(), path), c)
+    return conn[1]
 
 
 def effect(kind: str, ctx: StepContext) -> None:

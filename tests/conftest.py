@@ -16,6 +16,7 @@ from saga_store.log.store import EventStore
 from saga_store.ops.connection import embedded
 from saga_store.settings import Settings
 from saga_store.testing import RedisServer
+from saga_store.testing.workers import KIND_VAR, KINDS
 
 FAKE = os.environ.get("SAGA_TEST_BACKEND") == "fakeredis"
 
@@ -86,3 +87,12 @@ def worker_env(redis_url: str, ledger: Path) -> dict[str, str]:
 def saga_store(client: redis.Redis) -> SagaStore:
     return SagaStore(client, Registry.from_modules("tests.ledger_tools"),
                      Settings(lease_ms=1000))
+
+
+@pytest.fixture(params=KINDS)
+def worker_kind(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Runs the test once with RQ workers and once with asyncio workers (the kind
+    every helper of :mod:`saga_store.testing.workers` then starts)."""
+    kind = str(request.param)
+    monkeypatch.setenv(KIND_VAR, kind)
+    return kind

@@ -38,13 +38,17 @@ from saga_store.tools.spec import StepContext, ToolSpec
 from saga_store.verify.checker import read_verified
 
 from .invoke import Invoker
+from .step import keep_lease
 
 log = logging.getLogger("saga_store.compensator")
 MAX_REDECIDE = 50
 
 
-def run_compensation(store: SagaStore, worker: str, saga_id: str, ack: Any = None) -> str:
-    return Compensator(store, worker).run(saga_id, ack)
+def run_compensation(store: SagaStore, worker: str, saga_id: str, ack: Any = None,
+                     invoker: Invoker | None = None) -> str:
+    """One delivery of a saga's unwind; ``invoker`` runs its tools (the asyncio
+    worker's runs async ones on its loop)."""
+    return Compensator(store, worker, invoker).run(saga_id, ack)
 
 
 class RegistryCatalogue:
@@ -76,9 +80,9 @@ class RegistryCatalogue:
 
 
 class Compensator:
-    def __init__(self, store: SagaStore, worker: str) -> None:
+    def __init__(self, store: SagaStore, worker: str, invoker: Invoker | None = None) -> None:
         self.store, self.worker = store, worker
-        self.invoker = Invoker()
+        self.invoker = invoker or Invoker()
         self.tools = RegistryCatalogue(store.registry)
         self._released = False
 
@@ -146,7 +150,7 @@ class Compensator:
                 writer.append(act.items, lease)
             elif isinstance(act, unwind.Probe):
                 probed.add(act.step)
-                writer.append(unwind.probed(act, self._probe(act, state)), lease)
+                writer.append(unwind.probed(act, self._probe(act, state, lease.token)), lease)
             elif isinstance(act, unwind.Compensate):
                 self._compensate(writer, state, act, lease)
             elif isinstance(act, unwind.Close):
@@ -166,7 +170,9 @@ class Compensator:
         with tracing.tool_span(act.undo.tool, st.tool_call_id, state.saga_id, act.step,
                                parent=st.trace, compensation=True) as span:
             outcome = self.invoker.invoke(self.store.registry.get(act.undo.tool), act.args,
-                                          ctx)
+                                          ctx, keepalive=keep_lease(self.store,
+                                                                    state.saga_id,
+                                                                    lease.token))
             tracing.outcome(span, outcome.kind, outcome.error)
         fault("comp_after_tool")
         items, retry_in = unwind.compensated(state, act, outcome, self.tools.resume_hint)
@@ -204,7 +210,7 @@ class Compensator:
         if self.store.metrics is not None:
             self.store.metrics.compensations.labels(tool, str(outcome.kind)).inc()
 
-    def _probe(self, act: unwind.Probe, state: SagaState) -> Any:
+    def _probe(self, act: unwind.Probe, state: SagaState, token: str) -> Any:
         """Ask the probe tool whether the in-doubt call happened: it gets the step's
         arguments and idempotency key and returns a result dict (it happened),
         ``{"happened": false}`` (it did not), or raises (still unknown)."""
@@ -213,7 +219,9 @@ class Compensator:
         args = {k: v for k, v in (st.args or {}).items() if k in spec.params}
         ctx = StepContext(st.idem_key or "", state.saga_id, st.step, 1, st.tool_call_id,
                           state.agent_id)
-        outcome = self.invoker.invoke(spec, args, ctx)
+        outcome = self.invoker.invoke(spec, args, ctx,
+                                      keepalive=keep_lease(self.store, state.saga_id,
+                                                           token))
         return outcome.result if outcome.ok else None
 
 

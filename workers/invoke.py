@@ -2,18 +2,23 @@
 
 A call that runs past the tool's ``timeout`` is *in doubt*, not failed: it may
 have had its effect. Sync tools are interrupted with SIGALRM when they run on
-the main thread (as in a worker), else waited for on a thread; async tools run
-under ``asyncio.wait_for`` on the worker's event loop.
+the main thread (as in an RQ worker); off it (the asyncio worker's threads, the
+inline executor) they cannot be stopped, so the outcome waits for the call to
+return, and says in doubt if that was past the timeout. Async tools run
+under ``asyncio.wait_for`` on the worker's event loop: the invoker's own, or,
+in the asyncio worker, the process's running loop, so that the async tools of
+all its in-flight steps wait together on one thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import signal
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -25,6 +30,11 @@ from saga_store.protocol.vocab import OutcomeKind
 from saga_store.tools.secrets import scrub
 from saga_store.tools.spec import StepContext, ToolSpec
 
+log = logging.getLogger("saga_store.worker")
+
+
+Keepalive = tuple[Callable[[], None], float]
+
 
 class StepTimeout(BaseException):
     """Raised inside a tool that ran past its timeout (BaseException: a tool's
@@ -32,13 +42,19 @@ class StepTimeout(BaseException):
 
 
 class Invoker:
-    """Runs tools for one worker process; owns its event loop for async tools."""
+    """Runs tools for one worker thread. Async tools run on ``loop`` when given (a
+    loop running on another thread, which the call waits on), else on an event
+    loop of the invoker's own."""
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._shared = loop
 
     def invoke(self, spec: ToolSpec, args: Mapping[str, Any], ctx: StepContext,
-               secrets: Mapping[str, Any] | None = None) -> Outcome:
+               secrets: Mapping[str, Any] | None = None,
+               keepalive: Keepalive | None = None) -> Outcome:
+        """One call of ``spec`` (with its retries). ``keepalive``: (renew, every_s),
+        the caller's lease renewal while a sync tool runs on a thread."""
         kwargs = spec.kwargs(args)
         for pre in spec.preconditions:
             if not _holds(pre, args):
@@ -47,7 +63,7 @@ class Invoker:
         while True:
             tries += 1
             try:
-                raw = self._call(spec, kwargs, ctx)
+                raw = self._call(spec, kwargs, ctx, keepalive)
             except StepTimeout:
                 return Outcome(OutcomeKind.IN_DOUBT, error=f"timed out after {spec.timeout:g} "
                                "s; the call may or may not have taken effect", tries=tries)
@@ -70,9 +86,16 @@ class Invoker:
                                              postcondition_failed=_name(post))
             return Outcome.succeeded(result, tries=tries)
 
-    def _call(self, spec: ToolSpec, kwargs: dict[str, Any], ctx: StepContext) -> Any:
+    def _call(self, spec: ToolSpec, kwargs: dict[str, Any], ctx: StepContext,
+              keepalive: Keepalive | None) -> Any:
         if spec.takes_ctx:
             kwargs = {**kwargs, "ctx": ctx}
+        if spec.is_async and self._shared is not None:
+            call = asyncio.wait_for(spec.fn(**kwargs), spec.timeout)
+            try:
+                return asyncio.run_coroutine_threadsafe(call, self._shared).result()
+            except TimeoutError:
+                raise StepTimeout from None
         if spec.is_async:
             loop = self._loop or asyncio.new_event_loop()
             self._loop = loop
@@ -82,12 +105,35 @@ class Invoker:
                 raise StepTimeout from None
         if threading.current_thread() is threading.main_thread():
             return _with_alarm(spec, kwargs)
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            fut = pool.submit(spec.fn, **kwargs)
-            try:
-                return fut.result(timeout=spec.timeout)
-            except concurrent.futures.TimeoutError:
-                raise StepTimeout from None
+        return _on_thread(spec, kwargs, keepalive)
+
+
+def _on_thread(spec: ToolSpec, kwargs: dict[str, Any], keepalive: Keepalive | None) -> Any:
+    """Call a sync tool on a thread of its own, waiting at most its timeout for it.
+    A thread cannot be stopped: past the timeout this still waits for the call to
+    return before raising StepTimeout, so the in-doubt outcome (and any probe after
+    it) comes after whatever the call did, never before. Meanwhile ``keepalive``
+    renews the caller's lease, so no one else runs the step while it still runs."""
+    renew, every_s = keepalive if keepalive is not None else (None, spec.timeout)
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        fut = pool.submit(spec.fn, **kwargs)
+        deadline = time.monotonic() + spec.timeout
+        while (left := deadline - time.monotonic()) > 0:
+            if concurrent.futures.wait([fut], timeout=min(left, every_s)).done:
+                return fut.result()
+            if renew is not None:
+                renew()
+        log.warning("tool %s ran past its %g s timeout on a thread, where it cannot be "
+                    "stopped; its step is recorded in doubt once the call returns (make "
+                    "the tool async def, or run it on RQ workers, to stop it at its "
+                    "timeout)", spec.name, spec.timeout)
+        while not concurrent.futures.wait([fut], timeout=every_s).done:
+            if renew is not None:
+                renew()
+        raise StepTimeout
+    finally:
+        pool.shutdown(wait=False)
 
 
 _alarm = {"armed": False}

@@ -38,6 +38,7 @@ from saga_store.faults import fault
 from saga_store.ids import check_saga_id
 from saga_store.log.events import EventKind as K
 from saga_store.log.pipeline import execute, lean
+from saga_store.log.scripts import RENEW_LEASE
 from saga_store.log.store import ChainWriter
 from saga_store.log.stream import Head, Lease, body_and_hash
 from saga_store.ops import tracing
@@ -49,7 +50,7 @@ from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.vocab import Follow, LeaseMode, OutcomeKind, Phase
 from saga_store.tools.spec import StepContext, ToolSpec
 
-from .invoke import Invoker
+from .invoke import Invoker, Keepalive
 
 log = logging.getLogger("saga_store.worker")
 _APPROVAL_KINDS = frozenset({K.APPROVAL_REQUESTED, K.APPROVAL_GRANTED, K.APPROVAL_DENIED})
@@ -69,9 +70,10 @@ class _Continuation:
 
 class StepRunner:
     def __init__(self, store: SagaStore, worker_name: str,
-                 keep_going: Callable[[], bool] = lambda: True) -> None:
+                 keep_going: Callable[[], bool] = lambda: True,
+                 invoker: Invoker | None = None) -> None:
         self.store, self.name = store, worker_name
-        self.invoker = Invoker()
+        self.invoker = invoker or Invoker()
         self.counts: dict[str, int] = {}
         # run a plan's next step here, claimed in the outcome's own append, instead
         # of queueing it for any worker; ``keep_going`` is False once asked to stop
@@ -108,7 +110,7 @@ class StepRunner:
             self._unwind = False
             from .compensator import run_compensation
             self.counts["unwound"] = self.counts.get("unwound", 0) + 1
-            run_compensation(self.store, self.name, saga_id)
+            run_compensation(self.store, self.name, saga_id, invoker=self.invoker)
         return what
 
     def read(self, saga_id: str, step: int, intent_seq: int, reads: Any = None) -> StepView:
@@ -251,7 +253,8 @@ class StepRunner:
         with tracing.tool_span(spec.name, ctx.tool_call_id, saga_id, step,
                                parent=data.get("trace")) as span:
             try:
-                outcome = self.invoker.invoke(spec, args, ctx, secrets)
+                outcome = self.invoker.invoke(spec, args, ctx, secrets,
+                                              keepalive=keep_lease(self.store, saga_id, token))
             except InvalidInput as exc:  # the logged args no longer fit the tool
                 outcome = Outcome.failed(str(exc))
             tracing.outcome(span, outcome.kind, outcome.error)
@@ -464,6 +467,22 @@ class StepRunner:
             pipe = lean(self.store.redis)
             extra(pipe)
             pipe.execute()
+
+
+def keep_lease(store: SagaStore, saga_id: str, token: str) -> Keepalive:
+    """Renewal of the saga's lease held by ``token``, for a tool call that a thread
+    cannot stop: a third of ``SAGA_LEASE_MS`` apart, each renewal good for a whole
+    one (taken back if it lapsed and no one else has it; given up to anyone who
+    did: the append of the outcome is then fenced off)."""
+    ttl = store.settings.lease_ms
+
+    def renew() -> None:
+        try:
+            store.redis.eval(RENEW_LEASE, 1, keys.saga_lease(saga_id), token, ttl)
+        except Exception:  # an outage: the lease may lapse, and the append is fenced
+            log.warning("saga %s: could not renew the lease of a running tool call",
+                        saga_id, exc_info=True)
+    return renew, ttl / 3000
 
 
 def _verdict(policy: Policy, spec: ToolSpec, args: dict[str, Any]) -> Verdict:

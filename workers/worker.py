@@ -103,6 +103,18 @@ class StepWorker(SimpleWorker):
     # -- the job path ------------------------------------------------------
 
     def execute_job(self, job: Any, queue: Queue) -> None:
+        # RQ's warm shutdown waits for a BUSY worker; the state is kept here only,
+        # since the log, not the worker hash, tells what a step is doing
+        self._state = WorkerStatus.BUSY
+        try:
+            self.run_job(job, queue, self.runner)
+        finally:
+            self._state = WorkerStatus.IDLE
+
+    def run_job(self, job: Any, queue: Queue, runner: StepRunner) -> None:
+        """Run one dequeued job with ``runner`` (the asyncio worker has one per
+        thread), or refuse it: any job that is not one of ours is acknowledged,
+        counted and never run."""
         decoded = jobs.decode(job._data)  # raw bytes: never RQ's deserializer
         ack = _acker(queue, job.id)
         if decoded is None or not jobs.named_by(job.id, *decoded):
@@ -116,18 +128,16 @@ class StepWorker(SimpleWorker):
             pipe.execute()
             return
         func, args = decoded
-        # RQ's warm shutdown waits for a BUSY worker; the state is kept here only,
-        # since the log, not the worker hash, tells what a step is doing
-        self._state = WorkerStatus.BUSY
         try:
             if func == jobs.STEP_FUNC:
                 saga_id, step, intent_seq = args
                 pre = job.prefetched
                 reads = pre[1] if pre and pre[0] == (saga_id, intent_seq) else None
-                self.runner.run(str(saga_id), int(step), int(intent_seq), ack, reads)
+                runner.run(str(saga_id), int(step), int(intent_seq), ack, reads)
             else:
                 from .compensator import run_compensation
-                run_compensation(self.saga_store, self.name, str(args[0]), ack)
+                run_compensation(self.saga_store, self.name, str(args[0]), ack,
+                                 runner.invoker)
         except StopRequested:
             raise
         except (redis.ConnectionError, redis.TimeoutError, StoreUnavailable) as exc:
@@ -141,8 +151,6 @@ class StepWorker(SimpleWorker):
             pipe = lean(self.connection)
             ack(pipe)
             pipe.execute()
-        finally:
-            self._state = WorkerStatus.IDLE
 
     # -- the sweeper rides on RQ's maintenance hook --------------------------
 

@@ -95,17 +95,20 @@ def _age(beat: bytes | None, now: dt.datetime) -> float | None:
 
 def holding(client: Any) -> dict[str, str]:
     """What each worker holds a saga's lease for, by worker name: ``step of <saga>``
-    or ``unwind of <saga>`` (one GET per saga in flight, pipelined)."""
+    or ``unwind of <saga>``, and ``(+N more)`` for an asyncio worker holding several
+    (one GET per saga in flight, pipelined)."""
     sagas = in_flight(client)
     pipe = client.pipeline(transaction=False)
     for sid in sagas:
         pipe.get(keys.saga_lease(sid))
-    out = {}
+    held: dict[str, list[str]] = {}
     for sid, token in zip(sagas, pipe.execute(), strict=True):
         m = _TOKEN.match(token.decode(errors="replace")) if token else None
         if m:
-            out[m["name"]] = f"{'unwind' if m['comp'] else 'step'} of {sid}"
-    return out
+            held.setdefault(m["name"], []).append(
+                f"{'unwind' if m['comp'] else 'step'} of {sid}")
+    return {name: jobs[0] + (f" (+{len(jobs) - 1} more)" if len(jobs) > 1 else "")
+            for name, jobs in held.items()}
 
 
 def serving(client: Any, queue: str = jobs.STEP_QUEUE) -> list[WorkerInfo]:

@@ -1,5 +1,11 @@
 """Worker processes for tests: real ``saga worker`` processes in their own
-process group, killed (SIGKILL, the whole group) when the test is done."""
+process group, killed (SIGKILL, the whole group) when the test is done.
+
+``SAGA_TEST_WORKER_KIND`` in the test process's environment picks the kind of
+worker every helper here starts: ``rq`` (the default) or ``async`` (``--async
+--concurrency 4`` added to the arguments, unless they name their own). A test
+that runs against both kinds takes the ``worker_kind`` fixture, which sets it.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +18,26 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
+KIND_VAR = "SAGA_TEST_WORKER_KIND"
+KINDS = ("rq", "async")
+ASYNC_CONCURRENCY = 4
+ASYNC_ARGS = ("--async", "--concurrency", str(ASYNC_CONCURRENCY))
+
+
+def worker_kind() -> str:
+    """The kind of worker the helpers start: ``rq`` or ``async``."""
+    kind = os.environ.get(KIND_VAR) or "rq"
+    if kind not in KINDS:
+        raise ValueError(f"{KIND_VAR}={kind!r}: expected one of {', '.join(KINDS)}")
+    return kind
+
 
 class WorkerProcess:
     def __init__(self, env: Mapping[str, str], tools: str, *args: str,
-                 log: Path | None = None) -> None:
+                 log: Path | None = None, kind: str | None = None) -> None:
+        self.kind = kind or worker_kind()
+        if self.kind == "async" and "--async" not in args:
+            args = (*args, *ASYNC_ARGS)
         self.cmd = [sys.executable, "-m", "saga_store.cli.main", "worker", "--tools", tools, *args]
         self.env = dict(env)
         self.log = log
@@ -69,8 +91,10 @@ def group_pids(pgid: int) -> set[int]:
 
 @contextmanager
 def workers(env: Mapping[str, str], tools: str, *args: str, count: int = 1,
-            log: Path | None = None) -> Iterator[list[WorkerProcess]]:
-    procs = [WorkerProcess(env, tools, *args, log=log).start() for _ in range(count)]
+            log: Path | None = None, kind: str | None = None,
+            ) -> Iterator[list[WorkerProcess]]:
+    procs = [WorkerProcess(env, tools, *args, log=log, kind=kind).start()
+             for _ in range(count)]
     try:
         yield procs
     finally:
@@ -79,7 +103,7 @@ def workers(env: Mapping[str, str], tools: str, *args: str, count: int = 1,
 
 
 def kill_at(env: Mapping[str, str], tools: str, point: str, flag_dir: Path, at: int = 1,
-            timeout: float = 30) -> None:
+            timeout: float = 30, kind: str | None = None) -> None:
     """Run a worker with a fault at ``point`` (its ``at``-th occurrence) until the
     worker kills itself there; fails if it died anywhere else or never."""
     from saga_store.testing import assert_eventually
@@ -87,7 +111,7 @@ def kill_at(env: Mapping[str, str], tools: str, point: str, flag_dir: Path, at: 
     flag.touch()
     worker = WorkerProcess({**env, "SAGA_FAULT": point, "SAGA_FAULT_AT": str(at),
                             "SAGA_FAULT_ONCE": str(flag)}, tools, "--log-level",
-                           "WARNING").start()
+                           "WARNING", kind=kind).start()
     try:
         assert_eventually(lambda: not worker.alive, timeout=timeout,
                           what=f"the worker to die at {point}")

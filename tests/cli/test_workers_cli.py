@@ -62,7 +62,8 @@ def test_run_wait_warns_within_seconds_that_no_worker_takes_its_jobs(
 
 
 def test_saga_workers_lists_a_real_worker_its_job_queues_and_sagas_in_flight(
-        redis_url: str, worker_env: dict[str, str], client: redis.Redis) -> None:
+        redis_url: str, worker_env: dict[str, str], client: redis.Redis,
+        worker_kind: str) -> None:
     """A worker shows with its host, pid and state, then busy with the step it runs."""
     with workers(worker_env, TOOLS) as [w]:
         def listed() -> dict[str, Any] | None:

@@ -110,7 +110,7 @@ def test_compensator_killed_resumes_exactly_once_in_reverse(
 
 
 def test_compensator_killed_twice(saga_store: SagaStore, worker_env: dict[str, str],
-                                  ledger: Path, tmp_path: Path) -> None:
+                                  ledger: Path, tmp_path: Path, worker_kind: str) -> None:
     """A second kill during recovery: the third worker still finishes exactly once."""
     sid = saga_store.submit(THREE_THEN_FAIL, agent_id="agent-c")
     kill_at(worker_env, TOOLS, "comp_after_tool", tmp_path, at=2)

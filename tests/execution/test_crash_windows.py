@@ -64,7 +64,7 @@ def recovered_then_cut(store: SagaStore, client: redis.Redis, url: str, sid: str
 
 def test_a_worker_killed_right_after_the_last_outcome_owes_the_ledger_its_close(
         saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
-        redis_url: str, ledger: Path, tmp_path: Path) -> None:
+        redis_url: str, ledger: Path, tmp_path: Path, worker_kind: str) -> None:
     """The committing worker dies before pushing the close; the next worker's sweeper
     writes it from the log before retiring the saga."""
     sid = saga_store.submit(ONE_STEP, agent_id="agent-w")
@@ -109,7 +109,8 @@ def test_a_client_killed_between_submits_two_round_trips_owes_the_ledger_its_ope
     ("comp_after_close", 1)])
 def test_a_compensator_killed_after_a_compensation_or_around_the_close(
         saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
-        redis_url: str, ledger: Path, tmp_path: Path, point: str, at: int) -> None:
+        redis_url: str, ledger: Path, tmp_path: Path, point: str, at: int,
+        worker_kind: str) -> None:
     """Killed after the first or second compensation, before the close, or after the
     close and before its ledger entry: recovery finishes exactly once, in reverse,
     and the ledger closes the saga."""

@@ -153,7 +153,8 @@ def test_a_timeout_is_in_doubt_not_failed(saga_store: SagaStore, worker_env: dic
 
 @pytest.mark.parametrize("serializer", [JSONSerializer, None])
 def test_a_job_naming_os_system_is_refused(client: redis.Redis, worker_env: dict[str, str],
-                                           tmp_path: Path, serializer: object) -> None:
+                                           tmp_path: Path, serializer: object,
+                                           worker_kind: str) -> None:
     """A job written straight into Redis naming os.system never runs."""
     marker = tmp_path / "pwned"
     q = Queue(jobs.STEP_QUEUE, connection=client, serializer=serializer)
@@ -305,7 +306,7 @@ def test_with_eager_steps_off_every_step_goes_through_the_queue(
 
 def test_sigterm_mid_plan_queues_the_next_step_instead_of_running_it(
         saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
-        ledger: Path) -> None:
+        ledger: Path, worker_kind: str) -> None:
     """A worker asked to stop finishes its step and hands the rest of the plan to
     the queue, so a warm shutdown never waits for a whole saga."""
     sid = _sigterm_in_first_step(saga_store, worker_env, ORDER[:2])

@@ -47,7 +47,8 @@ def _redis_up(port: int) -> float | None:
     return None
 
 
-def test_redis_unreachable_for_30_seconds(ledger: Path, tmp_path: Path) -> None:
+def test_redis_unreachable_for_30_seconds(ledger: Path, tmp_path: Path, worker_kind: str,
+                                          ) -> None:
     registry = Registry.from_modules(TOOLS)
     with RedisServer() as srv:
         # the test's own reads fail fast; the clients under test are built below

@@ -68,7 +68,7 @@ def _scrape(port: int) -> str:
 @pytest.mark.timeout(120)
 def test_a_worker_pool_exports_one_endpoint_without_ids(
         saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
-        ledger: Path) -> None:
+        ledger: Path, worker_kind: str) -> None:
     port = free_port()
     # a counter moves just after the append it counts, so it may trail the log for a
     # moment (the chaos soak allows the same); the test waits for the exact counts,

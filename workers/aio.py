@@ -1,0 +1,250 @@
+"""The asyncio worker: one process runs up to N steps (and unwinds) at once.
+
+It is a :class:`StepWorker` with another main loop. Jobs come off RQ's queues
+through RQ's own ``Queue.dequeue_any`` (one queue: BLMOVE onto the queue's
+intermediate list; several: BLPOP, as RQ's worker does), with the same job
+class, so the intermediate list, RQ's registries and ``rq info`` see what they
+see for any RQ worker, and the worker registers, beats and dies as RQ's do.
+Each job runs on one of N threads through :meth:`StepWorker.run_job`: the same
+refusal rules, acknowledgement, drivers and metrics as the RQ worker, with a
+:class:`StepRunner` per thread (a runner carries the plan's next step between
+calls, so it is never shared).
+
+Async tools run on this process's event loop, not on the thread that runs the
+step: the thread waits, and the tool calls of all steps in flight wait together
+on the loop. Sync tools run on the step's thread (timed out on a thread of
+their own, as everywhere off the main thread).
+
+The sweeper, the durability check, RQ's maintenance, the heartbeat and the
+suspension check run on a thread of their own every :data:`CHORES_EVERY_S`, so
+a worker with every slot busy still beats and still sweeps.
+
+Stopping: the first SIGTERM or SIGINT stops dequeuing and stops taking a plan's
+next step in-process; the jobs in flight finish and the process exits 0. A
+second signal, a second or more later, exits at once with status 1: the log
+keeps what each step did and the sweeper redelivers the rest, as after SIGKILL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, ClassVar
+
+import redis
+from rq.exceptions import DequeueTimeout
+from rq.queue import Queue
+from rq.suspension import is_suspended
+from rq.worker import WorkerStatus
+
+from .invoke import Invoker
+from .step import StepRunner
+from .worker import SUSPENSION_CHECK_EVERY_S, StepWorker
+
+log = logging.getLogger("saga_store.worker")
+DEFAULT_CONCURRENCY = 8
+CHORES_EVERY_S = 0.25
+# the pool and the terminal may both pass on one Ctrl+C: a second signal this soon
+# after the first is the same request
+SAME_SIGNAL_S = 1.0
+
+
+class AsyncWorker(StepWorker):
+    """Runs up to ``concurrency`` jobs at once in one process. Configure with
+    :func:`configured`; ``work()`` serves until asked to stop (or, with
+    ``burst``, until the queues are empty and nothing is in flight)."""
+
+    concurrency: ClassVar[int] = DEFAULT_CONCURRENCY
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # a step thread keeps a lean connection and checks out another now and then;
+        # redis-py refuses a 101st connection by default ("Too many connections")
+        pool = self.connection.connection_pool
+        pool.max_connections = max(pool.max_connections, connections_for(self.concurrency))
+        self._local = threading.local()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._in_flight = 0
+        self._suspended = False
+        self._stop_at = 0.0
+        self._connection_wait = 0.5
+        self.completed = 0
+
+    def work(self, burst: bool = False, logging_level: str | None = "INFO",
+             *_rq_args: Any, **_rq_options: Any) -> bool:
+        """Serve the queues; returns whether any job was run. RQ's other options
+        (``with_scheduler``, which the pool passes) do not apply here."""
+        self.bootstrap(logging_level)
+        log.info("Worker %s: asyncio, up to %d jobs at once", self.name, self.concurrency)
+        try:
+            asyncio.run(self._serve(burst))
+        finally:
+            self.teardown()  # type: ignore[no-untyped-call]  # the library leaves it untyped
+        return self.completed > 0
+
+    # -- the loop -----------------------------------------------------------
+
+    async def _serve(self, burst: bool) -> None:
+        loop = self._loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        steps = ThreadPoolExecutor(self.concurrency, thread_name_prefix="saga-step")
+        dequeuer = ThreadPoolExecutor(1, thread_name_prefix="saga-dequeue")
+        chores = asyncio.create_task(self._chores())
+        slots = asyncio.Semaphore(self.concurrency)
+        running: set[asyncio.Future[None]] = set()
+
+        def done(fut: asyncio.Future[None]) -> None:
+            running.discard(fut)
+            self._in_flight -= 1
+            self.completed += 1
+            slots.release()
+
+        try:
+            while not self._stop_requested:
+                await slots.acquire()
+                got = await self._next_job(loop, dequeuer, burst, bool(running))
+                if got is None:
+                    slots.release()
+                    if burst and not running:  # suspended in burst mode too, as RQ
+                        break
+                    continue
+                self._in_flight += 1
+                fut = loop.run_in_executor(steps, self._run, *got)
+                running.add(fut)
+                fut.add_done_callback(done)
+            if running:
+                log.info("Worker %s: stopping; %d job(s) in flight finish first", self.name,
+                         len(running))
+                await asyncio.wait(running)
+        finally:
+            chores.cancel()
+            steps.shutdown(wait=True)
+            dequeuer.shutdown(wait=True)
+        log.info("Worker %s: stopped", self.name)
+
+    async def _next_job(self, loop: asyncio.AbstractEventLoop, dequeuer: ThreadPoolExecutor,
+                        burst: bool, busy: bool) -> tuple[Any, Queue] | None:
+        """One job off the queues, or None: none came within the dequeue timeout
+        (at once, in burst mode), suspended, stopping, or Redis unreachable (after
+        backing off)."""
+        if self._suspended or self._stop_requested:
+            await asyncio.sleep(SUSPENSION_CHECK_EVERY_S / 2)
+            return None
+        timeout = None if burst else self.dequeue_timeout
+        try:
+            got = await loop.run_in_executor(dequeuer, self._dequeue, timeout)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self._connection_wait = min(self._connection_wait * 2,
+                                        self.max_connection_wait_time)
+            log.error("Worker %s: could not reach Redis to dequeue (%s); again in %.0f s",
+                      self.name, exc, self._connection_wait)
+            await asyncio.sleep(self._connection_wait)
+            return None
+        except Exception:  # a job hash of the wrong type, say: never the end of the worker
+            log.exception("Worker %s: dequeue failed; going on", self.name)
+            await asyncio.sleep(SUSPENSION_CHECK_EVERY_S)
+            return None
+        self._connection_wait = 0.5
+        if got is not None and self._stop_requested:  # asked to stop while it waited
+            await loop.run_in_executor(dequeuer, self._give_back, *got)
+            return None
+        if got is None and burst and busy:
+            await asyncio.sleep(0.02)  # what is in flight may still queue more
+        return got
+
+    def _dequeue(self, timeout: int | None) -> tuple[Any, Queue] | None:
+        try:
+            return self.queue_class.dequeue_any(
+                self._ordered_queues, timeout, connection=self.connection,
+                job_class=self.job_class, serializer=self.serializer)
+        except DequeueTimeout:
+            return None
+
+    def _give_back(self, job: Any, queue: Queue) -> None:
+        """Put a job taken after the stop request back at the head of its queue
+        (and off the intermediate list), for another worker to take."""
+        pipe = self.connection.pipeline(transaction=True)
+        pipe.lpush(queue.key, job.id)
+        pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+        pipe.execute()
+
+    def _run(self, job: Any, queue: Queue) -> None:
+        """One job, on a step thread. Whatever it raises stays here: the log keeps
+        the step's state and the sweeper redelivers what is owed."""
+        try:
+            self.run_job(job, queue, self._runner())
+        except BaseException:
+            log.exception("job %s could not be finished; it will be redelivered", job.id)
+
+    def _runner(self) -> StepRunner:
+        """This thread's runner; its async tools run on the worker's loop."""
+        runner: StepRunner | None = getattr(self._local, "runner", None)
+        if runner is None:
+            runner = self._local.runner = StepRunner(
+                self.saga_store, self.name, keep_going=lambda: not self._stop_requested,
+                invoker=Invoker(self._loop))
+        return runner
+
+    # -- beside the jobs ------------------------------------------------------
+
+    async def _chores(self) -> None:
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(1, thread_name_prefix="saga-chores") as thread:
+            while True:
+                await loop.run_in_executor(thread, self._chores_once)
+                await asyncio.sleep(CHORES_EVERY_S)
+
+    def _chores_once(self) -> None:
+        try:
+            self.heartbeat()  # throttled
+            self.set_state(WorkerStatus.BUSY if self._in_flight else WorkerStatus.IDLE)
+            now = time.monotonic()
+            if now - self._last_suspension_check >= SUSPENSION_CHECK_EVERY_S:
+                self._last_suspension_check = now
+                suspended = bool(is_suspended(self.connection, self))
+                if suspended != self._suspended:
+                    log.info("Worker %s: %s", self.name, "suspended, run `rq resume` to resume"
+                             if suspended else "resumed")
+                self._suspended = suspended
+            if self.should_run_maintenance_tasks:
+                self.run_maintenance_tasks()
+        except redis.RedisError as exc:  # the outage is logged once by the client
+            log.debug("Worker %s: chores skipped (%s)", self.name, exc)
+        except Exception:
+            log.exception("Worker %s: chores failed; again in %.2f s", self.name,
+                          CHORES_EVERY_S)
+
+    def _on_signal(self, signum: int) -> None:
+        now = time.monotonic()
+        if not self._stop_requested:
+            self._stop_requested, self._stop_at = True, now
+            log.warning("Worker %s: %s: no more jobs taken; the %d in flight finish, then "
+                        "it exits (signal again to exit at once)", self.name,
+                        signal.Signals(signum).name, self._in_flight)
+            return
+        if now - self._stop_at < SAME_SIGNAL_S:
+            return
+        log.warning("Worker %s: cold shut down with %d job(s) in flight; the sweeper "
+                    "redelivers them", self.name, self._in_flight)
+        os._exit(1)
+
+
+def connections_for(concurrency: int) -> int:
+    """Redis connections a worker running ``concurrency`` jobs may hold at once: two
+    per step thread (its lean pipeline's and one checked out of the pool), and a
+    few for the dequeue, the chores (sweeper included) and RQ's pubsub."""
+    return 2 * concurrency + 16
+
+
+def configured(base: type[StepWorker], concurrency: int) -> type[AsyncWorker]:
+    """An AsyncWorker class with the tools and settings of ``base`` (a class from
+    :func:`workers.worker.configured`), running up to ``concurrency`` jobs."""
+    return type("AsyncWorker", (AsyncWorker,), {
+        "tools_modules": base.tools_modules, "settings": base.settings,
+        "concurrency": concurrency, "__module__": __name__})
