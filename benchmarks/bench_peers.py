@@ -47,7 +47,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from saga_store.testing import free_port
 from saga_store.testing.workers import group_pids
@@ -160,24 +160,25 @@ class SagaStoreEngine(Engine):
     """Both fsync settings share one Redis and one set of workers: ``appendfsync`` is
     set (CONFIG SET) before each run, so the two differ in nothing else."""
 
-    shared: Any = None  # the Durable both use
-    _stack: contextlib.ExitStack | None = None
+    shared: ClassVar[dict[str, Any]] = {}  # by worker kind: the Durable both settings use
+    _stacks: ClassVar[dict[str, contextlib.ExitStack]] = {}
 
-    def __init__(self, appendfsync: str, workers: int) -> None:
-        self.appendfsync, self.workers = appendfsync, workers
-        self.name = f"saga-store {appendfsync}"
+    def __init__(self, appendfsync: str, workers: int, kind: str = "rq") -> None:
+        self.appendfsync, self.workers, self.kind = appendfsync, workers, kind
+        self.name = f"saga-store {appendfsync}" + (" async" if kind == "async" else "")
 
     def start(self) -> None:
-        if SagaStoreEngine.shared is None:
+        if self.kind not in SagaStoreEngine.shared:
             if shutil.which("redis-server") is None:
                 raise Skip("redis-server is not installed (apt-get install redis-server)")
             stack = contextlib.ExitStack()
             made: list[Path] = []  # the Redis's directory, removed once it has stopped
             stack.callback(lambda: [shutil.rmtree(d, ignore_errors=True) for d in made])
-            SagaStoreEngine.shared = stack.enter_context(durable(self.workers))
-            made.append(SagaStoreEngine.shared.srv.dir)
-            SagaStoreEngine._stack = stack
-        r = SagaStoreEngine.shared.store.redis
+            SagaStoreEngine.shared[self.kind] = stack.enter_context(
+                durable(self.workers, self.kind))
+            made.append(SagaStoreEngine.shared[self.kind].srv.dir)
+            SagaStoreEngine._stacks[self.kind] = stack
+        r = SagaStoreEngine.shared[self.kind].store.redis
         r.config_set("appendfsync", self.appendfsync)
         got = r.config_get("appendfsync")
         aof = r.config_get("appendonly")
@@ -189,16 +190,17 @@ class SagaStoreEngine(Engine):
                            f"{got.get('appendfsync')}: {when.get(self.appendfsync, '')}")
 
     def measure(self, fails: list[bool]) -> dict[str, float]:
-        d = SagaStoreEngine.shared
+        d = SagaStoreEngine.shared[self.kind]
         d.store.redis.config_set("appendfsync", self.appendfsync)
         row = d.measure(fails)
         row["cpu_ms_total"] = sum(v for k, v in row.items() if k.startswith("cpu_ms_"))
         return row
 
     def close(self) -> None:
-        if SagaStoreEngine._stack is not None:
-            SagaStoreEngine._stack.close()
-            SagaStoreEngine._stack = SagaStoreEngine.shared = None
+        stack = SagaStoreEngine._stacks.pop(self.kind, None)
+        if stack is not None:
+            stack.close()
+            SagaStoreEngine.shared.pop(self.kind, None)
 
 
 class MemoryEngine(Engine):
@@ -521,6 +523,8 @@ def engines(names: list[str], workers: int, service_workers: int) -> list[Engine
     every: dict[str, Callable[[], Engine]] = {
         "saga-everysec": lambda: SagaStoreEngine("everysec", workers),
         "saga-always": lambda: SagaStoreEngine("always", workers),
+        "saga-async-everysec": lambda: SagaStoreEngine("everysec", workers, "async"),
+        "saga-async-always": lambda: SagaStoreEngine("always", workers, "async"),
         "restate": lambda: RestateEngine(service_workers),
         "dbos": DbosEngine,
         "memory": MemoryEngine,
@@ -528,7 +532,8 @@ def engines(names: list[str], workers: int, service_workers: int) -> list[Engine
     return [every[n]() for n in names]
 
 
-ENGINE_NAMES = ["saga-everysec", "saga-always", "restate", "dbos", "memory"]
+ENGINE_NAMES = ["saga-everysec", "saga-always", "saga-async-everysec", "saga-async-always",
+                "restate", "dbos", "memory"]
 
 
 # -- the run ------------------------------------------------------------------

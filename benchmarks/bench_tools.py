@@ -65,3 +65,19 @@ def io_step(n: int, ms: float = 10.0, fail: bool = False) -> dict[str, Any]:
     if fail:
         raise RuntimeError("step failed on purpose")
     return {"ref": f"r{n}"}
+
+
+@tool(timeout=5)
+async def aio_undo(ref: str, ms: float = 10.0) -> dict[str, Any]:
+    await asyncio.sleep(ms / 1000)
+    return {"undone": ref}
+
+
+@tool(compensation=aio_undo, mapping={"ref": "$.output.ref", "ms": "$.input.ms"}, timeout=5)
+async def aio_step(n: int, ms: float = 10.0, fail: bool = False) -> dict[str, Any]:
+    """The peer workload's step as an async tool (the asyncio worker runs it on its
+    event loop, as the peers' SDKs run theirs)."""
+    await asyncio.sleep(ms / 1000)
+    if fail:
+        raise RuntimeError("step failed on purpose")
+    return {"ref": f"r{n}"}

@@ -39,8 +39,13 @@ AGENT = "bench"
 WORKERS = 26
 
 
-def workflow(fail: bool) -> list[dict[str, Any]]:
-    return [{"tool": "io_step", "args": {"n": i, "ms": IO_MS, "fail": fail and i == 2}}
+# the asyncio worker: processes, and steps at once in each (a saga has one step in
+# flight at a time, so n=500 wants 500 slots in all)
+ASYNC_PROCS, ASYNC_CONCURRENCY = 2, 256
+
+
+def workflow(fail: bool, tool: str = "io_step") -> list[dict[str, Any]]:
+    return [{"tool": tool, "args": {"n": i, "ms": IO_MS, "fail": fail and i == 2}}
             for i in range(STEPS)]
 
 
@@ -74,7 +79,7 @@ def memory_run(fails: list[bool]) -> tuple[float, list[float]]:
 # -- Saga Store ---------------------------------------------------------------
 
 def durable_run(store: SagaStore, fails: list[bool], batch: bool = False,
-                ) -> tuple[float, list[float]]:
+                tool: str = "io_step") -> tuple[float, list[float]]:
     """Submit every workflow (one ``submit`` after another, the first running while
     the next are submitted; ``batch``: all with one ``submit_many``), then wait for
     all as their agent would: by following its context stream, which says when
@@ -85,12 +90,12 @@ def durable_run(store: SagaStore, fails: list[bool], batch: bool = False,
     began = time.perf_counter()
     submitted: dict[str, float] = {}
     if batch:
-        ids = store.submit_many([workflow(f) for f in fails], agent_id=AGENT)
+        ids = store.submit_many([workflow(f, tool) for f in fails], agent_id=AGENT)
         submitted = dict.fromkeys(ids, began)
     else:
         for f in fails:
             called = time.perf_counter()
-            submitted[store.submit(workflow(f), agent_id=AGENT)] = called
+            submitted[store.submit(workflow(f, tool), agent_id=AGENT)] = called
     latency: list[float] = []
     while len(latency) < len(submitted):
         reply = r.xread({ctx: after}, block=5000)
@@ -133,6 +138,7 @@ class Durable:
     store: SagaStore
     srv: RedisServer
     procs: list[WorkerProcess]
+    tool: str = "io_step"  # the step's tool: sync for RQ workers, async for asyncio ones
 
     def measure(self, fails: list[bool], batch: bool = False) -> dict[str, float]:
         """One durable run, summarised, with CPU per workflow by process kind."""
@@ -140,28 +146,33 @@ class Durable:
         pids = {"workers": set().union(*(p.pids() for p in self.procs)),
                 "redis": {self.srv.proc.pid}, "driver": {os.getpid()}}
         before = {k: cpu_s(v) for k, v in pids.items()}
-        row = summarize(*durable_run(self.store, fails, batch))
+        row = summarize(*durable_run(self.store, fails, batch, self.tool))
         for k, v in pids.items():
             row[f"cpu_ms_{k}"] = (cpu_s(v) - before[k]) * 1000 / len(fails)
         return row
 
 
 @contextmanager
-def durable(workers: int) -> Iterator[Durable]:
-    """Start a private Redis and ``workers`` worker processes, warmed up; stop them after."""
+def durable(workers: int, kind: str = "rq") -> Iterator[Durable]:
+    """Start a private Redis and ``workers`` worker processes (``kind`` "async":
+    ASYNC_PROCS asyncio workers of ASYNC_CONCURRENCY slots, running the async step
+    tool), warmed up; stop them after."""
     srv = bench_redis()
     procs: list[WorkerProcess] = []
     try:
         r = redis.Redis.from_url(srv.url)
         store = SagaStore(r, Registry.from_modules(TOOLS), Settings())
         env = {**os.environ, "SAGA_REDIS_URL": srv.url, "PYTHONPATH": ROOT}
-        procs = [WorkerProcess(env, TOOLS, "--log-level", "WARNING").start()
-                 for _ in range(workers)]
+        args = ("--async", "--concurrency", str(ASYNC_CONCURRENCY)) if kind == "async" else ()
+        count = ASYNC_PROCS if kind == "async" else workers
+        procs = [WorkerProcess(env, TOOLS, "--log-level", "WARNING", *args).start()
+                 for _ in range(count)]
         from rq.worker import Worker
-        assert_eventually(lambda: len(Worker.all(connection=r)) >= workers, timeout=60,
+        assert_eventually(lambda: len(Worker.all(connection=r)) >= count, timeout=60,
                           what="workers to start")
-        durable_run(store, [False] * 20)  # warm up
-        yield Durable(store, srv, procs)
+        tool = "aio_step" if kind == "async" else "io_step"
+        durable_run(store, [False] * 20, tool=tool)  # warm up
+        yield Durable(store, srv, procs, tool)
     finally:
         for p in procs:
             p.kill()
