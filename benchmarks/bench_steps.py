@@ -31,10 +31,10 @@ ROOT = str(Path(__file__).resolve().parent.parent)
 TOOLS = "benchmarks.bench_tools"
 
 
-def start_saga_workers(url: str, n: int) -> list[subprocess.Popen[bytes]]:
+def start_saga_workers(url: str, n: int, *extra: str) -> list[subprocess.Popen[bytes]]:
     env = {**os.environ, "SAGA_REDIS_URL": url, "PYTHONPATH": ROOT}
     return [subprocess.Popen([sys.executable, "-m", "saga_store.cli.main", "worker", "--tools",
-                              TOOLS,
+                              TOOLS, *extra,
                               "--log-level", "WARNING"], env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for _ in range(n)]
@@ -178,19 +178,30 @@ def run(quick: bool = False) -> dict[str, Any]:
     url = srv.url
     r = redis.Redis.from_url(url)
     store = SagaStore(r, Registry.from_modules(TOOLS), Settings())
+    # the asyncio worker on a Redis of its own (a queue reaches any worker on it)
+    srv_async = bench_redis()
+    r_async = redis.Redis.from_url(srv_async.url)
+    store_async = SagaStore(r_async, Registry.from_modules(TOOLS), Settings())
     try:
         procs = start_saga_workers(url, 1)
         rq_procs = start_rq_workers(url, 1, "bare")
+        async_procs = start_saga_workers(srv_async.url, 1, "--async")
         wait_registered(r, 2)
+        wait_registered(r_async, 1)
         n = 300 if quick else 2000
-        round_trips(store, 50)  # warm up both sides
+        round_trips(store, 50)  # warm up every side
+        round_trips(store_async, 50)
         bare_round_trips(r, 50)
-        durable, bare = [], []
-        for _ in range(4):  # interleaved blocks: both see the same noise
+        durable, on_async, bare = [], [], []
+        for _ in range(4):  # interleaved blocks: all see the same noise
             durable += round_trips(store, n // 4)
+            on_async += round_trips(store_async, n // 4)
             bare += bare_round_trips(r, n // 4)
+        stop(async_procs)
         out["round_trip_ms"] = {
             "durable": {"p50": statistics.median(durable), "p99": percentile(durable, 99)},
+            "durable_async_worker": {"p50": statistics.median(on_async),
+                                     "p99": percentile(on_async, 99)},
             "bare_rq_simpleworker": {"p50": statistics.median(bare),
                                      "p99": percentile(bare, 99)}}
         first, last = flat_cost(store, 300 if quick else 1000)
@@ -211,6 +222,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                                           "worker_rss_mb": rss}
     finally:
         srv.stop()
+        srv_async.stop()
     return out
 
 
