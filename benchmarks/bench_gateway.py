@@ -195,10 +195,47 @@ async def _depth(url: str, direct: ClientSession, guarded: ClientSession,
             "in_process_first_100_ms": m["in_first"], "in_process_last_100_ms": m["in_last"]}
 
 
+async def _no_downstream(url: str, calls: int) -> dict[str, Any]:
+    """The gateway's own work: ``Gateway.handle`` with the downstream answering at
+    once in-process (no hop, no server), interleaved call by call with the two bare
+    appends; what is left of the in-process overhead is around the downstream call."""
+    import mcp_types as types
+
+    from saga_store.mcp.gateway import CallOutcome, Gateway
+    store = SagaStore(connect(url), Registry())
+    block = {"type": "text", "text": '{"ok": true}'}
+
+    async def answer(name: str, args: dict[str, Any], meta: dict[str, Any]) -> CallOutcome:
+        return CallOutcome(True, {"ok": True}, block["text"], content=[block],
+                           raw={"content": [block], "structuredContent": {"ok": True}})
+    gw = Gateway(store, Policy.safe(), {}, answer, "bench-no-downstream")
+    undo = {"reversibility": "compensable", "compensation": {
+        "toolName": "delete", "parameterMapping": {"key": "$.input.key"}}}
+    gw.set_tools([types.Tool(name="put", input_schema={"type": "object"},
+                             meta={"dev.chronomcp/compensate": undo}),
+                  types.Tool(name="delete", input_schema={"type": "object"})])
+    appends = TwoAppends(store)
+    g_ms: list[float] = []
+    a_ms: list[float] = []
+    for i in range(calls):
+        args = {"key": f"k{i}", "value": "v" * 100}
+        t0 = time.perf_counter()
+        await gw.handle("put", args, None)
+        t1 = time.perf_counter()
+        await appends.call_tool("put", args)
+        g_ms.append((t1 - t0) * 1000)
+        a_ms.append((time.perf_counter() - t1) * 1000)
+    gw.commit()
+    g, a = statistics.median(g_ms[100:]), statistics.median(a_ms[100:])
+    return {"handle_p50_ms": g, "two_appends_p50_ms": a, "own_work_p50_ms": g - a,
+            "ratio_to_two_appends": g / a}
+
+
 def run(calls: int = 3000, side_by_side: int = 1000) -> dict[str, Any]:
     srv = bench_redis()
     try:
         out: dict[str, Any] = anyio.run(_measure, srv.url, side_by_side, calls)
+        out["no_downstream"] = anyio.run(_no_downstream, srv.url, side_by_side)
     finally:
         srv.stop()
     out["machine"] = machine()
