@@ -153,7 +153,8 @@ class Durable:
 
 
 @contextmanager
-def durable(workers: int, kind: str = "rq") -> Iterator[Durable]:
+def durable(workers: int, kind: str = "rq",
+            env: dict[str, str] | None = None) -> Iterator[Durable]:
     """Start a private Redis and ``workers`` worker processes (``kind`` "async":
     ASYNC_PROCS asyncio workers of ASYNC_CONCURRENCY slots, running the async step
     tool), warmed up; stop them after."""
@@ -162,7 +163,7 @@ def durable(workers: int, kind: str = "rq") -> Iterator[Durable]:
     try:
         r = redis.Redis.from_url(srv.url)
         store = SagaStore(r, Registry.from_modules(TOOLS), Settings())
-        env = {**os.environ, "SAGA_REDIS_URL": srv.url, "PYTHONPATH": ROOT}
+        env = {**os.environ, **(env or {}), "SAGA_REDIS_URL": srv.url, "PYTHONPATH": ROOT}
         args = ("--async", "--concurrency", str(ASYNC_CONCURRENCY)) if kind == "async" else ()
         count = ASYNC_PROCS if kind == "async" else workers
         procs = [WorkerProcess(env, TOOLS, "--log-level", "WARNING", *args).start()

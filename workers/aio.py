@@ -42,6 +42,8 @@ from rq.queue import Queue
 from rq.suspension import is_suspended
 from rq.worker import WorkerStatus
 
+from saga_store.log.pipeline import group_commit
+
 from .invoke import Invoker
 from .step import StepRunner
 from .worker import SUSPENSION_CHECK_EVERY_S, StepWorker
@@ -67,6 +69,10 @@ class AsyncWorker(StepWorker):
         # redis-py refuses a 101st connection by default ("Too many connections")
         pool = self.connection.connection_pool
         pool.max_connections = max(pool.max_connections, connections_for(self.concurrency))
+        if os.environ.get("SAGA_GROUP_COMMIT", "0") == "1":
+            # the steps' appends and reads go out together (off by default: it has
+            # not shown a gain here, benchmarks/RESULTS.md "Group commit")
+            group_commit(self.connection)
         self._local = threading.local()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._in_flight = 0

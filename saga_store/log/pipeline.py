@@ -11,7 +11,16 @@ re-established and the batch resent, as redis-py does), and a connection that
 saw any error is dropped, so no unread reply can reach the next batch.
 
 Only non-transactional pipelines of plain commands: no MULTI, no WATCH, no
-registered Script objects (the append script goes as EVAL).
+registered Script objects (the append script goes as EVAL), nothing that blocks.
+
+Group commit (:func:`group_commit`, used by the asyncio worker): the lean
+pipelines of all threads of a process go out together. The first thread to
+execute becomes the leader: it takes every batch waiting, writes them in one
+send on the group's connection and reads their replies in order, handing each
+batch its own; threads that came meanwhile wait for the next round. Every
+batch still waits for its own replies before it returns, so nothing counts as
+done before Redis said so; Redis reads the batches in one go, and under
+``appendfsync always`` their writes share its fsync.
 """
 
 from __future__ import annotations
@@ -32,7 +41,14 @@ class LeanPipeline(Pipeline):
         if not stack:
             return []
         self.command_stack = []
+        group: GroupCommit | None = getattr(self.connection_pool, "_saga_group", None)
         conn = _connection(self.connection_pool)
+        if group is not None:  # the same retry policy: a dropped round is sent again
+            out: list[Any] = conn.retry.call_with_retry(lambda: group.run(self, stack, conn),
+                                                        lambda *_: None)
+            if raise_on_error:
+                self.raise_first_error(stack, out)  # type: ignore[no-untyped-call]
+            return out
 
         def run() -> list[Any]:
             return self._send_and_read(conn, stack, raise_on_error)
@@ -46,19 +62,7 @@ class LeanPipeline(Pipeline):
     def _send_and_read(self, conn: Any, stack: list[Any], raise_on_error: bool) -> list[Any]:
         try:
             conn.send_packed_command(conn.pack_commands([args for args, _ in stack]))
-            out: list[Any] = []
-            callbacks: Any = self.response_callbacks
-            for args, options in stack:
-                try:
-                    reply = conn.read_response()
-                except ResponseError as exc:
-                    out.append(exc)
-                    continue
-                callback = callbacks.get(args[0])
-                if callback is not None:
-                    options.pop("keys", None)
-                    reply = callback(reply, **options)
-                out.append(reply)
+            out = self._read(conn, stack)
         except BaseException:
             conn.disconnect()  # never leave replies unread on a kept connection
             raise
@@ -66,6 +70,112 @@ class LeanPipeline(Pipeline):
             # no-untyped-call: the library leaves it untyped
             self.raise_first_error(stack, out)  # type: ignore[no-untyped-call]
         return out
+
+
+    def _read(self, conn: Any, stack: list[Any]) -> list[Any]:
+        """The replies to ``stack``, read off ``conn``, through the reply callbacks."""
+        out: list[Any] = []
+        callbacks: Any = self.response_callbacks
+        for args, options in stack:
+            try:
+                reply = conn.read_response()
+            except ResponseError as exc:
+                out.append(exc)
+                continue
+            callback = callbacks.get(args[0])
+            if callback is not None:
+                options.pop("keys", None)
+                reply = callback(reply, **options)
+            out.append(reply)
+        return out
+
+
+class _Batch:
+    __slots__ = ("done", "error", "packed", "pipe", "replies", "stack")
+
+    def __init__(self, pipe: LeanPipeline, stack: list[Any], packed: list[bytes]) -> None:
+        self.pipe, self.stack, self.packed = pipe, stack, packed
+        self.done = threading.Event()
+        self.replies: list[Any] = []
+        self.error: BaseException | None = None
+
+
+class GroupCommit:
+    """The lean pipelines of one pool's threads, sent together (see the module)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self._lock = threading.Lock()
+        self._waiting: list[_Batch] = []
+        self._leading = False
+        self.rounds = self.batches = 0  # for measurement: batches per round
+
+    def run(self, pipe: LeanPipeline, stack: list[Any], packer: Any) -> list[Any]:
+        """Send ``stack`` in the next round (``packer``: a connection to pack it
+        with; the group writes on its own) and return its replies."""
+        batch = _Batch(pipe, stack, packer.pack_commands([args for args, _ in stack]))
+        with self._lock:
+            self._waiting.append(batch)
+            lead = not self._leading
+            if lead:
+                self._leading = True
+        if lead:
+            self._lead()
+        batch.done.wait()
+        if batch.error is not None:
+            raise batch.error
+        return batch.replies
+
+    def _lead(self) -> None:
+        """Send rounds until no batch waits; then the next thread to come leads."""
+        while True:
+            with self._lock:
+                taken, self._waiting = self._waiting, []
+                if not taken:
+                    self._leading = False
+                    return
+            self.rounds += 1
+            self.batches += len(taken)
+            self._round(taken)
+
+    def _round(self, taken: list[_Batch]) -> None:
+        conn = _group_connection(self.pool)
+        try:
+            conn.send_packed_command([chunk for b in taken for chunk in b.packed])
+            for i, b in enumerate(taken):
+                try:
+                    b.replies = b.pipe._read(conn, b.stack)
+                except BaseException as exc:
+                    conn.disconnect()  # never leave replies unread on a kept connection
+                    for rest in taken[i:]:
+                        rest.error = exc
+                    raise
+        except BaseException as exc:
+            conn.disconnect()
+            for b in taken:
+                if not b.replies and b.error is None:
+                    b.error = exc
+        finally:
+            for b in taken:
+                b.done.set()
+
+
+def group_commit(client: redis.Redis) -> GroupCommit:
+    """Send the lean pipelines of all threads on ``client``'s pool together."""
+    pool: Any = client.connection_pool
+    group: GroupCommit | None = getattr(pool, "_saga_group", None)
+    if group is None:
+        group = pool._saga_group = GroupCommit(pool)
+    return group
+
+
+def _group_connection(pool: Any) -> Any:
+    """The group's own connection, made once per process (a fork makes its own)."""
+    forks, conn = getattr(pool, "_saga_group_conn", (-1, None))
+    if forks != _forks[0] or conn is None:
+        conn = pool.make_connection()
+        pool._saga_group_conn = (_forks[0], conn)
+    return conn
 
 
 def execute(pipe: Any, *then: Callable[[list[Any]], Any]) -> list[Any]:

@@ -75,3 +75,60 @@ def test_a_forked_child_makes_its_own_connection(client: redis.Redis) -> None:
     again.client_id()
     assert again.execute() == [parent_id]  # the parent keeps its own
     assert child_id != parent_id
+
+
+def test_group_commit_gives_each_thread_its_own_replies(redis_url: str) -> None:
+    """Many threads' pipelines go out in shared rounds; each gets exactly its own
+    replies (errors included, in place), as without the group."""
+    from saga_store.log.pipeline import group_commit
+    c = redis.Redis.from_url(redis_url)
+    group = group_commit(c)
+    wrong: list[str] = []
+    start = threading.Barrier(16)
+
+    def work(t: int) -> None:
+        start.wait()
+        for i in range(200):
+            pipe = lean(c)
+            pipe.incr(f"n:{t}")
+            pipe.set(f"v:{t}", f"{t}-{i}")
+            pipe.get(f"v:{t}")
+            pipe.hget(f"v:{t}", "x")  # wrong type: an error in its place
+            got = pipe.execute(raise_on_error=False)
+            if got[0] != i + 1 or got[1] is not True or got[2] != f"{t}-{i}".encode() \
+                    or not isinstance(got[3], redis.ResponseError):
+                wrong.append(f"thread {t} call {i}: {got!r}")
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(16)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not wrong, wrong[:3]
+    assert group.batches == 16 * 200
+    assert group.rounds < group.batches  # batches did share rounds
+
+
+def test_group_commit_resends_a_round_cut_off_by_a_dropped_connection(
+        redis_url: str) -> None:
+    """The group's connection is killed by Redis between rounds: the next round is
+    refused, retried on a new connection under the client's retry policy, and every
+    batch gets its replies."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from saga_store.log.pipeline import group_commit
+    c = redis.Redis.from_url(redis_url, retry=Retry(NoBackoff(), 3))
+    group_commit(c)
+    pipe = lean(c)
+    pipe.set("k", "1")
+    assert pipe.execute() == [True]
+    admin = redis.Redis.from_url(redis_url)
+    killed = 0
+    for info in admin.client_list():
+        if info["id"] != str(admin.client_id()):
+            admin.client_kill_filter(_id=info["id"])
+            killed += 1
+    assert killed >= 1
+    pipe = lean(c)
+    pipe.incr("k")
+    assert pipe.execute() == [2]
