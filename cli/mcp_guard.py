@@ -73,15 +73,9 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
             if stat.S_ISREG(os.fstat(fd).st_mode):
                 raise InvalidInput(f"saga mcp-guard speaks MCP over pipes; its {name} is a "
                                    "file. Start it from an MCP client's configuration")
-        if bool(command) == bool(url):
-            raise InvalidInput("give the downstream server as -- COMMAND ARGS... or --url URL, "
-                               "not both or neither")
-        try:
-            import anyio
-            import mcp  # noqa: F401  # imported only to check it is installed
-        except ImportError:
-            raise InvalidInput("the MCP gateway needs the mcp package: "
-                               "pip install 'saga-store[mcp]'") from None
+        _need_downstream(command, url, "the MCP gateway")
+        import anyio
+
         from saga_store.approval.policy import Policy
         from saga_store.mcp.classify import load_tools_map
         from saga_store.mcp.gateway import gateway_id
@@ -98,17 +92,22 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
         anyio.run(_serve, store, policy, tools_map, gid, agent_id, list(command), url)
 
 
-def _init_tools_map(path: str, command: tuple[str, ...], url: str | None,
-                    force: bool) -> None:
-    """--init-tools-map: list the server's tools, write the starter map, exit."""
+def _need_downstream(command: tuple[str, ...], url: str | None, what: str) -> None:
+    """One downstream, named one way, and the mcp package to speak to it."""
     if bool(command) == bool(url):
         raise InvalidInput("give the downstream server as -- COMMAND ARGS... or --url URL, "
                            "not both or neither")
     try:
         import mcp  # noqa: F401  # imported only to check it is installed
     except ImportError:
-        raise InvalidInput("--init-tools-map needs the mcp package: "
+        raise InvalidInput(f"{what} needs the mcp package: "
                            "pip install 'saga-store[mcp]'") from None
+
+
+def _init_tools_map(path: str, command: tuple[str, ...], url: str | None,
+                    force: bool) -> None:
+    """--init-tools-map: list the server's tools, write the starter map, exit."""
+    _need_downstream(command, url, "--init-tools-map")
     from saga_store.mcp.init_map import init_tools_map
     made = init_tools_map(path, command, url, force=force)
     decide = sum(1 for e in made if e.source in ("guess", "undecided"))

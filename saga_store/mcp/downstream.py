@@ -207,17 +207,19 @@ class PipeDownstream:
         pending = self.pipes.pending
         return pending.popleft() if await pending.ready() else None
 
-    async def close(self) -> None:
+    async def close(self, grace_s: float = STOP_GRACE_S) -> None:
+        """Close the server's stdin; after ``grace_s`` SIGTERM it, after as long
+        again SIGKILL it."""
         ended_first = self.ended  # its output ended before the session did
         stdin = self.transport.get_pipe_transport(0)
         if stdin is not None and not stdin.is_closing():
             stdin.close()
         try:
-            await asyncio.wait_for(asyncio.shield(self.pipes.exited), STOP_GRACE_S)
+            await asyncio.wait_for(asyncio.shield(self.pipes.exited), grace_s)
         except TimeoutError:
             self.transport.terminate()
             try:
-                await asyncio.wait_for(asyncio.shield(self.pipes.exited), STOP_GRACE_S)
+                await asyncio.wait_for(asyncio.shield(self.pipes.exited), grace_s)
             except TimeoutError:
                 self.transport.kill()
                 await self.pipes.exited

@@ -187,21 +187,7 @@ async def _connected(command: Sequence[str], url: str | None) -> AsyncIterator[_
     try:
         yield _Talk(down, " ".join(command))
     finally:
-        await _stop(down)
-
-
-async def _stop(down: Any) -> None:
-    """Close the server's stdin and give it a moment to leave before
-    :meth:`~saga_store.mcp.downstream.PipeDownstream.close` (which waits longer)."""
-    import asyncio
-    stdin = down.transport.get_pipe_transport(0)
-    if stdin is not None and not stdin.is_closing():
-        stdin.close()
-    try:
-        await asyncio.wait_for(asyncio.shield(down.pipes.exited), STOP_S)
-    except TimeoutError:
-        down.transport.terminate()
-    await down.close()
+        await down.close(grace_s=STOP_S)  # it listed its tools: no long wait
 
 
 def _first(exc: BaseException) -> BaseException:
