@@ -415,7 +415,7 @@ class Gateway:
         assert st is not None
         logged, secrets = Secrets.redact(args, cls.secret, self.session.salt)
         # a read changes nothing, so reading again is not a repeat: it reaches the server
-        reads = cls.for_policy(self.policy.trust_server_hints) == "readonly"
+        reads = self._reads(name)
         explicit = None if reads else (meta or {}).get(META_IDEMPOTENCY)
         key = explicit_key(str(explicit)) if explicit else step_key(
             writer.saga_id, name, [logged, st.next_step] if reads else logged)
