@@ -364,7 +364,31 @@ def _source_of(tool: Any, param: str) -> str | None:
     for short in ("id", param.rsplit("_", 1)[-1]):  # item_id from the output's id
         if param.endswith(("_id", "Id")) and short in outs:
             return f"$.output.structuredContent.{short}"
+    return _projected(param, outs, ins)
+
+
+def _projected(param: str, outs: Mapping[str, Any], ins: Mapping[str, Any]) -> str | None:
+    """A list of names or ids (``entityNames``, ``item_ids``) from a list of objects
+    that have one (``entities[*].name``): from the output first, which says what
+    the call made (a name in the input may have been there before)."""
+    m = re.match(r"^(.+?)_?(names|ids)$", param, re.IGNORECASE)
+    if m is None:
+        return None
+    stem, field = m.group(1).lower(), "name" if m.group(2).lower() == "names" else "id"
+    for props, prefix in ((outs, "$.output.structuredContent."), (ins, "$.input.")):
+        for key, schema in props.items():
+            items = schema.get("items") if isinstance(schema, dict) else None
+            if _singular(key.lower()) == stem and isinstance(items, dict) \
+                    and field in (items.get("properties") or {}):
+                return f"{prefix}{key}[*].{field}"
     return None
+
+
+def _singular(word: str) -> str:
+    """entities -> entity, items -> item (enough for naming a list's elements)."""
+    if word.endswith("ies"):
+        return word[:-3] + "y"
+    return word[:-1] if word.endswith("s") else word
 
 
 def _why(tool: Any, undo: Compensation) -> str:

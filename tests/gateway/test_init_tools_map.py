@@ -290,8 +290,9 @@ def test_the_npm_memory_server_and_an_accepted_guess(tmp_path: Path, redis_url: 
         "delete_entities": "irreversible", "delete_observations": "irreversible",
         "delete_relations": "irreversible"}
     assert "perhaps undone by delete_relations" in _block(text, "create_relations")
-    entities = _block(text, "create_entities")
-    assert "delete_entities requires ['entityNames']" in entities  # mapcheck says why not
+    # a list of names from the list of what the call made (its output, not its input)
+    assert 'entityNames = "$.output.structuredContent.entities[*].name"' in _block(
+        text, "create_entities")
     out.write_text(_accept(text, "create_relations"))
     rel = load_tools_map(out)["create_relations"]
     assert rel.compensation is not None
@@ -479,3 +480,34 @@ def test_the_npm_everything_server_over_http_gives_the_map_it_gives_on_stdio(
     text = (tmp_path / "http.toml").read_text()
     assert "DECIDE" in _block(text, "toggle-simulated-logging")
     assert "toggle-simulated-logging" not in classes
+
+
+@pytest.mark.real_redis
+def test_an_accepted_list_projection_undoes_only_what_the_call_made(
+        tmp_path: Path, redis_url: str, client: redis.Redis) -> None:
+    """The memory server's create_entities skips names it already has and answers with
+    the entities it made; the guessed undo maps entityNames from that answer, so a
+    rollback deletes dave (made by the call) and leaves alice (there before it)."""
+    server = reference_server("server-memory")
+    memory = tmp_path / "memory.jsonl"
+    memory.write_text(json.dumps({"type": "entity", "name": "alice", "entityType": "person",
+                                  "observations": ["there first"]}) + "\n")
+    env = {**_env(tmp_path), "MEMORY_FILE_PATH": str(memory), "SAGA_REDIS_URL": redis_url}
+    out = tmp_path / "memory.toml"
+    assert _init(out, server, env).returncode == 0
+    out.write_text(_accept(out.read_text(), "create_entities"))
+    (tmp_path / "policy.toml").write_text('[defaults]\nunknown = "allow"\n')
+
+    async def go() -> Any:
+        async with _guarded(env, server, ["--tools-map", str(out), "--policy",
+                                          str(tmp_path / "policy.toml")]) as s:
+            made = await s.call_tool("create_entities", {"entities": [
+                {"name": "alice", "entityType": "person", "observations": []},
+                {"name": "dave", "entityType": "person", "observations": []}]})
+            assert not made.is_error, _text(made)
+            return await s.call_tool("add_observations", {"observations": [
+                {"entityName": "nobody", "contents": ["x"]}]})
+    bad = anyio.run(go)
+    assert "undone, last first: create_entities (step 0)" in _text(bad)
+    rows = [json.loads(line) for line in memory.read_text().splitlines() if line.strip()]
+    assert {r["name"] for r in rows if r.get("type") == "entity"} == {"alice"}
