@@ -10,10 +10,11 @@ refusal rules, acknowledgement, drivers and metrics as the RQ worker, with a
 :class:`StepRunner` per thread (a runner carries the plan's next step between
 calls, so it is never shared).
 
-Async tools run on this process's event loop, not on the thread that runs the
-step: the thread waits, and the tool calls of all steps in flight wait together
-on the loop. Sync tools run on the step's thread (timed out on a thread of
-their own, as everywhere off the main thread).
+Async tools run on an event loop of the step thread's own: the thread would
+wait for the call anyway, and handing each call to the process's loop and back
+cost the workers 8-22% more CPU per workflow, measured side by side
+(benchmarks/RESULTS.md). Sync tools run on a thread of their own beside the
+step's (timed out there, as everywhere off the main thread).
 
 The sweeper, the durability check, RQ's maintenance, the heartbeat and the
 suspension check run on a thread of their own every :data:`CHORES_EVERY_S`, so
@@ -74,7 +75,6 @@ class AsyncWorker(StepWorker):
             # not shown a gain here, benchmarks/RESULTS.md "Group commit")
             group_commit(self.connection)
         self._local = threading.local()
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._in_flight = 0
         self._suspended = False
         self._stop_at = 0.0
@@ -96,7 +96,7 @@ class AsyncWorker(StepWorker):
     # -- the loop -----------------------------------------------------------
 
     async def _serve(self, burst: bool) -> None:
-        loop = self._loop = asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         steps = ThreadPoolExecutor(self.concurrency, thread_name_prefix="saga-step")
@@ -189,12 +189,12 @@ class AsyncWorker(StepWorker):
             log.exception("job %s could not be finished; it will be redelivered", job.id)
 
     def _runner(self) -> StepRunner:
-        """This thread's runner; its async tools run on the worker's loop."""
+        """This thread's runner; its async tools run on an event loop of its own."""
         runner: StepRunner | None = getattr(self._local, "runner", None)
         if runner is None:
             runner = self._local.runner = StepRunner(
                 self.saga_store, self.name, keep_going=lambda: not self._stop_requested,
-                invoker=Invoker(self._loop))
+                invoker=Invoker())
         return runner
 
     # -- beside the jobs ------------------------------------------------------

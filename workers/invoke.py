@@ -5,9 +5,8 @@ have had its effect. Sync tools are interrupted with SIGALRM when they run on
 the main thread (as in an RQ worker); off it (the asyncio worker's threads, the
 inline executor) they cannot be stopped, so the outcome waits for the call to
 return, and says in doubt if that was past the timeout. Async tools run
-under ``asyncio.wait_for`` on the worker's event loop: the invoker's own, or,
-in the asyncio worker, the process's running loop, so that the async tools of
-all its in-flight steps wait together on one thread.
+under ``asyncio.wait_for`` on the invoker's own event loop (one per invoker,
+so one per worker thread).
 """
 
 from __future__ import annotations
@@ -42,13 +41,10 @@ class StepTimeout(BaseException):
 
 
 class Invoker:
-    """Runs tools for one worker thread. Async tools run on ``loop`` when given (a
-    loop running on another thread, which the call waits on), else on an event
-    loop of the invoker's own."""
+    """Runs tools for one worker thread; async tools on an event loop of its own."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._shared = loop
 
     def invoke(self, spec: ToolSpec, args: Mapping[str, Any], ctx: StepContext,
                secrets: Mapping[str, Any] | None = None,
@@ -90,12 +86,6 @@ class Invoker:
               keepalive: Keepalive | None) -> Any:
         if spec.takes_ctx:
             kwargs = {**kwargs, "ctx": ctx}
-        if spec.is_async and self._shared is not None:
-            call = asyncio.wait_for(spec.fn(**kwargs), spec.timeout)
-            try:
-                return asyncio.run_coroutine_threadsafe(call, self._shared).result()
-            except TimeoutError:
-                raise StepTimeout from None
         if spec.is_async:
             loop = self._loop or asyncio.new_event_loop()
             self._loop = loop
