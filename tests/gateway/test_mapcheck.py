@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +26,7 @@ from saga_store.mcp.mapcheck import mapping_problem
 from saga_store.protocol.state import Status
 from saga_store.testing import assert_eventually
 from saga_store.verify.checker import Verifier
+from tests.gateway.test_mcp_gateway import RawGateway
 from tests.npm import reference_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,28 +174,16 @@ compensation = { tool = "delete_entities", args = { entityNames = "$.input.entit
             *server]
     base = {**os.environ, "PYTHONPATH": str(ROOT), "SAGA_REDIS_URL": redis_url}
     store = SagaStore(client, Registry())
-    killed = subprocess.Popen(argv, cwd=ROOT, env={**base, "MEMORY_FILE_PATH": str(a)},
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    assert killed.stdin is not None
-    assert killed.stdout is not None
-    for msg in ({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-                    "protocolVersion": "2025-06-18", "capabilities": {},
-                    "clientInfo": {"name": "raw", "version": "1"}}},
-                {"jsonrpc": "2.0", "method": "notifications/initialized"},
-                {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-                    "name": "create_entities", "arguments": {"entities": [
-                        {"name": "alice", "entityType": "person", "observations": []}]}}},
-                {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-                    "name": "add_observations", "arguments": {"observations": [
-                        {"entityName": "alice", "contents": ["x"]}]}}}):
-        killed.stdin.write(json.dumps(msg) + "\n")
-        killed.stdin.flush()
+    killed = RawGateway({}, env={**base, "MEMORY_FILE_PATH": str(a)}, argv=argv)
+    killed.call(1, "create_entities", {"entities": [
+        {"name": "alice", "entityType": "person", "observations": []}]})
+    assert not killed.receive()["result"].get("isError")
+    killed.call(2, "add_observations", {"observations": [
+        {"entityName": "alice", "contents": ["x"]}]})
     assert_eventually(lambda: approvals.pending(store), timeout=30,
                       what="the second call waiting for approval")
     assert _memory_file(a) == {"alice"}
-    os.killpg(killed.pid, signal.SIGKILL)  # mid-session: a call without an outcome
-    killed.wait()
+    killed.kill()  # mid-session, with its server: a call without an outcome
 
     def visit(path: Path) -> None:
         params = StdioServerParameters(command=argv[0], args=argv[1:], cwd=str(ROOT),

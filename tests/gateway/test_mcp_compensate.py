@@ -5,11 +5,8 @@ official SDK client; effects are counted in the server's own ledger."""
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import sqlite3
-import subprocess
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,6 +26,7 @@ from saga_store.protocol.state import Status
 from saga_store.testing import assert_eventually
 from saga_store.verify.checker import Verifier
 from tests.console_helpers import console
+from tests.gateway.test_mcp_gateway import RawGateway
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,23 +161,10 @@ def test_declared_readonly_and_irreversible_tools_are_taken_at_their_word(
 
 def _killed_after_one_call(gw: dict[str, Any], env: dict[str, str]) -> str:
     """A gateway SIGKILLed (with its server) after one add_item: its session's saga."""
-    proc = subprocess.Popen([sys.executable, *gw["args"], "--", *SERVER], cwd=ROOT, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, start_new_session=True)
-    assert proc.stdin is not None
-    assert proc.stdout is not None
-    for msg in ({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
-                    "protocolVersion": "2025-06-18", "capabilities": {},
-                    "clientInfo": {"name": "raw", "version": "1"}}},
-                {"jsonrpc": "2.0", "method": "notifications/initialized"},
-                {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-                 "params": {"name": "add_item", "arguments": {"name": "left"}}}):
-        proc.stdin.write(json.dumps(msg) + "\n")
-        proc.stdin.flush()
-    answers = [json.loads(proc.stdout.readline()) for _ in range(2)]
-    assert not answers[1]["result"]["isError"]
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    proc = RawGateway(gw, env=env, argv=[sys.executable, *gw["args"], "--", *SERVER])
+    proc.call(1, "add_item", {"name": "left"})
+    assert not proc.receive()["result"]["isError"]
+    proc.kill()
     [left] = _sagas(gw["store"])
     assert left.status is Status.RUNNING
     return str(left.saga_id)

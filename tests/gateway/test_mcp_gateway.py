@@ -135,8 +135,11 @@ class RawGateway:
     kills), initialized; in its own process group, so a kill takes its server too."""
 
     def __init__(self, gw: dict[str, Any], env: dict[str, str] | None = None,
-                 protocol: str = "2025-06-18") -> None:
-        self.proc = subprocess.Popen([sys.executable, *gw["args"], "--", *SERVER], cwd=ROOT,
+                 protocol: str = "2025-06-18", argv: list[str] | None = None) -> None:
+        """``argv``: the gateway's whole command (default: this file's, in front of
+        the records server)."""
+        argv = argv or [sys.executable, *gw["args"], "--", *SERVER]
+        self.proc = subprocess.Popen(argv, cwd=ROOT,
                                      env=env or gw["env"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                      text=True, start_new_session=True)
@@ -158,6 +161,20 @@ class RawGateway:
     def receive(self) -> Any:
         assert self.proc.stdout is not None
         return json.loads(self.proc.stdout.readline())
+
+    def ask(self, rid: int, method: str, params: dict[str, Any]) -> Any:
+        """Send a request; its answer (notifications in between are skipped)."""
+        self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+        while True:
+            msg = self.receive()
+            if msg.get("id") == rid and "method" not in msg:
+                return msg
+
+    def close(self) -> int:
+        """End the session as a client leaving does; the gateway's exit status."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        return self.proc.wait(timeout=30)
 
     def kill(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)

@@ -6,8 +6,6 @@ whose ``simulate-research-query`` tool works only as a task."""
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 import time
 from typing import Any
@@ -18,48 +16,18 @@ from saga_store.protocol.state import Status
 from saga_store.verify.checker import Verifier
 from tests.npm import reference_server
 
-from .test_mcp_gateway import ROOT, _sagas, gw
+from .test_mcp_gateway import RawGateway, _sagas, gw
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
 __all__ = ["gw"]
-
-
-class Lines:
-    """A client speaking raw JSON-RPC lines to ``saga mcp-guard``."""
-
-    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                     text=True)
-        self.ask(0, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
-                                   "clientInfo": {"name": "raw", "version": "1"}})
-        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-
-    def send(self, msg: Any) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps(msg) + "\n")
-        self.proc.stdin.flush()
-
-    def ask(self, rid: int, method: str, params: dict[str, Any]) -> Any:
-        """Send a request; its answer (notifications in between are skipped)."""
-        self.send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
-        assert self.proc.stdout is not None
-        while True:
-            msg = json.loads(self.proc.stdout.readline())
-            if msg.get("id") == rid and "method" not in msg:
-                return msg
-
-    def close(self) -> int:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        return self.proc.wait(timeout=30)
 
 
 def test_a_task_augmented_call_is_a_step_whose_outcome_is_the_tasks_result(
         gw: dict[str, Any]) -> None:
     server = [*reference_server("server-everything"), "stdio"]
     store = gw["store"]
-    client = Lines([sys.executable, *gw["args"], "--", *server], gw["env"])
+    client = RawGateway(gw, protocol="2025-11-25",
+                        argv=[sys.executable, *gw["args"], "--", *server])
     try:
         made = client.ask(2, "tools/call", {"name": "simulate-research-query",
                                             "arguments": {"topic": "sagas"},
@@ -88,4 +56,30 @@ def test_a_task_augmented_call_is_a_step_whose_outcome_is_the_tasks_result(
     assert st.status is Status.COMMITTED  # nothing rolled back
     assert st.steps[0].status == "succeeded"
     assert st.steps[0].result["content"] == got["content"]  # the task's result, every block
+    assert Verifier(store.events.log).verify().ok
+
+
+def test_a_gateway_killed_while_a_task_runs_leaves_it_in_doubt_for_the_next(
+        gw: dict[str, Any]) -> None:
+    """Between the task's creation (answered to the client) and its result's outcome
+    in the log is a window: a gateway SIGKILLed there leaves a started step, which
+    the next gateway for the server settles as in doubt (the tool has no undo: the
+    saga ends needing a person), never as succeeded or silently dropped."""
+    server = [*reference_server("server-everything"), "stdio"]
+    store = gw["store"]
+    argv = [sys.executable, *gw["args"], "--", *server]
+    killed = RawGateway(gw, protocol="2025-11-25", argv=argv)
+    made = killed.ask(2, "tools/call", {"name": "simulate-research-query",
+                                        "arguments": {"topic": "sagas"},
+                                        "task": {"ttl": 60000}})
+    assert made["result"]["task"]["status"] == "working"
+    killed.kill()  # with its server: the task's result is never logged
+    [left] = _sagas(store)
+    assert left.steps[0].status == "started"
+    nxt = RawGateway(gw, protocol="2025-11-25", argv=argv)  # recovers before serving
+    nxt.ask(3, "tools/list", {})
+    assert nxt.close() == 0
+    st = store.state(left.saga_id)
+    assert st.status is Status.NEEDS_ATTENTION
+    assert st.steps[0].status == "in_doubt"
     assert Verifier(store.events.log).verify().ok
