@@ -176,11 +176,16 @@ def _follow(store: EventStore, filters: Filters, limit: int, shown: list[Row],
     changes, until Ctrl-C. Woken by the ledger (XREAD BLOCK) or after a second; the
     page is read again only when the cached projections or the ledger moved."""
     seen = {r.saga_id: (r.state, r.events) for r in shown}
+    bucketed = store.log.layout.version >= 2  # many ledger chains: look each second
     head = store.log.head(keys.LEDGER_ID).seq
     last = _pulse(store, list(seen))
     try:
         while True:
-            woke = store.log.wait(keys.LEDGER_ID, head, 1000)
+            if bucketed:
+                time.sleep(1.0)
+                woke = []
+            else:
+                woke = store.log.wait(keys.LEDGER_ID, head, 1000)
             if woke:
                 head = keys.seq_of_entry_id(woke[-1].entry_id)
             now = _pulse(store, list(seen))
@@ -201,8 +206,8 @@ def _pulse(store: EventStore, ids: list[str]) -> list[Any]:
     pipe = store.redis.pipeline(transaction=False)
     for sid in ids:
         pipe.hmget(keys.saga_meta(sid), "state", "seq")
-    pipe.llen(keys.LEDGER_PENDING)
-    return list(pipe.execute())
+    replies = list(pipe.execute())
+    return [*replies, store.ledger.backlog(), store.ledger.heads()]
 
 
 COMMANDS = [ls]

@@ -117,7 +117,7 @@ def _count_lines(path: str) -> int:
 def _count_events(store: EventStore, saga_id: str | None) -> int:
     ids = [saga_id] if saga_id else list(store.log.chain_ids())
     pipe = store.redis.pipeline(transaction=False)
-    for sid in [*ids, keys.LEDGER_ID]:
+    for sid in [*ids, *store.ledger.chains()]:
         pipe.xlen(keys.log_key_for(sid))
     return sum(pipe.execute())
 
@@ -200,4 +200,40 @@ def export(ctx: Context, file: str, saga_ids: tuple[str, ...]) -> None:
         click.echo(f"exported {n} events to {file}", err=True)
 
 
-COMMANDS = [verify, anchor, export]
+
+
+@click.command("migrate")
+@click.option("--buckets", type=int, default=None,
+              help="Ledger buckets of the new layout (default: SAGA_BUCKETS, else 1024).")
+@click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@pass_ctx
+def migrate(ctx: Context, buckets: int | None, dry_run: bool, as_json: bool) -> None:
+    """Move a store written before ledger buckets to the bucketed layout.
+
+    Nothing is rewritten: the old ledger chain is sealed and kept, and the root
+    chain's first entry records its head. Safe while workers run (those started
+    before keep writing to the old chain, which stays sealed); restart them
+    afterwards so they use the buckets. Running it again changes nothing."""
+    with errors_to_exit():
+        from saga_store.log.layout import check_buckets
+        from saga_store.log.ledger import migrate as run_migration
+        n = check_buckets(buckets if buckets is not None else ctx.settings.buckets,
+                          "--buckets")
+        store = ctx.store()
+        done = run_migration(store.ledger, n, dry_run=dry_run)
+        if as_json:
+            emit_json(done)
+        elif done["dry_run"]:
+            click.echo(f"would move layout {done['from'] or '(new store)'} to {done['to']} "
+                       "(layout version, buckets); nothing changed")
+        elif done["changed"]:
+            click.echo(f"migrated: layout {done['from'] or '(new store)'} -> {done['to']}; the "
+                       f"old ledger chain is kept (head seq {done['legacy_head']}) and the root "
+                       f"chain records it (root seq {done['root_seq']}); restart workers so "
+                       "they write to the buckets, and take a new anchor ('saga anchor')")
+        else:
+            click.echo(f"already layout {done['to']}: nothing to do")
+
+
+COMMANDS = [verify, anchor, export, migrate]

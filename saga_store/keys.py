@@ -14,7 +14,13 @@ touches a single Redis Cluster slot.
     ss:{S}:blob:<sha256>  string   large payload stored by content hash
     ss:{S}:secrets        hash     secret tool arguments by step, and the salt
                                    of their digests (never in the log)
-    ss:ledger:{ledger}:log stream  the ledger chain (one entry per saga open/close)
+    ss:layout             string   the store's layout, "<version> <buckets>" (layout.py)
+    ss:ledger:{b<n>}:...  the same four keys for bucket n's ledger chain (layout 2;
+                                   its chain id is "ledger:<n>")
+    ss:ledger:{root}:log  stream   the root chain: the buckets' heads, recorded
+                                   by anchors and sweepers (layout 2)
+    ss:ledger:{ledger}:log stream  the ledger chain (one entry per saga open/close;
+                                   of layout 2, the chain written before migrating)
     ss:ledger:{ledger}:pending list  ledger entries written, not yet chained (the
                                    sealer chains them in batches)
     ss:ledger:{ledger}:lease string  the sealer's lease
@@ -76,7 +82,37 @@ LEDGER_LEASE = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:lease"
 LEDGER_REJECTED = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:rejected"
 
 
+LAYOUT = f"{PREFIX}:layout"
 AGENTS = f"{PREFIX}:agents"
+
+
+def ledger_tag(chain_id: str) -> str:
+    """The hash tag of a ledger chain's keys: ``ledger`` (the legacy chain),
+    ``root``, or ``b<n>`` for bucket n (``ledger:<n>``)."""
+    if chain_id == LEDGER_ID:
+        return LEDGER_ID
+    return "root" if chain_id == "ledger:root" else f"b{chain_id.partition(':')[2]}"
+
+
+def is_ledger(chain_id: str) -> bool:
+    """Whether ``chain_id`` names a ledger chain (saga ids never contain ':')."""
+    return chain_id == LEDGER_ID or chain_id.startswith("ledger:")
+
+
+def ledger_log(chain_id: str) -> str:
+    return f"{PREFIX}:ledger:{{{ledger_tag(chain_id)}}}:log"
+
+
+def ledger_pending(chain_id: str) -> str:
+    return f"{PREFIX}:ledger:{{{ledger_tag(chain_id)}}}:pending"
+
+
+def ledger_lease(chain_id: str) -> str:
+    return f"{PREFIX}:ledger:{{{ledger_tag(chain_id)}}}:lease"
+
+
+def ledger_rejected(chain_id: str) -> str:
+    return f"{PREFIX}:ledger:{{{ledger_tag(chain_id)}}}:rejected"
 
 
 def active_for(saga_id: str) -> str:
@@ -145,8 +181,8 @@ def agent_ctx(agent_id: str) -> str:
 
 
 def log_key_for(chain_id: str) -> str:
-    """The stream that holds the chain ``chain_id`` (a saga id, or the ledger)."""
-    return LEDGER_LOG if chain_id == LEDGER_ID else saga_log(chain_id)
+    """The stream that holds the chain ``chain_id`` (a saga id, or a ledger chain)."""
+    return ledger_log(chain_id) if is_ledger(chain_id) else saga_log(chain_id)
 
 
 def saga_id_from_log_key(key: str) -> str | None:

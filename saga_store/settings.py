@@ -8,6 +8,7 @@ from typing import Self
 
 from saga_store.errors import InvalidInput
 from saga_store.log import chain
+from saga_store.log.layout import DEFAULT_BUCKETS, check_buckets
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class Settings:
     # that asked for progress (a progressToken) this often that it still waits,
     # so the client's request timeout does not end the call
     approval_progress_s: float = 10.0
+    # how many ledger buckets a store gets when it is created (then recorded in
+    # Redis: see saga_store.log.layout; later settings do not change it)
+    buckets: int = DEFAULT_BUCKETS
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Self:
@@ -57,6 +61,8 @@ class Settings:
         if e.get("SAGA_APPROVAL_PROGRESS_S"):
             values["approval_progress_s"] = _seconds(e["SAGA_APPROVAL_PROGRESS_S"],
                                                      "SAGA_APPROVAL_PROGRESS_S")
+        if e.get("SAGA_BUCKETS"):
+            values["buckets"] = check_buckets(e["SAGA_BUCKETS"])
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]  # checked at run time
 

@@ -67,3 +67,25 @@ def rehash_from(entries: list[Entry], start: int, chain: Chain, chain_id: str) -
         prev = out[i - 1][1][b"h"] if i > 0 else chain.genesis(chain_id)
         out[i] = (eid, {**f, b"h": chain.link(prev, f[b"b"])})
     return out
+
+
+def ledger_entries(log: Any) -> list[dict[str, Any]]:
+    """Every ledger entry, chained or pending, of every ledger chain."""
+    from saga_store.log.ledger import Ledger
+    ledger = Ledger(log)
+    return [*ledger.bodies(), *ledger.pending()]
+
+
+class LedgerKeys:
+    """The keys of the ledger chain that takes ``saga_id``'s entries (None: of a
+    store whose ledger has one bucket, that bucket's)."""
+
+    def __init__(self, log: Any, saga_id: str | None = None) -> None:
+        layout = log.layout
+        if saga_id is None:
+            assert layout.version < 2 or layout.buckets == 1, "name the saga: many buckets"
+            self.chain = layout.chains()[-1]
+        else:
+            self.chain = layout.ledger_of(saga_id)
+        self.log, self.pending = keys.ledger_log(self.chain), keys.ledger_pending(self.chain)
+        self.lease, self.rejected = keys.ledger_lease(self.chain), keys.ledger_rejected(self.chain)

@@ -10,6 +10,7 @@ sweepers may run at once. Times come from Redis's clock.
 from __future__ import annotations
 
 import logging
+import random
 import time
 from typing import Any
 
@@ -29,6 +30,8 @@ from saga_store.verify.checker import Verifier
 
 log = logging.getLogger("saga_store.sweeper")
 BATCH = 200
+SEAL_SLICE = 256  # ledger buckets a pass looks at: all 1,024 within 4 passes
+ROOT_EVERY_S = 30.0  # how often the root chain records the buckets' heads
 LOOK_AFTER_MS = 100  # after a lease expires, before the sweeper looks again
 
 
@@ -43,6 +46,10 @@ class Sweeper:
         self.here, self.agent = here, agent
         self._next = 0.0
         self.redelivered = 0
+        # where this sweeper's next slice of ledger buckets starts: anywhere, so
+        # sweepers of several workers start apart
+        self._seal_from = random.randrange(1 << 16)
+        self._root_due = time.monotonic() + ROOT_EVERY_S * random.random()
 
     def due(self) -> bool:
         return time.monotonic() >= self._next
@@ -69,9 +76,12 @@ class Sweeper:
         self.redelivered += queued
         if self.here is not None:  # sealing and deadlines are the workers' business
             return queued
-        try:  # ledger entries a sealer that died left pending
-            if r.llen(keys.LEDGER_PENDING):
-                self.store.events.ledger.seal()
+        try:  # ledger entries a sealer that died left pending: a slice of buckets a pass
+            ledger = self.store.events.ledger
+            _, self._seal_from = ledger.seal_some(self._seal_from, SEAL_SLICE)
+            if time.monotonic() >= self._root_due:
+                self._root_due = time.monotonic() + ROOT_EVERY_S
+                ledger.record_root()
         except Exception:
             log.exception("sweeper: pending ledger entries could not be chained")
         try:

@@ -109,6 +109,8 @@ def list_page(store: EventStore, filters: Filters, cursor: int | None = None,
               limit: int = 25) -> Page:
     """One page of sagas, newest first. ``cursor`` is a ledger seq from an earlier
     page's ``next_cursor``; the first page (None) also shows pending entries."""
+    if store.log.layout.version >= 2:
+        return _bucketed_page(store, filters, cursor, limit)
     chosen: list[Opening] = []
     seen: set[str] = set()
     scanned = 0
@@ -146,6 +148,53 @@ def list_page(store: EventStore, filters: Filters, cursor: int | None = None,
     now = time.time_ns() // 1_000_000
     rows = [Row.of(store.state(o.saga_id), now) for o in shown]
     return Page(rows, str(nxt) if nxt is not None else None, scanned)
+
+
+def _bucketed_page(store: EventStore, filters: Filters, cursor: int | None,
+                   limit: int) -> Page:
+    """A page of a store whose ledger is split into buckets: the newest openings of
+    each bucket's chain (read backwards, as for one chain), merged by time.
+    ``cursor`` is a time (ms): the page holds sagas opened before it, and runs past
+    ``limit`` to keep sagas opened in the same millisecond together, so none falls
+    between two pages. An entry that is not an event is passed over ('saga
+    verify' reports it)."""
+    want = limit + 1
+    found = [o for o in (_opening(b, 0) for b in store.ledger.pending()) if o is not None]
+    scanned = len(found)
+    for chain in store.ledger.present():
+        top: bytes | str = "+"
+        kept = 0
+        while kept < want and scanned < MAX_SCAN:
+            rows = command(store.log.raw, "XREVRANGE", keys.ledger_log(chain), top, "-",
+                           "COUNT", min(CHUNK, want))
+            scanned += len(rows)
+            for _eid, fields in rows:
+                try:
+                    o = _opening(orjson.loads(body_and_hash(fields)[0]), 0)
+                except orjson.JSONDecodeError:
+                    continue
+                if o is not None and (cursor is None or o.ts < cursor) and _matches(o, filters):
+                    found.append(o)
+                    kept += 1
+            if len(rows) < min(CHUNK, want):
+                break
+            top = b"(" + rows[-1][0]
+    seen: set[str] = set()
+    openings = []
+    for o in sorted(found, key=lambda o: (-o.ts, o.saga_id)):
+        if o.saga_id not in seen and _matches(o, filters):
+            seen.add(o.saga_id)
+            openings.append(o)
+    if filters.state and openings:
+        openings = [o for o, st in zip(openings, _states(store, openings), strict=True)
+                    if st == filters.state]
+    shown = openings[:limit]
+    if len(openings) > limit:
+        shown += [o for o in openings[limit:] if o.ts == shown[-1].ts]
+    nxt = shown[-1].ts if len(openings) > len(shown) else None
+    now = time.time_ns() // 1_000_000
+    rows_out = [Row.of(store.state(o.saga_id), now) for o in shown]
+    return Page(rows_out, str(nxt) if nxt is not None else None, scanned)
 
 
 def _matches(o: Opening, f: Filters) -> bool:

@@ -64,8 +64,9 @@ class VerifyStatus:
         return self.last
 
     def ledger_head(self) -> dict[str, Any]:
-        head = self.store.log.head(keys.LEDGER_ID)
-        pending: int = self.store.redis.llen(keys.LEDGER_PENDING)
+        head = self.store.ledger.record_root() if self.store.log.layout.version >= 2 \
+            else self.store.log.head(keys.LEDGER_ID)
+        pending = sum(self.store.ledger.backlog().values())
         return {"seq": head.seq, "hash": head.hash.hex(), "pending": pending}
 
     def _run(self) -> None:

@@ -42,6 +42,8 @@ class EventKind(StrEnum):
     # ledger chain only
     LEDGER_OPENED = "saga_opened"
     LEDGER_CLOSED = "saga_closed"
+    # root chain only: the heads of the ledger chains (layout 2)
+    LEDGER_HEADS = "ledger_heads"
 
 
 KNOWN_KINDS = frozenset(k.value for k in EventKind)

@@ -1,7 +1,14 @@
-"""The ledger: a global chain with one entry when a saga opens and one when it
-closes (its final seq and head hash). It makes deleting a whole saga, or
-cutting a closed saga's tail, detectable. The ledger's own tail is protected
-by anchors exported out of Redis.
+"""The ledger: chains with one entry when a saga opens and one when it closes
+(its final seq and head hash). It makes deleting a whole saga, or cutting a
+closed saga's tail, detectable. The ledger's own tail is protected by anchors
+exported out of Redis.
+
+Of a store of layout 2 (see :mod:`saga_store.log.layout`) each bucket of sagas
+has its own ledger chain, pending list and sealer's lease, all under the
+bucket's hash tag: sealing spreads over every Redis Cluster master, and
+several workers seal different buckets at once. A root chain records the
+buckets' heads (:meth:`Ledger.record_root`): an anchor is taken over it, and
+through it over every bucket. A store of layout 1 has one chain, ``ledger``.
 
 Writers do not chain ledger entries themselves: every saga in the system would
 race for the one head, and the losers would re-read and re-send. A writer
@@ -46,6 +53,8 @@ from saga_store.errors import (
 )
 from saga_store.log.canonical import canonical
 from saga_store.log.events import EventKind, body_dict
+from saga_store.log.layout import LEGACY, ROOT, V1, Layout
+from saga_store.log.layout import parse as layout_of
 from saga_store.log.stream import (
     EMPTY,
     Head,
@@ -114,13 +123,14 @@ class Ledger:
         defer = self.deferred if defer is None else defer
         defer = defer or not self.may_seal
         token = os.urandom(8).hex()
+        chain = self.log.layout.ledger_of(saga_id)
         at_push = len(pipe)
-        pipe.rpush(keys.LEDGER_PENDING, orjson.dumps(
+        pipe.rpush(keys.ledger_pending(chain), orjson.dumps(
             {"kind": kind, "data": {"saga_id": saga_id, **data}}))
         pipe.hset(keys.saga_meta(saga_id), flag, 1)  # the debt is paid: after the push
         at_lease = len(pipe)
         if not defer:  # try the sealer's lease in the same round trip
-            pipe.set(keys.LEDGER_LEASE, token, nx=True, px=SEAL_LEASE_MS)
+            pipe.set(keys.ledger_lease(chain), token, nx=True, px=SEAL_LEASE_MS)
 
         def then(replies: list[Any]) -> int:
             for got in replies[at_push:at_lease]:
@@ -134,99 +144,165 @@ class Ledger:
                 if isinstance(took, Exception):
                     raise StoreUnavailable(f"ledger entry for saga {saga_id}: {took}")
                 if took:
-                    return self._seal(token)
+                    return self._seal(chain, token)
             # deferred, or another sealer at work (it looks again before it stops);
             # of a deferred batch, the writer that brings the count to a multiple
             # of SEAL_AT seals (one try per SEAL_AT entries, not one per writer)
-            return self.seal() if defer and replies[at_push] % SEAL_AT == 0 else 0
+            return self.seal(chain) if defer and replies[at_push] % SEAL_AT == 0 else 0
         return then
 
-    def seal(self) -> int:
-        """Chain the pending entries now, unless a sealer is at work (or this user may
-        not seal: the workers' sweepers do); returns how many."""
+    def chains(self) -> list[str]:
+        """Every ledger chain of this store's layout (not the root)."""
+        return self.log.layout.chains()
+
+    def seal(self, chain: str | None = None) -> int:
+        """Chain ``chain``'s pending entries now (None: every chain's), unless a
+        sealer is at work on it (or this user may not seal: the workers' sweepers
+        do); returns how many."""
         if not self.may_seal:
             return 0
+        if chain is None:
+            return sum(self.seal(c) for c in self.backlog())
         token = os.urandom(8).hex()
         try:
-            if not self.log.redis.set(keys.LEDGER_LEASE, token, nx=True, px=SEAL_LEASE_MS):
+            if not self.log.redis.set(keys.ledger_lease(chain), token, nx=True,
+                                      px=SEAL_LEASE_MS):
                 return 0
         except redis.exceptions.NoPermissionError:
             self.may_seal = False
             return 0
-        return self._seal(token)
+        return self._seal(chain, token)
+
+    def backlog(self, chains: list[str] | None = None) -> dict[str, int]:
+        """The chains (of ``chains``, default all) with entries pending, and how many."""
+        chains = self.chains() if chains is None else chains
+        pipe = self.log.redis.pipeline(transaction=False)
+        for c in chains:
+            pipe.llen(keys.ledger_pending(c))
+        return {c: n for c, n in zip(chains, pipe.execute(), strict=True) if n}
+
+    def seal_some(self, start: int, count: int) -> tuple[int, int]:
+        """Seal the chains ``start .. start+count`` (wrapping round) that have entries
+        pending: a sweeper's share of the sealing, a slice at a time, each chain
+        under its own lease so several sweepers seal different buckets at once.
+        Returns (entries sealed, where the next slice starts)."""
+        every = self.chains()
+        count = min(count, len(every))
+        window = [every[(start + i) % len(every)] for i in range(count)]
+        sealed = sum(self.seal(c) for c in self.backlog(window))
+        return sealed, (start + count) % len(every)
 
     def flush(self, timeout_s: float = 2.0) -> int:
         """Seal until nothing is pending (another sealer may be at work: wait for it,
         up to ``timeout_s``); returns how many entries are still pending. A user
         without write rights seals nothing."""
         deadline = time.monotonic() + timeout_s
+        left = self.backlog()
         while True:
             with contextlib.suppress(redis.ResponseError):  # e.g. a read-only user
-                self.seal()
-            left: int = self.log.redis.llen(keys.LEDGER_PENDING)
+                for chain in left:
+                    self.seal(chain)
+            left = self.backlog(list(left))
             if not left or time.monotonic() >= deadline:
-                return left
+                return sum(left.values())
             time.sleep(0.01)
 
     def rejected(self) -> list[tuple[bytes, str]]:
-        """Entries the sealer refused to chain, with why, oldest first."""
-        rows = command(self.log.raw, "XRANGE", keys.LEDGER_REJECTED, "-", "+", "COUNT", 1000)
+        """Entries the sealer refused to chain, with why, oldest first (by chain)."""
+        pipe: Any = self.log.raw.pipeline(transaction=False)
+        for chain in self.chains():
+            pipe.execute_command("XRANGE", keys.ledger_rejected(chain), "-", "+", "COUNT", 1000)
         out = []
-        for _eid, fields in rows:
-            named = dict(zip(fields[::2], fields[1::2], strict=False))
-            out.append((named.get(b"entry", b""), named.get(b"why", b"").decode()))
+        for rows in pipe.execute():
+            for _eid, fields in rows:
+                named = dict(zip(fields[::2], fields[1::2], strict=False))
+                out.append((named.get(b"entry", b""), named.get(b"why", b"").decode()))
         return out
 
     def pending(self) -> list[dict[str, Any]]:
-        """The bodies of entries written and not yet chained, oldest first."""
-        raw = command(self.log.redis, "LRANGE", keys.LEDGER_PENDING, 0, -1)
-        return [b for b in map(_entry, raw) if b is not None]
+        """The bodies of entries written and not yet chained, oldest first (by chain)."""
+        return [b for bodies in self.pending_by_chain().values() for b in bodies]
 
-    def _seal(self, token: str) -> int:
+    def pending_by_chain(self) -> dict[str, list[dict[str, Any]]]:
+        """Of each chain with entries pending, their bodies, oldest first."""
+        chains = self.chains()
+        pipe: Any = self.log.redis.pipeline(transaction=False)
+        for c in chains:
+            pipe.execute_command("LRANGE", keys.ledger_pending(c), 0, -1)
+        out: dict[str, list[dict[str, Any]]] = {}
+        for c, raw in zip(chains, pipe.execute(), strict=True):
+            bodies = [b for b in (_entry(c, r) for r in raw) if b is not None]
+            if bodies:
+                out[c] = bodies
+        return out
+
+    def bodies(self) -> list[dict[str, Any]]:
+        """Every chained entry of every ledger chain (by chain, in order)."""
+        return [b for chain in self.present() for b in self.log.bodies(chain)]
+
+    def present(self) -> list[str]:
+        """The ledger chains that hold entries (one pipelined look at every chain)."""
+        chains = self.chains()
+        pipe = self.log.redis.pipeline(transaction=False)
+        for c in chains:
+            pipe.exists(keys.ledger_log(c))
+        return [c for c, n in zip(chains, pipe.execute(), strict=True) if n]
+
+    def heads(self) -> dict[str, Head]:
+        """The head of every ledger chain that holds entries."""
+        chains = self.chains()
+        pipe: Any = self.log.raw.pipeline(transaction=False)
+        for c in chains:
+            pipe.execute_command("XREVRANGE", keys.ledger_log(c), "+", "-", "COUNT", 1)
+        return {c: head_of(last[0]) for c, last in zip(chains, pipe.execute(), strict=True)
+                if last}
+
+    def _seal(self, chain: str, token: str) -> int:
         """Seal holding the lease until nothing is pending. The lease goes with the
         last batch's append; an entry pushed while it was held (its writer found
         the lease taken) is seen by the look that follows, so none is left behind."""
         sealed = 0
         while True:
-            n, left = self._drain(token)
+            n, left = self._drain(chain, token)
             sealed += n
-            if not left or not self.log.redis.set(keys.LEDGER_LEASE, token, nx=True,
+            if not left or not self.log.redis.set(keys.ledger_lease(chain), token, nx=True,
                                                   px=SEAL_LEASE_MS):
                 return sealed
 
-    def _drain(self, token: str) -> tuple[int, int]:
+    def _drain(self, chain: str, token: str) -> tuple[int, int]:
         """Chain pending entries in batches, however many there are; returns (chained,
         pending after the lease was given up). Only lost races count towards giving
         up: a backlog of any size is sealed."""
         r, sealed, lost = self.log.redis, 0, 0
+        pending, lease = keys.ledger_pending(chain), keys.ledger_lease(chain)
         while lost < MAX_CAS_ROUNDS:
             pipe: Any = self.log.raw.pipeline(transaction=False)
-            pipe.execute_command("LRANGE", keys.LEDGER_PENDING, 0, SEAL_BATCH - 1)
-            pipe.execute_command("XREVRANGE", keys.LEDGER_LOG, "+", "-", "COUNT", 1)
+            pipe.execute_command("LRANGE", pending, 0, SEAL_BATCH - 1)
+            pipe.execute_command("XREVRANGE", keys.ledger_log(chain), "+", "-", "COUNT", 1)
             rows, last = pipe.execute()
             if not rows:
                 pipe = r.pipeline(transaction=False)
-                release_lease(pipe, keys.LEDGER_LEASE, token)
-                pipe.llen(keys.LEDGER_PENDING)
+                release_lease(pipe, lease, token)
+                pipe.llen(pending)
                 return sealed, pipe.execute()[1]
             head = head_of(last[0]) if last else EMPTY
-            parsed = [_entry(raw) for raw in rows]
-            why = self._underived(parsed)  # only what the sagas' chains bear out is chained
+            parsed = [_entry(chain, raw) for raw in rows]
+            why = self._underived(chain, parsed)  # only what the sagas' chains bear out
             good = next((i for i, w in enumerate(why) if w), len(rows))
             bodies = [b for b in parsed[:good] if b is not None]
             if not bodies:  # forged, or written by something else than Saga Store
-                self._reject(rows, why)
+                self._reject(chain, rows, why)
                 continue
             final = len(rows) < SEAL_BATCH and len(bodies) == len(rows)
             # every batch renews the lease (a long backlog outlasts one lease time);
             # the last gives it up
-            lease = Lease(token, LeaseMode.RELEASE) if final else \
+            held = Lease(token, LeaseMode.RELEASE) if final else \
                 Lease(token, LeaseMode.ACQUIRE, SEAL_LEASE_MS)
-            call = self.log.prepare(keys.LEDGER_ID, bodies, head, lease=lease,
-                                    side=[SideWrite("trim", keys.LEDGER_PENDING)])
+            call = self.log.prepare(chain, bodies, head, lease=held,
+                                    side=[SideWrite("trim", pending)])
             pipe = r.pipeline(transaction=False)
             call.send(pipe)
-            pipe.llen(keys.LEDGER_PENDING)
+            pipe.llen(pending)
             reply, left = pipe.execute(raise_on_error=False)
             try:
                 call.result(reply)
@@ -240,9 +316,10 @@ class Ledger:
                 return sealed, left
         raise StoreUnavailable("ledger seal kept losing the race; is something rewriting it?")
 
-    def _underived(self, parsed: list[dict[str, Any] | None]) -> list[str | None]:
+    def _underived(self, chain: str, parsed: list[dict[str, Any] | None]) -> list[str | None]:
         """For each pending entry, why its saga's chain does not bear it out (None: it
-        does). One pipelined read of the events the entries name."""
+        does). One pipelined read of the events the entries name. An entry pushed
+        onto another bucket's list than its saga's is not borne out either."""
         pipe: Any = self.log.raw.pipeline(transaction=False)
         named = [b for b in parsed if b is not None]
         for body in named:
@@ -255,35 +332,72 @@ class Ledger:
         for entry in parsed:
             if entry is None:
                 out.append("not a ledger entry")
-            else:
-                rows = next(found)
-                out.append(underived(entry, rows[0] if rows else None))
+                continue
+            rows = next(found)
+            mine = self.log.layout.ledger_of(entry["data"]["saga_id"])
+            out.append(f"its saga's ledger chain is {mine}, not {chain}"
+                       if chain not in (mine, LEGACY) else
+                       underived(entry, rows[0] if rows else None))
         return out
 
-    def _reject(self, rows: list[bytes], why: list[str | None]) -> None:
+    def _reject(self, chain: str, rows: list[bytes], why: list[str | None]) -> None:
         """Set aside the leading pending entries that may not be chained, in one
         round trip: kept with why in the rejected stream for 'saga verify' to report,
         and trimmed off the list (this sealer holds the lease: they are its head)."""
         bad = next((i for i, w in enumerate(why) if w is None), len(rows))
-        log.error("ledger: %d pending entries rejected, never chained; the first (%s): %r",
-                  bad, why[0], rows[0][:200])
+        log.error("ledger: %d pending entries of %s rejected, never chained; the first (%s): "
+                  "%r", bad, chain, why[0], rows[0][:200])
         if self.log.metrics is not None:
             self.log.metrics.verify_failures.inc(bad)
         pipe = self.log.redis.pipeline(transaction=False)
         for raw, reason in zip(rows[:bad], why[:bad], strict=True):
-            pipe.xadd(keys.LEDGER_REJECTED, {"entry": raw, "why": reason or ""})
-        pipe.ltrim(keys.LEDGER_PENDING, bad, -1)
+            pipe.xadd(keys.ledger_rejected(chain), {"entry": raw, "why": reason or ""})
+        pipe.ltrim(keys.ledger_pending(chain), bad, -1)
         pipe.execute()
+
+    # -- the root chain (layout 2) ------------------------------------------
+
+    def root_heads(self) -> dict[str, tuple[int, str]]:
+        """The heads the root chain records, the latest of each ledger chain."""
+        heads: dict[str, tuple[int, str]] = {}
+        for body in self.log.bodies(ROOT):
+            for chain, (seq, h) in (body.get("data") or {}).get("heads", {}).items():
+                heads[chain] = (int(seq), str(h))
+        return heads
+
+    def record_root(self) -> Head:
+        """Append to the root chain the heads of the ledger chains that moved since
+        it last recorded them (nothing if none did); returns the root's head. Of a
+        store of layout 1 there is no root: returns the one chain's head."""
+        if self.log.layout.version < 2:
+            return self.log.head(LEGACY)
+        for _ in range(MAX_CAS_ROUNDS):
+            bodies, root = self.log.bodies_and_head(ROOT)
+            known: dict[str, list[Any]] = {}
+            for body in bodies:
+                known.update((body.get("data") or {}).get("heads", {}))
+            moved = {c: [h.seq, h.hash.hex()] for c, h in self.heads().items()
+                     if known.get(c) != [h.seq, h.hash.hex()]}
+            if not moved:
+                return root
+            entry = body_dict(ROOT, 0, EventKind.LEDGER_HEADS, data={"heads": moved})
+            try:
+                return self.log.append(ROOT, [entry], root)
+            except ConflictError:
+                continue  # another recorder: fold again
+        raise StoreUnavailable("the root chain kept moving; is something rewriting it?")
 
     # -- anchors ---------------------------------------------------------
 
     def anchor(self) -> dict[str, Any]:
-        """The ledger head as a small signed document to keep outside Redis (what is
-        pending is chained first, so the anchor covers it)."""
+        """The ledger's head as a small signed document to keep outside Redis (what
+        is pending is chained first, so the anchor covers it). Of layout 2, the
+        root's head, after the root records every bucket's: it covers them all."""
         self.flush()
-        head = self.log.head(keys.LEDGER_ID)
+        chain = ROOT if self.log.layout.version >= 2 else LEGACY
+        head = self.record_root()
         doc: dict[str, Any] = {
-            "v": 1, "chain": keys.LEDGER_ID, "seq": head.seq, "hash": head.hash.hex(),
+            "v": 1, "chain": chain, "seq": head.seq, "hash": head.hash.hex(),
             "ts": time.time_ns() // 1_000_000, "mode": self.log.chain.mode,
         }
         doc["sig"] = self.log.chain.sign(canonical(doc))
@@ -291,12 +405,17 @@ class Ledger:
 
     def check_anchor(self, doc: dict[str, Any]) -> list[str]:
         """Raise :class:`AnchorMismatch` if the ledger is behind or forked from
-        ``doc``; return warnings (e.g. an unsigned anchor) otherwise."""
+        ``doc``; return warnings (e.g. an unsigned anchor) otherwise. An anchor over
+        the root also holds every bucket chain to the head the root recorded."""
         try:
             seq, want = int(doc["seq"]), str(doc["hash"])
+            chain = str(doc.get("chain", LEGACY))
         except (KeyError, TypeError, ValueError) as exc:
             raise InvalidInput(f"anchor file is not an anchor ({exc}); "
                                "make one with 'saga anchor'") from exc
+        if chain not in (LEGACY, ROOT):
+            raise InvalidInput(f"anchor file names chain {chain[:40]!r}, not the ledger; make "
+                               "one with 'saga anchor'")
         warnings = []
         sig = doc.get("sig")
         unsigned = {k: v for k, v in doc.items() if k != "sig"}
@@ -309,17 +428,28 @@ class Ledger:
             warnings.append("anchor is unsigned: anyone could have written it")
         if seq < 0:
             return warnings
-        rows = command(
-            self.log.raw, "XRANGE", keys.LEDGER_LOG, keys.entry_id(seq), keys.entry_id(seq))
+        self._hold_to(chain, seq, want, "ledger" if chain == LEGACY else "root chain")
+        if chain == ROOT:
+            heads: dict[str, tuple[int, str]] = {}
+            for body in self.log.bodies(ROOT)[:seq + 1]:
+                for c, (s, h) in (body.get("data") or {}).get("heads", {}).items():
+                    heads[c] = (int(s), str(h))
+            for c, (s, h) in sorted(heads.items()):
+                self._hold_to(c, s, h, f"ledger chain {c}")
+        return warnings
+
+    def _hold_to(self, chain: str, seq: int, want: str, what: str) -> None:
+        """Raise :class:`AnchorMismatch` unless ``chain`` holds hash ``want`` at ``seq``."""
+        eid = keys.entry_id(seq)
+        rows = command(self.log.raw, "XRANGE", keys.ledger_log(chain), eid, eid)
         if not rows:
-            have = self.log.head(keys.LEDGER_ID).seq
+            have = self.log.head(chain).seq
             raise AnchorMismatch(
-                f"log behind anchor: ledger ends at seq {have}, anchor has seq {seq}; "
+                f"log behind anchor: the {what} ends at seq {have}, the anchor has seq {seq}; "
                 "Redis lost data or was rolled back")
         if body_and_hash(rows[0][1])[1].hex() != want:
-            raise AnchorMismatch(
-                f"ledger forked from anchor at seq {seq}: history was rewritten after the anchor")
-        return warnings
+            raise AnchorMismatch(f"the {what} forked from the anchor at seq {seq}: history was "
+                                 "rewritten after the anchor")
 
 
 def read_anchor(text: bytes) -> dict[str, Any]:
@@ -364,8 +494,8 @@ def _int(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else -1
 
 
-def _entry(raw: bytes) -> dict[str, Any] | None:
-    """A pending entry as a ledger event body, or None if it is not one."""
+def _entry(chain: str, raw: bytes) -> dict[str, Any] | None:
+    """A pending entry of ``chain`` as a ledger event body, or None if it is not one."""
     try:
         doc = orjson.loads(raw)
     except orjson.JSONDecodeError:
@@ -375,4 +505,36 @@ def _entry(raw: bytes) -> dict[str, Any] | None:
     data = doc.get("data")
     if not isinstance(data, dict) or not isinstance(data.get("saga_id"), str):
         return None
-    return body_dict(keys.LEDGER_ID, 0, doc["kind"], data=data)
+    return body_dict(chain, 0, doc["kind"], data=data)
+
+
+def migrate(ledger: Ledger, buckets: int, *, dry_run: bool = False) -> dict[str, Any]:
+    """Move a store to layout 2 (buckets) without rewriting anything: the one ledger
+    chain of layout 1 is sealed and kept as the ``ledger`` chain; the layout is
+    recorded; the root's first entry records that chain's head, so an anchor over
+    the root covers everything written before too. New entries go to the
+    buckets. Processes that still run with layout 1 (started before) push to the
+    old chain's pending list, which every sealer keeps draining into it: nothing is
+    lost while workers are restarted. Running it again changes nothing."""
+    log_ = ledger.log
+    raw = log_.redis.get(keys.LAYOUT)
+    before = layout_of(raw) or (V1 if log_.redis.exists(keys.LEDGER_LOG)
+                                or log_.redis.exists(keys.LEDGER_PENDING) else None)
+    out: dict[str, Any] = {"from": before.record() if before else None, "dry_run": dry_run}
+    if before is not None and before.version >= 2:
+        return {**out, "to": before.record(), "changed": False}
+    target = Layout(2, buckets)
+    if dry_run:
+        return {**out, "to": target.record(), "changed": False,
+                "legacy_events": log_.redis.xlen(keys.LEDGER_LOG)}
+    left = ledger.flush(timeout_s=10)
+    if left:
+        raise StoreUnavailable(f"{left} ledger entries are still pending after 10 s (a sealer "
+                               "holds the lease?); run 'saga migrate' again")
+    if not log_.redis.set(keys.LAYOUT, target.record(), nx=True):
+        log_.forget_layout()
+        return {**out, "to": log_.layout.record(), "changed": False}  # someone else did
+    log_.forget_layout()
+    root = ledger.record_root()
+    return {**out, "to": target.record(), "changed": True, "root_seq": root.seq,
+            "legacy_head": ledger.heads().get(LEGACY, EMPTY).seq}

@@ -201,7 +201,7 @@ class EventStore:
         ``agent_id`` is given)."""
         out: list[str] = []
         seen: set[str] = set()
-        for ev in [*self.log.bodies(keys.LEDGER_ID), *self.ledger.pending()]:
+        for ev in [*self.ledger.bodies(), *self.ledger.pending()]:
             data = ev.get("data") or {}
             sid = data.get("saga_id")
             if ev["kind"] != K.LEDGER_OPENED or not isinstance(sid, str) or sid in seen:

@@ -27,9 +27,11 @@ from saga_store.errors import (
     StoreUnavailable,
     no_such_saga,
 )
+from saga_store.log import layout
 from saga_store.log.canonical import canonical, check_json
 from saga_store.log.chain import Chain
 from saga_store.log.events import EventKind
+from saga_store.log.layout import Layout
 from saga_store.log.scripts import APPEND, RELEASE_LEASE, Scripts
 from saga_store.protocol.vocab import Fence, LeaseMode, Phase, Status, phase_of
 from saga_store.settings import Settings
@@ -229,6 +231,18 @@ class SagaLog:
             self.raw.set_response_callback(cmd, _identity)
         self.scripts = Scripts(client)
         self.metrics: Metrics | None = None  # set by whoever exports metrics
+        self._layout: Layout | None = None
+
+    @property
+    def layout(self) -> Layout:
+        """The store's layout (read, or recorded for a new store, on first use)."""
+        if self._layout is None:
+            self._layout = layout.load(self.redis, self.settings.buckets)
+        return self._layout
+
+    def forget_layout(self) -> None:
+        """Read the layout again on next use (after ``saga migrate``)."""
+        self._layout = None
 
     # -- writing ---------------------------------------------------------
 
@@ -284,7 +298,7 @@ class SagaLog:
         blobs: list[SideWrite] = []
         linked = self.encode(chain_id, bodies, expect, blobs)
         token, mode, ttl = lease if lease is not None else ("", LeaseMode.HOLD, 0)
-        if expect.empty and (chain_id == keys.LEDGER_ID
+        if expect.empty and (keys.is_ledger(chain_id)
                              or bodies[0]["kind"] == EventKind.SAGA_STARTED):
             phase = Phase.OPEN
         phase = phase or Phase.ANY

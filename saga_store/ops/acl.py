@@ -60,7 +60,8 @@ def worker_rules() -> list[str]:
             f"~{P}:needs_attention", f"~{P}:approvals",
             f"~{P}:gateway:*",  # the MCP gateway runs calls like a worker: it uses this user
             f"~{P}:ledger:{{*}}:meta", f"~{P}:ledger:{{*}}:lease",
-            f"~{P}:ledger:{{*}}:rejected"]
+            f"~{P}:ledger:{{*}}:rejected",
+            f"~{P}:layout"]  # recorded by whoever first writes to a new store
     return [
         # RQ's keys and channels: RQ's own bookkeeping, including its deletes
         "resetchannels", "&rq:*", "~rq:*", "+@all", "-@dangerous", *CONNECTION,
@@ -86,6 +87,7 @@ def agent_rules(agent_id: str) -> list[str]:
     return [
         "resetchannels", "-@all", *CONNECTION,
         _selector(f"%R~{mine}:*", f"%R~{P}:ledger:{{*}}:log", f"%R~{P}:ledger:{{*}}:pending",
+                  f"%R~{P}:layout",
                   f"%R~{P}:ctx:{{{agent_id}}}", "+@read", "-keys", "-scan"),
         _selector(f"~{mine}:*", *SCRIPTS),
         _selector(f"~{mine}:log", f"~{P}:ctx:{{{agent_id}}}", "+xadd"),

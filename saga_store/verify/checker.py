@@ -26,6 +26,9 @@ and names a reason class:
                     is not what the event kinds up to it make it
     projection      the saga's cached state or phase (``ss:{S}:meta``) is not
                     the fold of its log (the sweeper rebuilds it)
+    wrong_bucket    a ledger chain holds an entry of a saga of another bucket
+    root_mismatch   the root chain recorded a ledger chain's head that the chain
+                    does not hold (a bucket's tail was cut or rewritten)
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from saga_store.log.canonical import canonical
 from saga_store.log.chain import Chain
 from saga_store.log.events import KNOWN_KINDS, SCHEMA_VERSION
 from saga_store.log.events import EventKind as K
+from saga_store.log.layout import LEGACY, ROOT, V1, Layout
 from saga_store.log.ledger import CLOSING_KINDS, Ledger
 from saga_store.log.stream import (
     EMPTY,
@@ -101,7 +105,7 @@ class ChainChecker:
         self.expect = 0
         self.expect_eid = b"0-1"
         self.version = 0
-        self.invariants = None if chain_id == keys.LEDGER_ID else Invariants()
+        self.invariants = None if keys.is_ledger(chain_id) else Invariants()
         self.report = ChainReport(chain_id)
         self.last: dict[str, Any] = {}  # the last event that passed
         self.phase = Phase.FORWARD  # what the kinds so far make it, and the state
@@ -241,9 +245,12 @@ class LedgerView:
     closed_as: dict[str, str] = field(default_factory=dict)  # saga -> the state it closed in
     opened_as: dict[str, bytes] = field(default_factory=dict)  # saga -> its opening, whole
     closed_whole: dict[str, bytes] = field(default_factory=dict)  # saga -> its close, whole
+    where: dict[str, set[str]] = field(default_factory=dict)  # saga -> ledger chains of it
 
     def merge(self, other: LedgerView) -> None:
         """Take in what another part of the same ledger said (parallel checks)."""
+        for sid, chains in other.where.items():
+            self.where.setdefault(sid, set()).update(chains)
         for sid, first in other.opened.items():
             if self.opened.setdefault(sid, first) != first:
                 self.conflicts[sid] = "the ledger opened this saga twice, differently"
@@ -260,14 +267,16 @@ class LedgerView:
         for sid, why in other.conflicts.items():
             self.conflicts.setdefault(sid, why)
 
-    def note(self, ev: dict[str, Any]) -> str | None:
-        """Fold one ledger event; returns a reason if it is malformed. The same entry
-        twice is one fact (a debt paid twice, see :mod:`saga_store.ledger`); two
-        entries that disagree are a conflict the saga's check reports."""
+    def note(self, ev: dict[str, Any], chain: str = LEGACY) -> str | None:
+        """Fold one ledger event of ``chain``; returns a reason if it is malformed.
+        The same entry twice is one fact (a debt paid twice, see
+        :mod:`saga_store.ledger`); two entries that disagree are a conflict the
+        saga's check reports."""
         data = ev.get("data")
         sid = data.get("saga_id") if isinstance(data, dict) else None
         if not isinstance(data, dict) or not isinstance(sid, str):
             return "ledger entry without a saga_id"
+        self.where.setdefault(sid, set()).add(chain)
         try:
             if ev["kind"] == K.LEDGER_OPENED:
                 first = bytes.fromhex(str(data["first"]))
@@ -287,13 +296,19 @@ class LedgerView:
         return None
 
 
-def cross_check(rep: ChainReport, view: LedgerView) -> None:
+def cross_check(rep: ChainReport, view: LedgerView, layout: Layout = V1) -> None:
     """Judge a verified saga chain against what the ledger recorded of it."""
     sid = rep.chain_id
     if not rep.ok:
         return
     if sid in view.conflicts:
         rep.fail(0, "ledger_conflict", view.conflicts[sid])
+        return
+    mine = layout.ledger_of(sid)
+    astray = sorted(view.where.get(sid, set()) - {mine, LEGACY})
+    if astray:
+        rep.fail(0, "wrong_bucket", f"ledger chain {astray[0]} holds an entry of this saga, "
+                 f"whose bucket's chain is {mine}: it was pushed there by hand")
         return
     if rep.events == 0:
         if sid in view.opened:
@@ -388,7 +403,7 @@ class Verifier:
                     ok = feed(*body_and_hash(fields), eid=eid, stamp=stamp_of(fields))
                 if not ok:
                     break
-                if view is not None and (why := view.note(checker.last)):
+                if view is not None and (why := view.note(checker.last, chain_id)):
                     checker.report.fail(checker.expect - 1, "bad_body", why)
                     break
             if progress is not None:
@@ -399,34 +414,85 @@ class Verifier:
 
     def verify(self, saga_id: str | None = None, progress: Progress | None = None,
                ) -> VerifyResult:
-        view = LedgerView()
+        ledger = Ledger(self.log)
+        layout = self.log.layout
         # entries written and not yet chained; read first, so an entry chained while
         # this runs is seen in one place or the other
-        pending = Ledger(self.log).pending()
-        ledger = self.check(keys.LEDGER_ID, progress, view)
-        for body in pending:
-            view.note(body)
-        if pending:
-            ledger.warnings.append(f"{len(pending)} ledger entries written, not yet chained "
-                                   "(a worker's sweeper chains them)")
+        pending = ledger.pending_by_chain()
+        ledgers, view = self._check_ledgers(ledger.present(), progress)
+        if not ledgers:
+            ledgers = [ChainReport(layout.ledger_of(saga_id) if saga_id else LEGACY)]
+        for chain, bodies in pending.items():
+            for body in bodies:
+                view.note(body, chain)
+        waiting = sum(map(len, pending.values()))
+        if waiting:
+            ledgers[0].warnings.append(f"{waiting} ledger entries written, not yet chained "
+                                       "(a worker's sweeper chains them)")
         if saga_id is not None:
             ids: list[str] = [saga_id]
         else:
             ids = sorted(set(self.log.chain_ids()) | set(view.opened))
         reports = self._check_many(ids, progress)
-        if ledger.ok:
+        if all(rep.ok for rep in ledgers):
             for rep in reports:
-                cross_check(rep, view)
+                cross_check(rep, view, layout)
         self._check_projections(reports)
-        rejected = Ledger(self.log).rejected()
+        rejected = ledger.rejected()
         if rejected:
             entry, why = rejected[0]
-            ledger.fail(ledger.head_seq + 1, "rejected_entry",
-                        f"{len(rejected)} pending ledger entries were set aside by the sealer "
-                        "because their sagas' chains do not bear them out (forged, or the log "
-                        f"was cut or rewritten since they were written); the first ({why}): "
-                        f"{entry[:160]!r}")
-        return VerifyResult([ledger, *reports])
+            ledgers[0].fail(ledgers[0].head_seq + 1, "rejected_entry",
+                            f"{len(rejected)} pending ledger entries were set aside by the "
+                            "sealer because their sagas' chains do not bear them out (forged, "
+                            "or the log was cut or rewritten since they were written); the "
+                            f"first ({why}): {entry[:160]!r}")
+        roots = [self._check_root(ledgers)] if layout.version >= 2 else []
+        return VerifyResult([*ledgers, *roots, *reports])
+
+    def _check_ledgers(self, chains: list[str], progress: Progress | None,
+                       ) -> tuple[list[ChainReport], LedgerView]:
+        """Every ledger chain's report and what they say of the sagas. Chains are
+        independent: with many events they are checked in parallel, each child
+        returning its reports and its part of the view."""
+        view = LedgerView()
+        if not self._parallel(chains, keys.ledger_log):
+            return [self.check(c, progress, view) for c in chains], view
+        by_id: dict[str, ChainReport] = {}
+        for reports, part in self._fork(_check_ledger_chunk, chains):
+            view.merge(part)
+            for rep in reports:
+                by_id[rep.chain_id] = rep
+                if progress is not None:
+                    progress(rep.events)
+        return [by_id[c] for c in chains], view
+
+    def _check_root(self, ledgers: list[ChainReport]) -> ChainReport:
+        """The root chain, and each ledger chain held to every head it recorded."""
+        root = self.check(ROOT)
+        if not root.ok:
+            return root
+        known = {rep.chain_id: rep for rep in ledgers}
+        recorded: list[tuple[int, str, int, str]] = []
+        for at, body in enumerate(self.log.bodies(ROOT)):
+            for chain, (seq, h) in (body.get("data") or {}).get("heads", {}).items():
+                recorded.append((at, str(chain), int(seq), str(h)))
+        pipe: Any = self.log.raw.pipeline(transaction=False)
+        for _, chain, seq, _ in recorded:
+            eid = keys.entry_id(max(seq, 0))
+            pipe.execute_command("XRANGE", keys.ledger_log(chain), eid, eid)
+        for (at, chain, seq, h), rows in zip(recorded, pipe.execute() if recorded else [],
+                                             strict=True):
+            rep = known.get(chain)
+            if rep is None or rep.head_seq < seq or not rows:
+                ends = rep.head_seq if rep is not None else -1
+                root.fail(at, "root_mismatch", f"the root recorded {chain} at seq {seq}; that "
+                          f"chain ends at seq {ends}: its tail was cut, or Redis lost it")
+                break
+            if body_and_hash(rows[0][1])[1].hex() != h:
+                root.fail(at, "root_mismatch", f"the root recorded another hash for {chain} "
+                          f"at seq {seq}: that chain was rewritten")
+                break
+        return root
 
     def _check_projections(self, reports: list[ChainReport]) -> None:
         """Fail each saga whose cached state or phase is not the fold of its log: no
@@ -451,29 +517,36 @@ class Verifier:
                              "sweeper rebuilds it from the log")
 
     def _check_many(self, ids: list[str], progress: Progress | None) -> list[ChainReport]:
+        if not self._parallel(ids, keys.saga_log):
+            return [self.check(sid, progress) for sid in ids]
+        by_id: dict[str, ChainReport] = {}
+        for reports in self._fork(_check_chunk, ids):
+            for rep in reports:
+                by_id[rep.chain_id] = rep
+                if progress is not None:
+                    progress(rep.events)
+        return [by_id[sid] for sid in ids]
+
+    def _parallel(self, ids: list[str], key: Callable[[str], str]) -> bool:
+        """Whether checking ``ids`` is worth forking for: enough chains and events."""
         kwargs = getattr(self.log.redis.connection_pool, "connection_kwargs", {})
         if self.jobs < 2 or len(ids) < 2 * self.jobs or "server" in kwargs:  # not embedded
-            return [self.check(sid, progress) for sid in ids]
+            return False
         pipe = self.log.redis.pipeline(transaction=False)
-        for sid in ids:
-            pipe.xlen(keys.saga_log(sid))
-        if sum(pipe.execute()) < self.PARALLEL_MIN_EVENTS:
-            return [self.check(sid, progress) for sid in ids]
-        # Chains are independent: split them over forked processes. A child inherits
-        # this verifier (redis-py reopens connections after a fork); only saga ids
-        # go to it and only reports come back.
+        for cid in ids:
+            pipe.xlen(key(cid))
+        return bool(sum(pipe.execute()) >= self.PARALLEL_MIN_EVENTS)
+
+    def _fork(self, work: Callable[[list[str]], Any], ids: list[str]) -> list[Any]:
+        """``work`` over ``ids`` split across forked processes. A child inherits this
+        verifier (redis-py reopens connections after a fork); only chain ids go to
+        it and only reports come back."""
         chunks = [ids[i::self.jobs] for i in range(self.jobs)]
         ctx = mp.get_context("fork")
         with ProcessPoolExecutor(self.jobs, mp_context=ctx, initializer=_adopt,
                                  initargs=(self,)) as pool:
-            futures = [pool.submit(_check_chunk, c) for c in chunks]
-            by_id: dict[str, ChainReport] = {}
-            for fut in futures:
-                for rep in fut.result():
-                    by_id[rep.chain_id] = rep
-                    if progress is not None:
-                        progress(rep.events)
-        return [by_id[sid] for sid in ids]
+            futures = [pool.submit(work, c) for c in chunks]
+            return [fut.result() for fut in futures]
 
 
 _child: list[Verifier] = []
@@ -485,3 +558,8 @@ def _adopt(verifier: Verifier) -> None:
 
 def _check_chunk(ids: list[str]) -> list[ChainReport]:
     return [_child[0].check(sid) for sid in ids]
+
+
+def _check_ledger_chunk(chains: list[str]) -> tuple[list[ChainReport], LedgerView]:
+    view = LedgerView()
+    return [_child[0].check(c, None, view) for c in chains], view

@@ -23,6 +23,7 @@ from saga_store import keys
 from saga_store.errors import CannotVerify, InvalidInput
 from saga_store.log.canonical import canonical
 from saga_store.log.chain import Chain
+from saga_store.log.layout import LEGACY, ROOT, V1, Layout, parse
 from saga_store.log.ledger import Ledger
 from saga_store.log.stream import SagaLog
 from saga_store.verify.checker import (
@@ -40,11 +41,14 @@ PARALLEL_MIN_BYTES = 32 << 20
 
 def export(log: SagaLog, out: IO[bytes], saga_ids: Iterable[str] | None = None) -> int:
     """Write the given sagas (default: all) and the whole ledger; returns events written."""
-    Ledger(log).flush()  # chain what is pending, so the file holds it
+    ledger = Ledger(log)
+    ledger.flush()  # chain what is pending, so the file holds it
     ids = sorted(set(log.chain_ids())) if saga_ids is None else list(saga_ids)
-    out.write(canonical({**HEADER, "mode": log.chain.mode}) + b"\n")
+    out.write(canonical({**HEADER, "mode": log.chain.mode,
+                         "layout": log.layout.record()}) + b"\n")
     n = 0
-    for cid in [*ids, keys.LEDGER_ID]:
+    roots = [ROOT] if log.layout.version >= 2 else []
+    for cid in [*ids, *ledger.present(), *roots]:
         for entry in log.entries(cid):
             out.write(canonical(entry.event()) + b"\n")
             n += 1
@@ -60,7 +64,7 @@ def verify_file(path: str | Path, chain: Chain, progress: Progress | None = None
     """
     with open(path, "rb") as fh:
         header = fh.readline()
-        _check_header(header, chain)
+        layout = _check_header(header, chain)
         start, size = len(header), os.fstat(fh.fileno()).st_size
         jobs = jobs if jobs is not None else (os.cpu_count() or 1)
         bounds = _chain_aligned_bounds(fh, start, size, jobs) if size > PARALLEL_MIN_BYTES \
@@ -74,7 +78,7 @@ def verify_file(path: str | Path, chain: Chain, progress: Progress | None = None
             parts = [f.result() for f in futures]
         if progress is not None:
             progress(sum(r.events for part in parts for r in part[0].values()))
-    return _merge(parts, path, chain, progress)
+    return _merge(parts, path, chain, progress, layout)
 
 
 # A part: the chains checked in one byte range, what the ledger said, a broken line.
@@ -82,7 +86,7 @@ Part = tuple[dict[str, ChainReport], LedgerView, ChainReport | None]
 
 
 def _merge(parts: list[Part], path: str | Path, chain: Chain,
-           progress: Progress | None) -> VerifyResult:
+           progress: Progress | None, layout: Layout = V1) -> VerifyResult:
     reports: dict[str, ChainReport] = {}
     for chains, _, _ in parts:
         if reports.keys() & chains.keys():
@@ -93,11 +97,12 @@ def _merge(parts: list[Part], path: str | Path, chain: Chain,
     for _, v, _ in parts:
         view.merge(v)
     broken = [b for _, _, b in parts if b is not None]
-    ledger = reports.pop(keys.LEDGER_ID, ChainReport(keys.LEDGER_ID))
+    ledgers = [reports.pop(c) for c in sorted(reports) if keys.is_ledger(c)] or \
+        [ChainReport(LEGACY)]
     for _, rep in sorted(reports.items()):
-        if ledger.ok:
-            cross_check(rep, view)
-    return VerifyResult([*broken[:1], ledger, *(r for _, r in sorted(reports.items()))])
+        if all(led.ok for led in ledgers):
+            cross_check(rep, view, layout)
+    return VerifyResult([*broken[:1], *ledgers, *(r for _, r in sorted(reports.items()))])
 
 
 def _verify_range(path: str, key: bytes | None, start: int, end: int,
@@ -140,8 +145,8 @@ def _check_line(line: bytes, checkers: dict[str, ChainChecker], chain: Chain,
     checker = checkers.get(cid)
     if checker is None:
         checker = checkers[cid] = ChainChecker(chain, cid)
-    if (checker.feed_export(canonical(ev), h, prev, ev) and cid == keys.LEDGER_ID
-            and (why := view.note(ev))):
+    if (checker.feed_export(canonical(ev), h, prev, ev) and keys.is_ledger(cid)
+            and cid != ROOT and (why := view.note(ev, cid))):
         checker.report.fail(checker.expect - 1, "bad_body", why)
     return True
 
@@ -169,7 +174,9 @@ def _chain_aligned_bounds(fh: IO[bytes], start: int, size: int, jobs: int) -> li
     return bounds
 
 
-def _check_header(line: bytes, chain: Chain) -> None:
+def _check_header(line: bytes, chain: Chain) -> Layout:
+    """The export's layout, once its header is checked (exports made before
+    layouts were recorded are of layout 1)."""
     try:
         head = orjson.loads(line)
     except orjson.JSONDecodeError:
@@ -180,3 +187,4 @@ def _check_header(line: bytes, chain: Chain) -> None:
     if head.get("mode") != chain.mode:
         raise CannotVerify(f"export was made in {head.get('mode')} mode but this verifier uses "
                            f"{chain.mode}; set SAGA_HMAC_KEY / SAGA_HMAC_KEY_FILE to match")
+    return parse(head.get("layout")) or V1

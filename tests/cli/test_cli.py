@@ -118,11 +118,11 @@ def test_not_an_export_is_a_usage_error(tmp_path: Path) -> None:
 def test_anchor_round_trip_and_rollback(store: EventStore, client: redis.Redis, redis_url: str,
                                         tmp_path: Path) -> None:
     """verify --anchor passes on the same log and fails with 'log behind anchor' after loss."""
-    committed_saga(store)
+    w = committed_saga(store)
     anchor = tmp_path / "anchor.json"
     assert run(redis_url, "anchor", "--out", str(anchor)).exit_code == 0
     assert run(redis_url, "verify", "--anchor", str(anchor)).exit_code == 0
-    tamper(client, keys.LEDGER_ID, lambda es: es[:1])
+    tamper(client, store.log.layout.ledger_of(w.saga_id), lambda es: es[:1])
     res = run(redis_url, "verify", "--anchor", str(anchor))
     assert res.exit_code == 1
     assert "log behind anchor" in res.output

@@ -147,11 +147,13 @@ def test_every_write_outside_its_namespace_is_refused_or_caught(
     theirs = [k for k in admin.scan_iter(count=1000) if not k.startswith(own)]
     assert {keys.saga_log(victim).encode(), keys.agent_active("agent-a-b").encode(),
             keys.agent_idem("agent-a-b", explicit_key("ab-1")).encode(),
-            keys.LEDGER_LOG.encode(), keys.ACTIVE.encode(), keys.AGENTS.encode(),
+            keys.ledger_log(ab.events.log.layout.ledger_of(victim)).encode(),
+            keys.ACTIVE.encode(), keys.AGENTS.encode(),
             jobs.job_key(jobs.step_job_id(ab.state(pending).steps[0].idem_key or "", 1,
                                           pending)).encode()} <= set(theirs)
     before = {k: admin.dump(k) for k in theirs}
-    additive = {keys.LEDGER_PENDING.encode(), keys.AGENTS.encode(),
+    every_pending = {keys.ledger_pending(c).encode() for c in ab.events.ledger.chains()}
+    additive = {*every_pending, keys.AGENTS.encode(),
                 jobs.queue_key(jobs.STEP_QUEUE).encode(),
                 jobs.queue_key(jobs.COMPENSATION_QUEUE).encode()}
     allowed = []
@@ -174,7 +176,8 @@ def test_every_write_outside_its_namespace_is_refused_or_caught(
     # name in ss:agents is an empty index, and a forged ledger entry is set aside
     # by the sealer and fails verify
     admin_store = SagaStore(admin, Registry.from_modules(TOOLS))
-    a.redis.rpush(keys.LEDGER_PENDING, b'{"kind":"saga_closed","data":{"saga_id":"%s",'
+    victims = keys.ledger_pending(ab.events.log.layout.ledger_of(victim))
+    a.redis.rpush(victims, b'{"kind":"saga_closed","data":{"saga_id":"%s",'
                   b'"state":"committed","seq":1,"hash":"00"}}' % victim.encode())
     admin_store.events.ledger.flush()
     bad = cli(deployment["url"], "verify")

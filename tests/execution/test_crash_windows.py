@@ -22,6 +22,7 @@ from saga_store.protocol.state import Status
 from saga_store.testing import assert_eventually
 from saga_store.testing.workers import kill_at, workers
 
+from ..helpers import LedgerKeys, ledger_entries
 from ..ledger_tools import effects
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
@@ -37,8 +38,7 @@ def verify(url: str, *args: str) -> int:
 
 
 def ledger_has(store: SagaStore, sid: str, kind: str) -> bool:
-    log = store.events.log
-    entries = [*log.bodies(keys.LEDGER_ID), *Ledger(log).pending()]
+    entries = ledger_entries(store.events.log)
     return any(e["kind"] == kind and e["data"]["saga_id"] == sid for e in entries)
 
 
@@ -154,20 +154,21 @@ def test_a_backlog_of_any_size_seals_without_raising(saga_store: SagaStore,
     """120,000 pending entries (more than the old bound of 200 batches of 500) seal:
     copies of one saga's real close (a debt paid many times over is still one fact)."""
     from ..helpers import committed_saga
-    committed_saga(saga_store.events)
+    w = committed_saga(saga_store.events)
     saga_store.events.ledger.flush()
-    close = next(e for e in saga_store.events.log.bodies(keys.LEDGER_ID)
-             if e["kind"] == K.LEDGER_CLOSED)
+    at = LedgerKeys(saga_store.events.log, w.saga_id)
+    close = next(e for e in saga_store.events.log.bodies(at.chain)
+                 if e["kind"] == K.LEDGER_CLOSED)
     entry = orjson.dumps({"kind": close["kind"], "data": close["data"]})
     pipe = client.pipeline(transaction=False)
     for i in range(120_000):
-        pipe.rpush(keys.LEDGER_PENDING, entry)
+        pipe.rpush(at.pending, entry)
         if i % 10_000 == 9_999:
             pipe.execute()
     pipe.execute()
     assert Ledger(saga_store.events.log).seal() == 120_000
-    assert client.llen(keys.LEDGER_PENDING) == 0
-    assert saga_store.events.log.head(keys.LEDGER_ID).seq == 120_001
+    assert client.llen(at.pending) == 0
+    assert saga_store.events.log.head(at.chain).seq == 120_001
     assert Ledger(saga_store.events.log).rejected() == []
 
 
@@ -175,7 +176,8 @@ def test_a_flood_of_junk_on_the_pending_list_is_set_aside_in_batches(
         saga_store: SagaStore, client: redis.Redis) -> None:
     """20,000 entries no chain bears out cost the sealer a round trip per batch, not
     one per entry, and leave every one of them reported."""
-    client.rpush(keys.LEDGER_PENDING, *[b"junk %d" % i for i in range(20_000)])
+    at = LedgerKeys(saga_store.events.log, "any-saga")
+    client.rpush(at.pending, *[b"junk %d" % i for i in range(20_000)])
     assert Ledger(saga_store.events.log).seal() == 0
-    assert client.llen(keys.LEDGER_PENDING) == 0
-    assert client.xlen(keys.LEDGER_REJECTED) == 20_000
+    assert client.llen(at.pending) == 0
+    assert client.xlen(at.rejected) == 20_000

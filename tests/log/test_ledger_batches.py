@@ -15,17 +15,20 @@ from saga_store.log.store import EventStore
 from saga_store.settings import Settings
 from saga_store.verify.checker import Verifier
 
-from ..helpers import committed_saga
+from ..helpers import LedgerKeys, committed_saga
 
 pytestmark = pytest.mark.parity
 
 
+ONE = Settings(buckets=1)  # the mechanics of one chain: every entry in the same bucket
+
+
 def ledger_kinds(store: EventStore) -> list[tuple[str, str]]:
-    return [(e["kind"], e["data"]["saga_id"]) for e in store.log.bodies(keys.LEDGER_ID)]
+    return [(e["kind"], e["data"]["saga_id"]) for e in store.ledger.bodies()]
 
 
 def test_deferred_entries_wait_pending_and_verify_reads_them(client: redis.Redis) -> None:
-    store = EventStore(client)
+    store = EventStore(client, ONE)
     store.ledger.deferred = True
     w = committed_saga(store)
     assert ledger_kinds(store) == []
@@ -45,17 +48,17 @@ def test_deferred_entries_wait_pending_and_verify_reads_them(client: redis.Redis
     assert ledger_kinds(store) == [(K.LEDGER_OPENED, w.saga_id)]
     assert [why for _, why in store.ledger.rejected()] == ["the saga has no such event"]
     assert store.ledger.pending() == []
-    assert client.llen(keys.LEDGER_PENDING) == 0
+    assert client.llen(LedgerKeys(store.log).pending) == 0
     # and the saga's cached state still says committed: the log no longer does
     assert [f.reason for f in Verifier(store.log).verify().failures] == \
         ["rejected_entry", "projection"]
 
 
 def test_a_deferred_writer_seals_once_enough_are_waiting(client: redis.Redis) -> None:
-    store = EventStore(client)
+    store = EventStore(client, ONE)
     store.ledger.deferred = True
     sagas = [store.open("agent-1").saga_id for _ in range(SEAL_AT)]
-    assert client.llen(keys.LEDGER_PENDING) == 0  # the 64th writer sealed all 64
+    assert client.llen(LedgerKeys(store.log).pending) == 0  # the 64th writer sealed all 64
     assert [sid for _, sid in ledger_kinds(store)] == sagas
 
 
@@ -64,12 +67,12 @@ def test_concurrent_writers_leave_nothing_pending_and_chain_each_entry_once(
         client: redis.Redis) -> None:
     """8 threads open and close 40 sagas each, sealing at once: every entry ends in
     the chain exactly once, in no particular order, and none is left pending."""
-    store = EventStore(client)
+    store = EventStore(client, ONE)
     made: list[str] = []
     lock = threading.Lock()
 
     def work() -> None:
-        own = EventStore(redis.Redis(connection_pool=client.connection_pool))
+        own = EventStore(redis.Redis(connection_pool=client.connection_pool), ONE)
         for _ in range(40):
             w = committed_saga(own, steps=1)
             with lock:
@@ -79,7 +82,7 @@ def test_concurrent_writers_leave_nothing_pending_and_chain_each_entry_once(
         t.start()
     for t in threads:
         t.join()
-    assert client.llen(keys.LEDGER_PENDING) == 0
+    assert client.llen(LedgerKeys(store.log).pending) == 0
     chained = ledger_kinds(store)
     assert sorted(chained) == sorted([(K.LEDGER_OPENED, s) for s in made]
                                      + [(K.LEDGER_CLOSED, s) for s in made])
@@ -88,9 +91,9 @@ def test_concurrent_writers_leave_nothing_pending_and_chain_each_entry_once(
 
 def test_a_sealer_that_died_holding_the_lease_delays_but_loses_nothing(
         client: redis.Redis) -> None:
-    store = EventStore(client)
+    store = EventStore(client, ONE)
     store.ledger.deferred = True
-    client.set(keys.LEDGER_LEASE, "dead-sealer", px=300)  # its process is gone
+    client.set(LedgerKeys(store.log).lease, "dead-sealer", px=300)  # its process is gone
     w = committed_saga(store)
     assert store.ledger.seal() == 0  # the lease is still held
     assert len(store.ledger.pending()) == 2
@@ -99,21 +102,22 @@ def test_a_sealer_that_died_holding_the_lease_delays_but_loses_nothing(
 
 
 def test_a_foreign_pending_item_is_dropped_and_the_rest_chained(client: redis.Redis) -> None:
-    store = EventStore(client)
+    store = EventStore(client, ONE)
     store.ledger.deferred = True
-    client.rpush(keys.LEDGER_PENDING, b"not a ledger entry")
+    client.rpush(LedgerKeys(store.log).pending, b"not a ledger entry")
     w = committed_saga(store)
     assert store.ledger.seal() == 2
     assert ledger_kinds(store) == [(K.LEDGER_OPENED, w.saga_id), (K.LEDGER_CLOSED, w.saga_id)]
-    assert client.llen(keys.LEDGER_PENDING) == 0
+    assert client.llen(LedgerKeys(store.log).pending) == 0
 
 
 def test_anchor_covers_what_was_pending(client: redis.Redis) -> None:
-    store = EventStore(client, Settings())
+    store = EventStore(client, ONE)
     store.ledger.deferred = True
     committed_saga(store)
     anchor = store.ledger.anchor()
-    assert anchor["seq"] == 1  # both entries chained before the head was read
+    assert anchor["chain"] == "ledger:root"  # over the root, which recorded the bucket's
+    assert store.ledger.root_heads()["ledger:0"][0] == 1  # both entries chained first
     assert store.ledger.check_anchor(anchor) == []
 
 
@@ -122,7 +126,7 @@ def test_a_cut_tail_behind_a_hand_paid_ledger_debt_is_caught(client: redis.Redis
     Someone cuts the close off the log and marks the debt paid (``lc=1``) so that no
     sweeper ever writes the close: the cache still says committed, the log does
     not, and verify fails the saga."""
-    store = EventStore(client)
+    store = EventStore(client, ONE)
     w = store.open("agent-1")
     w.append(K.STEP_INTENT, step=0, tool="t", data={"args": {}, "reversibility": "readonly"})
     w.append(K.STEP_STARTED, step=0, attempt=1)

@@ -16,7 +16,7 @@ from saga_store.log.store import ChainWriter, EventStore
 from saga_store.settings import Settings
 
 from ..cli.test_ids_and_resolve import snapshot
-from ..helpers import committed_saga
+from ..helpers import LedgerKeys, committed_saga
 
 pytestmark = pytest.mark.real_redis
 KEY = "k" * 32
@@ -32,7 +32,7 @@ def verify(url: str, *args: str) -> tuple[int, str]:
 @pytest.fixture
 def store(client: redis.Redis) -> EventStore:
     """Workers' settings: ledger entries wait on the pending list for a sealer."""
-    s = EventStore(client, Settings(hmac_key=KEY.encode()))
+    s = EventStore(client, Settings(hmac_key=KEY.encode(), buckets=1))  # one chain to forge
     s.ledger.deferred = True
     return s
 
@@ -40,14 +40,14 @@ def store(client: redis.Redis) -> EventStore:
 def cut_and_forge(client: redis.Redis, w: ChainWriter, keep: int) -> None:
     """The attack: drop the saga's real close from the pending list, cut its log to
     ``keep`` events, and push a close that matches the cut head."""
-    pending = client.lrange(keys.LEDGER_PENDING, 0, -1)
+    pending = client.lrange(LedgerKeys(w.store.log).pending, 0, -1)
     real = [p for p in pending if b'"saga_closed"' in p and w.saga_id.encode() in p]
     assert real
-    client.lrem(keys.LEDGER_PENDING, 0, real[0])
+    client.lrem(LedgerKeys(w.store.log).pending, 0, real[0])
     entries = client.xrange(keys.saga_log(w.saga_id))
     client.xdel(keys.saga_log(w.saga_id), *[eid for eid, _ in entries[keep:]])
     last = entries[keep - 1][1]
-    client.rpush(keys.LEDGER_PENDING, orjson.dumps({"kind": "saga_closed", "data": {
+    client.rpush(LedgerKeys(w.store.log).pending, orjson.dumps({"kind": "saga_closed", "data": {
         "saga_id": w.saga_id, "state": "committed", "seq": keep - 1,
         "hash": last[b"h"].hex()}}))
 
@@ -55,7 +55,7 @@ def cut_and_forge(client: redis.Redis, w: ChainWriter, keep: int) -> None:
 def test_verify_writes_nothing_with_entries_pending(store: EventStore, client: redis.Redis,
                                                     redis_url: str) -> None:
     committed_saga(store)
-    assert client.llen(keys.LEDGER_PENDING) == 2
+    assert client.llen(LedgerKeys(store.log).pending) == 2
     before = snapshot(client)
     code, out = verify(redis_url)
     assert code == 0, out
@@ -74,7 +74,7 @@ def test_a_forged_close_for_a_cut_saga_is_caught_before_and_after_sealing(
     assert "forged_close" in out
     assert Ledger(store.log).seal() == 1  # the opening only
     ledger = [orjson.loads(b) for b in (e[1][b"b"] for e in
-                                        client.xrange(keys.LEDGER_LOG))]
+                                        client.xrange(LedgerKeys(store.log).log))]
     assert [e["kind"] for e in ledger] == ["saga_opened"]
     code, out = verify(redis_url)
     assert code == 1, out
@@ -104,15 +104,15 @@ def test_the_sealer_chains_only_entries_the_chains_bear_out(
     text = text.replace("FIRST", entries[0][1][b"h"].hex())
     text = text.replace("HEAD", entries[-1][1][b"h"].hex())
     text = text.replace('"seq":-1', f'"seq":{len(entries) - 1}')
-    client.rpush(keys.LEDGER_PENDING, text)
+    client.rpush(LedgerKeys(store.log).pending, text)
     committed_saga(store)
     assert Ledger(store.log).seal() == 4
-    chained = [e[1][b"b"] for e in client.xrange(keys.LEDGER_LOG)]
+    chained = [e[1][b"b"] for e in client.xrange(LedgerKeys(store.log).log)]
     assert all(text.encode() not in b for b in chained)
     [(entry, why)] = Ledger(store.log).rejected()
     assert entry == text.encode()
     assert why
-    assert client.llen(keys.LEDGER_PENDING) == 0
+    assert client.llen(LedgerKeys(store.log).pending) == 0
 
 
 def test_data_written_before_still_verifies_with_entries_from_both_writers(
@@ -120,7 +120,7 @@ def test_data_written_before_still_verifies_with_entries_from_both_writers(
     """Real entries pass the sealer's check, duplicates of a paid debt included."""
     committed_saga(store)
     # the same close pushed twice (a debt paid twice) is one fact
-    client.rpush(keys.LEDGER_PENDING, client.lindex(keys.LEDGER_PENDING, -1))
+    client.rpush(LedgerKeys(store.log).pending, client.lindex(LedgerKeys(store.log).pending, -1))
     assert Ledger(store.log).seal() == 3
     assert Ledger(store.log).rejected() == []
     assert verify(redis_url)[0] == 0

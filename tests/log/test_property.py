@@ -35,7 +35,7 @@ def test_any_single_byte_change_in_redis_is_detected(chain_pick: int, entry_pick
     client: redis.Redis = embedded()
     store = EventStore(client)
     sagas = [committed_saga(store, steps=2).saga_id, committed_saga(store, steps=1).saga_id]
-    chain_id = [*sagas, keys.LEDGER_ID][chain_pick]
+    chain_id = [*sagas, store.log.layout.ledger_of(sagas[0])][chain_pick]
     key = keys.log_key_for(chain_id)
     entries = read_stream(client, key)
     eid, fields = entries[entry_pick % len(entries)]

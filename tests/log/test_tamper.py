@@ -13,12 +13,21 @@ from saga_store import keys
 from saga_store.errors import AnchorMismatch
 from saga_store.log.canonical import canonical
 from saga_store.log.chain import Chain
+from saga_store.log.layout import ROOT
 from saga_store.log.store import EventStore
 from saga_store.settings import Settings
 from saga_store.verify.checker import ChainReport, Verifier
 from saga_store.verify.export import export, verify_file
 
-from ..helpers import Entry, committed_saga, edit_body, read_stream, rehash_from, tamper
+from ..helpers import (
+    Entry,
+    committed_saga,
+    edit_body,
+    read_stream,
+    rehash_from,
+    tamper,
+    write_stream,
+)
 
 pytestmark = pytest.mark.parity
 SHA = Chain(None)
@@ -164,8 +173,18 @@ def test_full_rewrite_including_the_ledger_needs_an_anchor(store: EventStore,
                 else:
                     data["hash"] = new_head.hash.hex()
             out.append(edit_body(e, upd))
-        return rehash_from(out, 0, SHA, keys.LEDGER_ID)
-    tamper(client, keys.LEDGER_ID, fix_ledger)
+        return rehash_from(out, 0, SHA, chain)
+    chain = store.log.layout.ledger_of(w.saga_id)
+    tamper(client, chain, fix_ledger)
+    new_ledger_head = store.log.head(chain).hash.hex()
+
+    def fix_root(es: list[Entry]) -> list[Entry]:  # the root recorded the old head
+        def upd(b: dict[str, object]) -> None:
+            heads = b["data"]["heads"]  # type: ignore[index]
+            if chain in heads:
+                heads[chain][1] = new_ledger_head
+        return rehash_from([edit_body(e, upd) for e in es], 0, SHA, ROOT)
+    tamper(client, ROOT, fix_root)
     assert Verifier(store.log).verify().ok  # the documented limit of plain SHA-256
     with pytest.raises(AnchorMismatch, match="forked"):
         store.ledger.check_anchor(anchor)
@@ -185,11 +204,15 @@ def test_rollback_to_an_older_snapshot_is_caught_by_the_anchor(store: EventStore
                                                               client: redis.Redis) -> None:
     """Redis going back in time verifies on its own, but is behind the anchor."""
     committed_saga(store)
-    ledger_before = read_stream(client, keys.LEDGER_LOG)
+    every = [keys.ledger_log(c) for c in [*store.ledger.chains(), ROOT]]
+    ledger_before = {k: read_stream(client, k) for k in every}
     later = committed_saga(store)
     anchor = store.ledger.anchor()
     client.delete(keys.saga_log(later.saga_id))
-    tamper(client, keys.LEDGER_ID, lambda es: ledger_before)
+    for k, entries in ledger_before.items():  # every ledger chain as it was
+        client.delete(k)
+        if entries:
+            write_stream(client, k, entries)
     assert Verifier(store.log).verify().ok
     with pytest.raises(AnchorMismatch, match="log behind anchor"):
         store.ledger.check_anchor(anchor)
@@ -200,7 +223,7 @@ def test_signed_anchor_that_was_edited_is_refused(client: redis.Redis) -> None:
     committed_saga(store)
     anchor = store.ledger.anchor()
     assert store.ledger.check_anchor(anchor) == []
-    anchor["seq"] = 0
+    anchor["ts"] += 1
     with pytest.raises(AnchorMismatch, match="signature"):
         store.ledger.check_anchor(anchor)
 

@@ -1,0 +1,218 @@
+"""The ledger split into buckets (layout 2): each saga's entries in its bucket's
+chain, a root chain over the buckets, and stores of the layout before it that
+still verify and move over with 'saga migrate' without breaking a chain."""
+
+from __future__ import annotations
+
+import threading
+
+import orjson
+import pytest
+import redis
+from click.testing import CliRunner
+from saga_store.cli.main import cli
+
+from saga_store import keys
+from saga_store.errors import AnchorMismatch
+from saga_store.log import layout
+from saga_store.log.events import EventKind as K
+from saga_store.log.events import body_dict
+from saga_store.log.layout import LEGACY, ROOT, V1, Layout
+from saga_store.log.store import EventStore
+from saga_store.settings import Settings
+from saga_store.verify.checker import Verifier
+
+from ..helpers import LedgerKeys, committed_saga, ledger_entries
+
+pytestmark = pytest.mark.parity
+
+
+def reasons(store: EventStore) -> list[str | None]:
+    return [f.reason for f in Verifier(store.log).verify().failures]
+
+
+def old_store(client: redis.Redis) -> EventStore:
+    """A store writing as releases before buckets did: one ledger chain, no layout
+    recorded (layout 1's keys and chain id are those of that release)."""
+    store = EventStore(client)
+    store.log._layout = V1
+    return store
+
+
+def test_a_new_store_records_its_layout_and_spreads_sagas_over_the_buckets(
+        client: redis.Redis) -> None:
+    store = EventStore(client, Settings(buckets=8))
+    sagas = [committed_saga(store, steps=1).saga_id for _ in range(40)]
+    assert client.get(keys.LAYOUT) == b"2 8"
+    # another process with other settings reads what was recorded
+    assert EventStore(client, Settings(buckets=512)).log.layout == Layout(2, 8)
+    used = {store.log.layout.ledger_of(s) for s in sagas}
+    assert len(used) >= 6  # 40 sagas over 8 buckets: nearly all of them
+    for sid in sagas:
+        chain = store.log.layout.ledger_of(sid)
+        assert chain == f"ledger:{layout.Layout(2, 8).bucket_of(sid)}"
+        mine = [e["data"]["saga_id"] for e in store.log.bodies(chain)]
+        assert mine.count(sid) == 2  # its opening and its close, in its bucket only
+    assert not client.exists(keys.LEDGER_LOG)  # nothing in the chain of the old layout
+    assert Verifier(store.log).verify().ok
+
+
+def test_an_entry_pushed_onto_another_buckets_list_is_set_aside(client: redis.Redis) -> None:
+    store = EventStore(client, Settings(buckets=4))
+    store.ledger.deferred = True
+    w = committed_saga(store)
+    mine = store.log.layout.ledger_of(w.saga_id)
+    other = next(c for c in store.ledger.chains() if c not in (mine, LEGACY))
+    real = client.lrange(keys.ledger_pending(mine), 0, -1)
+    client.delete(keys.ledger_pending(mine))
+    client.rpush(keys.ledger_pending(other), *real)  # real entries, in the wrong bucket
+    assert store.ledger.seal() == 0
+    assert [why for _, why in store.ledger.rejected()] == \
+        [f"its saga's ledger chain is {mine}, not {other}"] * 2
+    assert "rejected_entry" in reasons(store)
+
+
+def test_an_entry_chained_in_another_bucket_fails_verify(client: redis.Redis) -> None:
+    store = EventStore(client, Settings(buckets=4))
+    w = committed_saga(store)
+    mine = store.log.layout.ledger_of(w.saga_id)
+    other = next(c for c in store.ledger.chains() if c not in (mine, LEGACY))
+    opening = next(e for e in store.log.bodies(mine) if e["kind"] == K.LEDGER_OPENED)
+    # a writer with the rights to chain appends a true entry to the wrong chain
+    store.log.append(other, [body_dict(other, 0, K.LEDGER_OPENED, data=opening["data"])],
+                     store.log.head(other))
+    assert reasons(store) == ["wrong_bucket"]
+    # the check runs in parallel too, with the same verdict
+    verifier = Verifier(store.log, jobs=2)
+    verifier.PARALLEL_MIN_EVENTS = 1
+    assert [f.reason for f in verifier.verify().failures] == ["wrong_bucket"]
+
+
+@pytest.mark.real_redis
+def test_a_bucket_cut_after_the_root_recorded_it_fails_verify_and_the_anchor(
+        client: redis.Redis) -> None:
+    store = EventStore(client, Settings(buckets=4))
+    w = committed_saga(store)
+    anchor = store.ledger.anchor()
+    assert anchor["chain"] == ROOT
+    assert store.ledger.check_anchor(anchor) == []
+    chain = store.log.layout.ledger_of(w.saga_id)
+    # hide the saga's end: its close out of the bucket, its last event out of its log
+    last = client.xrevrange(keys.ledger_log(chain), count=1)[0][0]
+    client.xdel(keys.ledger_log(chain), last)
+    assert reasons(store) == ["root_mismatch"]  # the root holds the bucket to its head
+    with pytest.raises(AnchorMismatch, match=f"ledger chain {chain}"):
+        store.ledger.check_anchor(anchor)
+
+
+@pytest.mark.real_redis
+def test_concurrent_writers_over_many_buckets_chain_each_entry_once(
+        client: redis.Redis) -> None:
+    """8 threads open and close 30 sagas each, sealing at once in 1,024 buckets."""
+    store = EventStore(client)
+    made: list[str] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        own = EventStore(redis.Redis(connection_pool=client.connection_pool))
+        for _ in range(30):
+            w = committed_saga(own, steps=1)
+            with lock:
+                made.append(w.saga_id)
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert store.ledger.backlog() == {}
+    chained = sorted((e["kind"], e["data"]["saga_id"]) for e in store.ledger.bodies())
+    assert chained == sorted([(K.LEDGER_OPENED, s) for s in made]
+                             + [(K.LEDGER_CLOSED, s) for s in made])
+    assert Verifier(store.log).verify().ok
+
+
+def test_a_store_of_the_old_layout_still_verifies_as_it_is(client: redis.Redis) -> None:
+    old = old_store(client)
+    w = committed_saga(old)
+    assert client.exists(keys.LEDGER_LOG)
+    assert client.get(keys.LAYOUT) is None
+    reader = EventStore(client)  # this release, on the old data
+    assert reader.log.layout == V1
+    assert Verifier(reader.log).verify().ok
+    anchor = reader.ledger.anchor()
+    assert anchor["chain"] == LEGACY
+    client.xdel(keys.saga_log(w.saga_id), client.xrevrange(keys.saga_log(w.saga_id),
+                                                           count=1)[0][0])
+    assert reasons(reader) == ["tail_cut"]
+
+
+@pytest.mark.real_redis
+def test_migrate_moves_an_old_store_to_buckets_without_breaking_a_chain(
+        client: redis.Redis, redis_url: str) -> None:
+    old = old_store(client)
+    done = committed_saga(old).saga_id
+    open_ = old.open("agent-1")  # still open when the store moves
+    before = EventStore(client).ledger.anchor()
+    env = {"SAGA_REDIS_URL": redis_url, "SAGA_HMAC_KEY": "", "SAGA_HMAC_KEY_FILE": ""}
+    dry = CliRunner().invoke(cli, ["migrate", "--dry-run", "--buckets", "16"], env=env)
+    assert dry.exit_code == 0, dry.output
+    assert "would move layout 1 1 to 2 16" in dry.output
+    assert client.get(keys.LAYOUT) is None
+    res = CliRunner().invoke(cli, ["migrate", "--buckets", "16"], env=env)
+    assert res.exit_code == 0, res.output
+    assert "migrated" in res.output
+    assert client.get(keys.LAYOUT) == b"2 16"
+    again = CliRunner().invoke(cli, ["migrate"], env=env)
+    assert again.exit_code == 0
+    assert "nothing to do" in again.output
+    new = EventStore(client)
+    assert new.log.layout == Layout(2, 16)
+    assert new.ledger.root_heads()[LEGACY][0] == 2  # the old chain's 3 entries, as left
+    # the saga opened before closes into its bucket; one more saga starts there too
+    w = new.writer(open_.saga_id)
+    w.append(K.SAGA_COMMITTED)
+    later = committed_saga(new, steps=1).saga_id
+    for sid in (open_.saga_id, later):
+        chain = new.log.layout.ledger_of(sid)
+        assert any(e["data"]["saga_id"] == sid for e in new.log.bodies(chain))
+    # a process started before the migration still writes the old way: sealed too
+    straggler = committed_saga(old_store(client), steps=1).saga_id
+    new.ledger.flush()
+    assert any(e["data"]["saga_id"] == straggler for e in new.log.bodies(LEGACY))
+    assert Verifier(new.log).verify().ok
+    code = CliRunner().invoke(cli, ["verify"], env=env)
+    assert code.exit_code == 0, code.output
+    # the anchor of before the move still holds, and a new one covers both layouts
+    assert new.ledger.check_anchor(before) == []
+    after = new.ledger.anchor()
+    assert new.ledger.check_anchor(after) == []
+    entries = {(e["kind"], e["data"]["saga_id"]) for e in ledger_entries(new.log)}
+    assert {(K.LEDGER_CLOSED, done), (K.LEDGER_CLOSED, open_.saga_id)} <= entries
+    # cutting the old chain now is caught by the root's record of it
+    client.xdel(keys.LEDGER_LOG, client.xrevrange(keys.LEDGER_LOG, count=1)[0][0])
+    assert "root_mismatch" in reasons(new)
+    with pytest.raises(AnchorMismatch):
+        new.ledger.check_anchor(after)
+
+
+def test_bad_bucket_counts_and_a_hand_edited_layout_get_clear_errors(
+        client: redis.Redis) -> None:
+    from saga_store.errors import InvalidInput
+    for bad in ("0", "x", "20000"):
+        with pytest.raises(InvalidInput, match="SAGA_BUCKETS"):
+            Settings.from_env({"SAGA_BUCKETS": bad})
+    client.set(keys.LAYOUT, "two buckets")
+    with pytest.raises(InvalidInput, match="changed by hand"):
+        _ = EventStore(client).log.layout
+    client.set(keys.LAYOUT, "3 8")
+    with pytest.raises(InvalidInput, match="upgrade"):
+        _ = EventStore(client).log.layout
+
+
+def test_one_bucket_keys_helper_names_the_single_chain(client: redis.Redis) -> None:
+    store = EventStore(client, Settings(buckets=1))
+    w = committed_saga(store)
+    at = LedgerKeys(store.log)
+    assert at.chain == "ledger:0" == store.log.layout.ledger_of(w.saga_id)
+    assert [orjson.loads(f[b"b"])["kind"] for _, f in client.xrange(at.log)] == \
+        [K.LEDGER_OPENED, K.LEDGER_CLOSED]
