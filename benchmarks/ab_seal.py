@@ -28,12 +28,15 @@ with RedisServer(appendfsync="everysec") as srv:
     c = redis.Redis.from_url(srv.url)
     st = S(c)
     st.ledger.deferred = True
-    committed_saga(st)
-    ent = c.lindex(keys.LEDGER_PENDING, -1)
+    w = committed_saga(st)
+    layout = getattr(st.log, "layout", None)  # checkouts before ledger buckets have none
+    pending = keys.ledger_pending(layout.ledger_of(w.saga_id)) if layout else \
+        keys.LEDGER_PENDING
+    ent = c.lindex(pending, -1)
     st.ledger.flush()
     p = c.pipeline(transaction=False)
     for _ in range(N):
-        p.rpush(keys.LEDGER_PENDING, ent)
+        p.rpush(pending, ent)
     p.execute()
     t = time.perf_counter()
     n = Ledger(st.log).seal()

@@ -74,6 +74,7 @@ OPEN_FLAG, CLOSE_FLAG = "lo", "lc"  # in a saga's meta: "0" while its entry is o
 SEAL_BATCH = 500
 SEAL_AT = 64  # a deferred writer whose entry makes 64, 128, ... pending seals them
 SEAL_LEASE_MS = 5000
+ROOT_HEADS = 100  # bucket heads per root entry: about 9 KB, well under a blob's size
 _KINDS = (EventKind.LEDGER_OPENED, EventKind.LEDGER_CLOSED)
 OPEN_FIELDS = frozenset({"saga_id", "agent_id", "first"})
 CLOSE_FIELDS = frozenset({"saga_id", "state", "seq", "hash"})
@@ -93,6 +94,7 @@ class Ledger:
         self.log = log
         self.deferred = deferred
         self.may_seal = True  # False once Redis said this user may not (an agent user)
+        self._root: tuple[dict[str, list[Any]], Head] = ({}, EMPTY)  # see _root_fold
 
     # -- writing: push an entry, seal unless deferred ---------------------------
 
@@ -359,30 +361,47 @@ class Ledger:
 
     def root_heads(self) -> dict[str, tuple[int, str]]:
         """The heads the root chain records, the latest of each ledger chain."""
-        heads: dict[str, tuple[int, str]] = {}
-        for body in self.log.bodies(ROOT):
-            for chain, (seq, h) in (body.get("data") or {}).get("heads", {}).items():
-                heads[chain] = (int(seq), str(h))
-        return heads
+        known, _ = self._root_fold()
+        return {c: (int(seq), str(h)) for c, (seq, h) in known.items()}
+
+    def _root_fold(self) -> tuple[dict[str, list[Any]], Head]:
+        """What the root records (each chain's latest head) and the root's head, read
+        on from where this process last read it (the root only grows; a root that
+        no longer holds the head read last, gone back or rewritten, is read whole)."""
+        known, head = self._root
+        if head.seq >= 0:
+            eid = keys.entry_id(head.seq)
+            at = command(self.log.raw, "XRANGE", keys.ledger_log(ROOT), eid, eid)
+            if not at or body_and_hash(at[0][1])[1] != head.hash:
+                known, head = {}, EMPTY
+        known = dict(known)
+        for rows in self.log.pages(ROOT, head.seq + 1):
+            for eid, fields in rows:
+                body, h = body_and_hash(fields)
+                known.update((orjson.loads(body).get("data") or {}).get("heads", {}))
+                head = Head(keys.seq_of_entry_id(eid), h)
+        self._root = (known, head)
+        return known, head
 
     def record_root(self) -> Head:
         """Append to the root chain the heads of the ledger chains that moved since
         it last recorded them (nothing if none did); returns the root's head. Of a
-        store of layout 1 there is no root: returns the one chain's head."""
+        store of layout 1 there is no root: returns the one chain's head. The heads
+        go ROOT_HEADS to an entry, several entries in one append, so no entry is
+        large enough to be stored aside as a blob (in another slot)."""
         if self.log.layout.version < 2:
             return self.log.head(LEGACY)
         for _ in range(MAX_CAS_ROUNDS):
-            bodies, root = self.log.bodies_and_head(ROOT)
-            known: dict[str, list[Any]] = {}
-            for body in bodies:
-                known.update((body.get("data") or {}).get("heads", {}))
-            moved = {c: [h.seq, h.hash.hex()] for c, h in self.heads().items()
-                     if known.get(c) != [h.seq, h.hash.hex()]}
+            known, root = self._root_fold()
+            moved = sorted((c, [h.seq, h.hash.hex()]) for c, h in self.heads().items()
+                           if known.get(c) != [h.seq, h.hash.hex()])
             if not moved:
                 return root
-            entry = body_dict(ROOT, 0, EventKind.LEDGER_HEADS, data={"heads": moved})
+            entries = [body_dict(ROOT, 0, EventKind.LEDGER_HEADS,
+                                 data={"heads": dict(moved[i:i + ROOT_HEADS])})
+                       for i in range(0, len(moved), ROOT_HEADS)]
             try:
-                return self.log.append(ROOT, [entry], root)
+                return self.log.append(ROOT, entries, root)
             except ConflictError:
                 continue  # another recorder: fold again
         raise StoreUnavailable("the root chain kept moving; is something rewriting it?")

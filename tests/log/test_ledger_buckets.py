@@ -216,3 +216,21 @@ def test_one_bucket_keys_helper_names_the_single_chain(client: redis.Redis) -> N
     assert at.chain == "ledger:0" == store.log.layout.ledger_of(w.saga_id)
     assert [orjson.loads(f[b"b"])["kind"] for _, f in client.xrange(at.log)] == \
         [K.LEDGER_OPENED, K.LEDGER_CLOSED]
+
+
+def test_the_root_records_many_buckets_in_entries_small_enough_to_stay_inline(
+        client: redis.Redis) -> None:
+    """Heads of hundreds of buckets go a hundred to an entry: an entry stored aside
+    as a blob would live in another slot and hide its heads from the checks."""
+    store = EventStore(client, Settings(buckets=300))
+    for _ in range(400):
+        store.open("agent-1")
+    store.ledger.anchor()
+    bodies = store.log.bodies(ROOT)
+    assert len(bodies) >= 2
+    assert all(0 < len(b["data"]["heads"]) <= 100 for b in bodies)
+    assert len(store.ledger.root_heads()) == len(store.ledger.present())
+    assert store.ledger.record_root() == store.log.head(ROOT)  # nothing moved: no entry
+    store.open("agent-1")
+    assert store.ledger.record_root().seq == len(bodies)  # one bucket moved: one entry
+    assert Verifier(store.log).verify().ok
