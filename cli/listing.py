@@ -176,10 +176,17 @@ def _follow(store: EventStore, filters: Filters, limit: int, shown: list[Row],
     changes, until Ctrl-C. Woken by the ledger (XREAD BLOCK) or after a second; the
     page is read again only when the cached projections or the ledger moved."""
     seen = {r.saga_id: (r.state, r.events) for r in shown}
+
+    def show_moved() -> None:
+        for r in reversed(list(rows(store, filters, limit))):
+            if seen.get(r.saga_id) != (r.state, r.events):
+                seen[r.saga_id] = (r.state, r.events)
+                show(r)
     bucketed = store.log.layout.version >= 2  # many ledger chains: look each second
     head = store.log.head(keys.LEDGER_ID).seq
     last = _pulse(store, list(seen))
     try:
+        show_moved()  # what moved between the listing and the first pulse
         while True:
             if bucketed:
                 time.sleep(1.0)
@@ -192,10 +199,7 @@ def _follow(store: EventStore, filters: Filters, limit: int, shown: list[Row],
             if now == last and not woke:
                 continue
             last = now
-            for r in reversed(list(rows(store, filters, limit))):
-                if seen.get(r.saga_id) != (r.state, r.events):
-                    seen[r.saga_id] = (r.state, r.events)
-                    show(r)
+            show_moved()
     except KeyboardInterrupt:
         return
 
