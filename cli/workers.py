@@ -12,7 +12,6 @@ from typing import Any
 import click
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from saga_store.client.api import SagaStore
 from saga_store.errors import InvalidInput, StepPending
 from saga_store.execution import jobs
 from saga_store.ids import check_saga_id
@@ -118,7 +117,10 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool, use_async:
         # a worker outlives any outage: it backs off (capped, jittered) and carries on
         from saga_store.ops.connection import set_retry_window
         set_retry_window(store.redis, None)
-        worker_class = configured(tools, ctx.settings)
+        rq_redis = ctx.queues()  # RQ's connection; the log's too unless that is elsewhere
+        set_retry_window(rq_redis, None)
+        worker_class = configured(tools, ctx.settings,
+                                  log_url=None if rq_redis is store.redis else ctx.log_url)
         if use_async:
             from saga_store.workers import aio
             worker_class = aio.configured(worker_class, concurrency or aio.DEFAULT_CONCURRENCY)
@@ -129,12 +131,12 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool, use_async:
                           check_s=ctx.settings.durability_check_s)
         if n == 1:
             from rq.queue import Queue
-            w = worker_class([Queue(q, connection=store.redis) for q in names],
-                             connection=store.redis)
+            w = worker_class([Queue(q, connection=rq_redis) for q in names],
+                             connection=rq_redis)
             w.work(burst=burst, logging_level=log_level)
             return
         from rq.worker_pool import WorkerPool
-        pool = WorkerPool(names, connection=store.redis, num_workers=n,
+        pool = WorkerPool(names, connection=rq_redis, num_workers=n,
                           worker_class=worker_class)
         pool.start(burst=burst, logging_level=log_level)
 
@@ -216,7 +218,7 @@ def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeou
     with errors_to_exit():
         plan = _read_plan(plan_file, ctx.settings.max_depth)
         registry = Registry.from_modules(*tools)  # a broken module: before Redis is asked
-        store = SagaStore(ctx.store().redis, registry, ctx.settings)
+        store = ctx.saga_store(registry)
         sid = store.submit([s.model_dump() for s in plan.steps], agent_id=plan.agent_id,
                            conversation_id=plan.conversation_id)
         if not wait:
@@ -299,7 +301,7 @@ def resume(ctx: Context, saga_id: str) -> None:
     """Retry the unwind of a stuck saga after fixing its cause."""
     with errors_to_exit():
         check_saga_id(saga_id)
-        store = SagaStore(ctx.store().redis, Registry(), ctx.settings)
+        store = ctx.saga_store(Registry())
         if not store.resume(saga_id):
             click.echo(f"error: saga {saga_id} is {store.state(saga_id).status}, not stuck",
                        err=True)
@@ -320,7 +322,7 @@ def resolve(ctx: Context, saga_id: str, step: int, by: str | None, note: str) ->
     """Record that a person undid a stuck step by hand; the unwind then goes on and
     the saga ends needing attention (acknowledge it with 'saga attention --ack')."""
     with errors_to_exit():
-        store = SagaStore(ctx.store().redis, Registry(), ctx.settings)
+        store = ctx.saga_store(Registry())
         who = operator(by)
         store.resolve(saga_id, step, by=who, note=note)
         click.echo(f"saga {saga_id}: step {step} settled by {who}; the unwind goes on")
@@ -334,7 +336,7 @@ def abort(ctx: Context, saga_id: str, reason: str) -> None:
     """Stop a saga going forward and compensate what it did."""
     with errors_to_exit():
         check_saga_id(saga_id)
-        store = SagaStore(ctx.store().redis, Registry(), ctx.settings)
+        store = ctx.saga_store(Registry())
         if not store.abort(saga_id, reason):
             click.echo(f"error: saga {saga_id} is not going forward "
                        f"({store.state(saga_id).status})", err=True)
