@@ -254,8 +254,8 @@ def connections_for(concurrency: int) -> int:
 
 
 def configured(base: type[StepWorker], concurrency: int) -> type[AsyncWorker]:
-    """An AsyncWorker class with the tools and settings of ``base`` (a class from
+    """An AsyncWorker class with the tools, settings and log of ``base`` (a class from
     :func:`workers.worker.configured`), running up to ``concurrency`` jobs."""
     return type("AsyncWorker", (AsyncWorker,), {
         "tools_modules": base.tools_modules, "settings": base.settings,
-        "concurrency": concurrency, "__module__": __name__})
+        "log_url": base.log_url, "concurrency": concurrency, "__module__": __name__})

@@ -91,6 +91,16 @@ class ClusterClient(RedisCluster):
         run = super()._internal_execute_command  # what RedisCluster.execute_command calls
         return self.outage.call_with_retry(lambda: run(*args, **kwargs), lambda *_: None)  # type: ignore[no-untyped-call]
 
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        """A non-transactional pipeline is the lean one, a batch per node (see
+        :mod:`saga_store.log.node_pipeline`): scripts in it go as EVAL, and it
+        follows redirects command by command. A transaction is redis-py's own (one
+        slot only)."""
+        if transaction:
+            return super().pipeline(transaction, shard_hint)  # type: ignore[no-untyped-call]
+        from saga_store.log.node_pipeline import NodePipeline
+        return NodePipeline(self)
+
     def set_retry(self, retry: Retry) -> None:
         """An :class:`OutageRetry` sets how long outages are ridden out; any other
         retry is redis-py's own per-command policy."""

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from saga_store.errors import StoreUnavailable
 from saga_store.ops.backoff import OutageRetry
@@ -53,7 +54,7 @@ def connect(url: str, *, check: bool = True, timeout_s: float = 5.0,
                                           health_check_interval=30, retry=OutageRetry(0))
         if check:
             client.ping()
-    except redis.RedisError as exc:
+    except (redis.RedisError, RedisClusterException) as exc:
         raise StoreUnavailable(
             f"cannot reach Redis at {redact(url)}: {exc}; check {what} and the server"
         ) from exc

@@ -451,8 +451,9 @@ class Verifier:
                              "sweeper rebuilds it from the log")
 
     def _check_many(self, ids: list[str], progress: Progress | None) -> list[ChainReport]:
-        kwargs = getattr(self.log.redis.connection_pool, "connection_kwargs", {})
-        if self.jobs < 2 or len(ids) < 2 * self.jobs or "server" in kwargs:  # not embedded
+        pool = getattr(self.log.redis, "connection_pool", None)  # None: a cluster's nodes
+        kwargs = getattr(pool, "connection_kwargs", {})
+        if self.jobs < 2 or len(ids) < 2 * self.jobs or "server" in kwargs or pool is None:
             return [self.check(sid, progress) for sid in ids]
         pipe = self.log.redis.pipeline(transaction=False)
         for sid in ids:

@@ -62,7 +62,7 @@ def test_a_cluster_needs_a_queue_url_of_a_standalone_redis() -> None:
     """RQ cannot run on a cluster: the error names SAGA_QUEUE_URL and what to give it."""
     with pytest.raises(StoreUnavailable, match="set SAGA_QUEUE_URL"):
         queue_url("redis+cluster://h:1", "")
-    with pytest.raises(StoreUnavailable, match="needs a standalone Redis"):
+    with pytest.raises(StoreUnavailable, match="need a standalone Redis"):
         queue_url("redis://h:1/0", "redis+cluster://h:2")
     assert queue_url("redis://h:1/0", "") == "redis://h:1/0"
     assert queue_url("redis+cluster://h:1", "redis://q:2/0") == "redis://q:2/0"
