@@ -128,7 +128,7 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool, use_async:
         logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(message)s")
         if metrics_port is not None:
             serve_metrics(store.redis, metrics_port, metrics_host, multiprocess=True,
-                          check_s=ctx.settings.durability_check_s)
+                          check_s=ctx.settings.durability_check_s, rq_redis=rq_redis)
         if n == 1:
             from rq.queue import Queue
             w = worker_class([Queue(q, connection=rq_redis) for q in names],
@@ -142,7 +142,7 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool, use_async:
 
 
 def serve_metrics(client: Any, port: int, host: str, *, multiprocess: bool,
-                  check_s: float) -> None:
+                  check_s: float, rq_redis: Any = None) -> None:
     """Serve /metrics in a background thread: the Redis gauges, plus every worker
     process's counters when ``multiprocess``. Durability is re-read every
     ``check_s`` seconds; the exporter logs its changes only when it runs alone
@@ -153,6 +153,7 @@ def serve_metrics(client: Any, port: int, host: str, *, multiprocess: bool,
     from saga_store.ops.durability import DurabilityWatch
     from saga_store.ops.metrics import RedisCollector
     client = fail_fast(client)  # a scrape answers now, also while Redis is down
+    rq_redis = client if rq_redis is None else fail_fast(rq_redis)
     registry = CollectorRegistry()
     if multiprocess:
         from prometheus_client import multiprocess as mp
@@ -160,7 +161,7 @@ def serve_metrics(client: Any, port: int, host: str, *, multiprocess: bool,
         mp.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     log = None if multiprocess else logging.getLogger("saga_store.metrics")
     watch = DurabilityWatch(client, check_s, log)
-    registry.register(RedisCollector(client, durability=watch))
+    registry.register(RedisCollector(client, durability=watch, rq_redis=rq_redis))
     start_http_server(port, addr=host, registry=registry)
 
 
@@ -178,12 +179,12 @@ def metrics(ctx: Context, port: int, host: str, once: bool) -> None:
 
             from saga_store.ops.metrics import RedisCollector
             registry = CollectorRegistry()
-            registry.register(RedisCollector(store.redis))
+            registry.register(RedisCollector(store.redis, rq_redis=ctx.queues()))
             click.echo(generate_latest(registry).decode(), nl=False)
             return
         logging.basicConfig(level="INFO", format="%(asctime)s %(name)s %(message)s")
         serve_metrics(store.redis, port, host, multiprocess=False,
-                      check_s=ctx.settings.durability_check_s)
+                      check_s=ctx.settings.durability_check_s, rq_redis=ctx.queues())
         click.echo(f"serving /metrics on http://{host}:{port}/metrics", err=True)
         import threading
         threading.Event().wait()

@@ -165,3 +165,19 @@ def test_group_commit_and_fail_fast_on_a_cluster(servers: RedisClusterServers,
     quick = fail_fast(client)
     assert quick.ping()
     quick.close()
+
+
+def test_the_queue_gauges_read_the_queues_redis(servers: RedisClusterServers,
+                                                client: redis.Redis,
+                                                queues: redis.Redis) -> None:
+    """Queue depth comes from RQ's own Redis, not the cluster (which holds no queue)."""
+    from prometheus_client import CollectorRegistry
+
+    from saga_store.execution import jobs
+    from saga_store.execution.enqueue import enqueue_step
+    from saga_store.ops.metrics import RedisCollector
+    enqueue_step(queues, jobs.STEP_QUEUE, "a-1", 0, 1, "k" * 16)
+    registry = CollectorRegistry()
+    registry.register(RedisCollector(client, rq_redis=queues))
+    assert registry.get_sample_value("saga_queue_depth", {"queue": jobs.STEP_QUEUE}) == 1
+    assert registry.get_sample_value("saga_redis_up") == 1
