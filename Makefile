@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real test-parity lint typecheck bench bench-peers chaos clean \
+.PHONY: demo test test-real test-parity test-cluster lint typecheck bench bench-peers chaos clean \
 	example-openai-agents example-pydantic-ai example-langgraph example-anthropic
 
 $(STAMP): pyproject.toml
@@ -32,9 +32,16 @@ example-langgraph: $(STAMP)
 example-anthropic: $(STAMP)
 	$(BIN)/python -m examples.anthropic_shop
 
+# three runs: everything on one Redis; the log tests on the embedded store; the
+# tests marked cluster with the log on a private six-node Redis Cluster and RQ's
+# queues on a standalone Redis (about a minute)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -rfs -p no:cacheprovider
 	SAGA_TEST_BACKEND=fakeredis $(BIN)/python -m pytest -q -rfs -p no:cacheprovider -m parity
+	SAGA_TEST_BACKEND=cluster $(BIN)/python -m pytest -q -rfs -p no:cacheprovider -m cluster
+
+test-cluster: $(STAMP)
+	SAGA_TEST_BACKEND=cluster $(BIN)/python -m pytest -q -rfs -p no:cacheprovider -m cluster
 
 lint: $(STAMP)
 	$(BIN)/ruff check saga_store workers cli tests benchmarks examples

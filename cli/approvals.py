@@ -18,7 +18,7 @@ from .common import Context, emit_json, errors_to_exit, operator, pass_ctx
 
 
 def _store(ctx: Context) -> SagaStore:
-    return SagaStore(ctx.store().redis, Registry(), ctx.settings)
+    return ctx.saga_store(Registry())
 
 
 def describe(p: dict[str, Any]) -> str:

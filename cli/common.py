@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 import orjson
@@ -19,8 +19,12 @@ import redis
 
 from saga_store.errors import CannotVerify, InvalidInput, SagaError, StoreUnavailable
 from saga_store.log.store import EventStore
-from saga_store.ops.connection import connect, connect_or_embedded
+from saga_store.ops.connection import DEFAULT_URL, connect, connect_or_embedded, connect_queue
 from saga_store.settings import Settings
+
+if TYPE_CHECKING:
+    from saga_store.client.api import SagaStore
+    from saga_store.tools.registry import Registry
 
 EXIT_OK, EXIT_INTEGRITY, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
@@ -30,13 +34,32 @@ class Context:
     redis_url: str | None
     settings: Settings
     _store: EventStore | None = field(default=None, repr=False)
+    queue_url: str | None = None
+    _queues: redis.Redis | None = field(default=None, repr=False)
+
+    @property
+    def log_url(self) -> str:
+        return self.redis_url or DEFAULT_URL
 
     def store(self) -> EventStore:
         """A store on ``--redis-url`` (default address when unset); never embedded."""
         if self._store is None:
-            url = self.redis_url or "redis://127.0.0.1:6379/0"
-            self._store = EventStore(connect(url), self.settings)
+            self._store = EventStore(connect(self.log_url), self.settings)
         return self._store
+
+    def queues(self) -> redis.Redis:
+        """RQ's queues: ``--queue-url`` (``SAGA_QUEUE_URL``), else the log's Redis
+        (the same client); required when the log is on a Redis Cluster."""
+        if self._queues is None:
+            self._queues = connect_queue(self.store().redis, self.log_url,
+                                         self.queue_url or "")
+        return self._queues
+
+    def saga_store(self, registry: Registry, **kwargs: Any) -> SagaStore:
+        """A :class:`SagaStore` on the log and the queues."""
+        from saga_store.client.api import SagaStore
+        return SagaStore(self.store().redis, registry, self.settings, queues=self.queues(),
+                         **kwargs)
 
     def store_or_embedded(self) -> tuple[EventStore, bool]:
         client, is_embedded = connect_or_embedded(self.redis_url)

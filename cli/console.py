@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from saga_store import InvalidInput, Registry, SagaStore
+from saga_store import InvalidInput, Registry
 
 from .common import Context, errors_to_exit, operator, pass_ctx
 
@@ -47,7 +47,7 @@ def console(ctx: Context, host: str, port: int, by: str | None,
         config = ConsoleConfig.from_env(host, port, operator(by))
         if anchor_file:
             config = dataclasses.replace(config, anchor_file=anchor_file)
-        store = SagaStore(ctx.store().redis, Registry(), ctx.settings)
+        store = ctx.saga_store(Registry())
         app = create_app(store, config)
         auth = ("a token" if config.tokens else
                 f"the {config.user_header} header" if config.user_header else

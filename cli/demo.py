@@ -53,14 +53,17 @@ def demo(ctx: Context, n: int) -> None:
     if ctx.redis_url and not os.environ.get("SAGA_NAMESPACE"):
         # on a real Redis, the demo keeps to a namespace of its own, so its sagas,
         # ledger and queues never mix with a deployment's (keys are named at import)
-        args = ["--redis-url", ctx.redis_url, "demo", "--workers", str(n)]
+        args = ["--redis-url", ctx.redis_url,
+                *(["--queue-url", ctx.queue_url] if ctx.queue_url else []),
+                "demo", "--workers", str(n)]
         done = subprocess.run([sys.executable, "-m", "saga_store.cli.main", *args],  # noqa: S603
                               env={**os.environ, "SAGA_NAMESPACE": DEMO_NAMESPACE}, check=False)
         sys.exit(done.returncode)
     with errors_to_exit():
         began = time.monotonic()
         base, embedded = ctx.store_or_embedded()
-        store = SagaStore(base.redis, Registry.from_modules(TOOLS), ctx.settings)
+        store = SagaStore(base.redis, Registry.from_modules(TOOLS), ctx.settings,
+                          queues=None if embedded else ctx.queues())
         procs = [] if embedded else _start_workers(ctx, n)
         try:
             click.echo(f"Saga Store demo on the {'embedded store' if embedded else 'Redis'}"
@@ -83,7 +86,8 @@ def demo(ctx: Context, n: int) -> None:
 
 def _start_workers(ctx: Context, n: int) -> list[subprocess.Popen[bytes]]:
     """Worker processes, each in a process group of its own (with the job it forks)."""
-    env = {**os.environ, "SAGA_REDIS_URL": ctx.redis_url or "redis://127.0.0.1:6379/0"}
+    env = {**os.environ, "SAGA_REDIS_URL": ctx.redis_url or "redis://127.0.0.1:6379/0",
+           **({"SAGA_QUEUE_URL": ctx.queue_url} if ctx.queue_url else {})}
     cmd = [sys.executable, "-m", "saga_store.cli.main", "worker", "--tools", TOOLS,
            "--log-level", "WARNING"]
     return [subprocess.Popen(cmd, env=env, start_new_session=True,  # noqa: S603  # our argv

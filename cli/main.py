@@ -26,12 +26,17 @@ from .common import Context, errors_to_exit
 @click.group(context_settings={"auto_envvar_prefix": "SAGA", "help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="saga-store", prog_name="saga")
 @click.option("--redis-url", envvar="SAGA_REDIS_URL", default=None, metavar="URL",
-              help="Redis to use (redis://, rediss://, unix://).")
+              help="Redis for the log (redis://, rediss://, unix://; "
+                   "redis+cluster://host:port[,host:port...] for a Redis Cluster).")
+@click.option("--queue-url", envvar="SAGA_QUEUE_URL", default=None, metavar="URL",
+              help="Redis for RQ's queues (redis://, rediss://, unix://; default: the "
+                   "log's Redis; required when the log is on a cluster).")
 @click.option("--hmac-key-file", envvar="SAGA_HMAC_KEY_FILE", default=None, metavar="FILE",
               help="Chain with HMAC-SHA256 using this key (kept outside Redis); "
                    "SAGA_HMAC_KEY holds the key itself.")
 @click.pass_context
-def cli(ctx: click.Context, redis_url: str | None, hmac_key_file: str | None) -> None:
+def cli(ctx: click.Context, redis_url: str | None, queue_url: str | None,
+        hmac_key_file: str | None) -> None:
     """Durable, verifiable sagas for AI agent tool calls."""
     with errors_to_exit():
         import os
@@ -40,7 +45,7 @@ def cli(ctx: click.Context, redis_url: str | None, hmac_key_file: str | None) ->
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.insert(0, os.getcwd())
         key = load_key(os.environ.get("SAGA_HMAC_KEY"), hmac_key_file)
-        ctx.obj = Context(redis_url, Settings.from_env(hmac_key=key))
+        ctx.obj = Context(redis_url, Settings.from_env(hmac_key=key), queue_url=queue_url)
 
 
 for module in (acl, approvals, attention, console, demo, fleet, inspect, listing, mcp_guard,

@@ -81,7 +81,7 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
         from saga_store.mcp.gateway import gateway_id
         policy = Policy.load(policy_file) if policy_file else Policy.safe()
         tools_map = load_tools_map(tools_map_file) if tools_map_file else {}
-        store = SagaStore(ctx.store().redis, Registry(), ctx.settings, policy=policy)
+        store = ctx.saga_store(Registry(), policy=policy)
         from saga_store.mcp.downstream import downstream_env
         # what the server is started in: the same command elsewhere reaches other data
         gid = gateway_id(list(command) or None, url, gateway_name, cwd=os.getcwd(),

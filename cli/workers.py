@@ -12,7 +12,6 @@ from typing import Any
 import click
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from saga_store.client.api import SagaStore
 from saga_store.errors import InvalidInput, StepPending
 from saga_store.execution import jobs
 from saga_store.ids import check_saga_id
@@ -118,7 +117,10 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool, use_async:
         # a worker outlives any outage: it backs off (capped, jittered) and carries on
         from saga_store.ops.connection import set_retry_window
         set_retry_window(store.redis, None)
-        worker_class = configured(tools, ctx.settings)
+        rq_redis = ctx.queues()  # RQ's connection; the log's too unless that is elsewhere
+        set_retry_window(rq_redis, None)
+        worker_class = configured(tools, ctx.settings,
+                                  log_url=None if rq_redis is store.redis else ctx.log_url)
         if use_async:
             from saga_store.workers import aio
             worker_class = aio.configured(worker_class, concurrency or aio.DEFAULT_CONCURRENCY)
@@ -126,21 +128,21 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool, use_async:
         logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(message)s")
         if metrics_port is not None:
             serve_metrics(store.redis, metrics_port, metrics_host, multiprocess=True,
-                          check_s=ctx.settings.durability_check_s)
+                          check_s=ctx.settings.durability_check_s, rq_redis=rq_redis)
         if n == 1:
             from rq.queue import Queue
-            w = worker_class([Queue(q, connection=store.redis) for q in names],
-                             connection=store.redis)
+            w = worker_class([Queue(q, connection=rq_redis) for q in names],
+                             connection=rq_redis)
             w.work(burst=burst, logging_level=log_level)
             return
         from rq.worker_pool import WorkerPool
-        pool = WorkerPool(names, connection=store.redis, num_workers=n,
+        pool = WorkerPool(names, connection=rq_redis, num_workers=n,
                           worker_class=worker_class)
         pool.start(burst=burst, logging_level=log_level)
 
 
 def serve_metrics(client: Any, port: int, host: str, *, multiprocess: bool,
-                  check_s: float) -> None:
+                  check_s: float, rq_redis: Any = None) -> None:
     """Serve /metrics in a background thread: the Redis gauges, plus every worker
     process's counters when ``multiprocess``. Durability is re-read every
     ``check_s`` seconds; the exporter logs its changes only when it runs alone
@@ -151,6 +153,7 @@ def serve_metrics(client: Any, port: int, host: str, *, multiprocess: bool,
     from saga_store.ops.durability import DurabilityWatch
     from saga_store.ops.metrics import RedisCollector
     client = fail_fast(client)  # a scrape answers now, also while Redis is down
+    rq_redis = client if rq_redis is None else fail_fast(rq_redis)
     registry = CollectorRegistry()
     if multiprocess:
         from prometheus_client import multiprocess as mp
@@ -158,7 +161,7 @@ def serve_metrics(client: Any, port: int, host: str, *, multiprocess: bool,
         mp.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     log = None if multiprocess else logging.getLogger("saga_store.metrics")
     watch = DurabilityWatch(client, check_s, log)
-    registry.register(RedisCollector(client, durability=watch))
+    registry.register(RedisCollector(client, durability=watch, rq_redis=rq_redis))
     start_http_server(port, addr=host, registry=registry)
 
 
@@ -176,12 +179,12 @@ def metrics(ctx: Context, port: int, host: str, once: bool) -> None:
 
             from saga_store.ops.metrics import RedisCollector
             registry = CollectorRegistry()
-            registry.register(RedisCollector(store.redis))
+            registry.register(RedisCollector(store.redis, rq_redis=ctx.queues()))
             click.echo(generate_latest(registry).decode(), nl=False)
             return
         logging.basicConfig(level="INFO", format="%(asctime)s %(name)s %(message)s")
         serve_metrics(store.redis, port, host, multiprocess=False,
-                      check_s=ctx.settings.durability_check_s)
+                      check_s=ctx.settings.durability_check_s, rq_redis=ctx.queues())
         click.echo(f"serving /metrics on http://{host}:{port}/metrics", err=True)
         import threading
         threading.Event().wait()
@@ -216,7 +219,7 @@ def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeou
     with errors_to_exit():
         plan = _read_plan(plan_file, ctx.settings.max_depth)
         registry = Registry.from_modules(*tools)  # a broken module: before Redis is asked
-        store = SagaStore(ctx.store().redis, registry, ctx.settings)
+        store = ctx.saga_store(registry)
         sid = store.submit([s.model_dump() for s in plan.steps], agent_id=plan.agent_id,
                            conversation_id=plan.conversation_id)
         if not wait:
@@ -299,7 +302,7 @@ def resume(ctx: Context, saga_id: str) -> None:
     """Retry the unwind of a stuck saga after fixing its cause."""
     with errors_to_exit():
         check_saga_id(saga_id)
-        store = SagaStore(ctx.store().redis, Registry(), ctx.settings)
+        store = ctx.saga_store(Registry())
         if not store.resume(saga_id):
             click.echo(f"error: saga {saga_id} is {store.state(saga_id).status}, not stuck",
                        err=True)
@@ -320,7 +323,7 @@ def resolve(ctx: Context, saga_id: str, step: int, by: str | None, note: str) ->
     """Record that a person undid a stuck step by hand; the unwind then goes on and
     the saga ends needing attention (acknowledge it with 'saga attention --ack')."""
     with errors_to_exit():
-        store = SagaStore(ctx.store().redis, Registry(), ctx.settings)
+        store = ctx.saga_store(Registry())
         who = operator(by)
         store.resolve(saga_id, step, by=who, note=note)
         click.echo(f"saga {saga_id}: step {step} settled by {who}; the unwind goes on")
@@ -334,7 +337,7 @@ def abort(ctx: Context, saga_id: str, reason: str) -> None:
     """Stop a saga going forward and compensate what it did."""
     with errors_to_exit():
         check_saga_id(saga_id)
-        store = SagaStore(ctx.store().redis, Registry(), ctx.settings)
+        store = ctx.saga_store(Registry())
         if not store.abort(saga_id, reason):
             click.echo(f"error: saga {saga_id} is not going forward "
                        f"({store.state(saga_id).status})", err=True)

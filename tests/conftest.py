@@ -1,6 +1,8 @@
 """Fixtures: a private redis-server for the whole run (never the machine's own
 Redis), flushed before each test; or, with SAGA_TEST_BACKEND=fakeredis, a
-fresh embedded store per test for the parity run of the log tests."""
+fresh embedded store per test for the parity run of the log tests; or, with
+SAGA_TEST_BACKEND=cluster, a private six-node Redis Cluster holding the log and
+a standalone Redis holding RQ's queues, for the tests marked ``cluster``."""
 
 from __future__ import annotations
 
@@ -13,12 +15,30 @@ import redis
 
 from saga_store import Registry, SagaStore
 from saga_store.log.store import EventStore
-from saga_store.ops.connection import embedded
+from saga_store.ops.connection import connect, embedded
 from saga_store.settings import Settings
-from saga_store.testing import RedisServer
+from saga_store.testing import RedisServer, slots
+from saga_store.testing.cluster import RedisClusterServers
 from saga_store.testing.workers import KIND_VAR, KINDS
 
 FAKE = os.environ.get("SAGA_TEST_BACKEND") == "fakeredis"
+CLUSTER = os.environ.get("SAGA_TEST_BACKEND") == "cluster"
+
+
+SLOT_LOG = slots.install_from_env()  # SAGA_TEST_SLOT_LOG: no script or MULTI across slots
+
+
+@pytest.fixture(autouse=True)
+def _one_slot_each() -> Iterator[None]:
+    """With ``SAGA_TEST_SLOT_LOG`` set: fail a test that ran a script or a
+    transaction (here or in its workers) whose keys span hash slots."""
+    if SLOT_LOG is None:
+        yield
+        return
+    before = len(SLOT_LOG.violations())
+    yield
+    found = SLOT_LOG.violations()[before:]
+    assert not found, "keys of one script or transaction span slots:\n" + "\n".join(found)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -27,31 +47,52 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "real_redis" in item.keywords:
                 item.add_marker(skip)
+    if CLUSTER:
+        skip = pytest.mark.skip(reason="runs on a standalone Redis only (not marked cluster)")
+        for item in items:
+            if "cluster" not in item.keywords:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer | None]:
+def redis_server() -> Iterator[RedisServer | RedisClusterServers | None]:
     if FAKE:
         yield None
         return
-    with RedisServer() as srv:
+    with (RedisClusterServers() if CLUSTER else RedisServer()) as srv:
         yield srv
 
 
 @pytest.fixture
-def redis_url(redis_server: RedisServer | None) -> str:
+def redis_url(redis_server: RedisServer | RedisClusterServers | None) -> str:
     if redis_server is None:
         pytest.skip("needs a real redis-server")
     return redis_server.url
 
 
 @pytest.fixture
-def client(redis_server: RedisServer | None) -> Iterator[redis.Redis]:
+def client(redis_server: RedisServer | RedisClusterServers | None) -> Iterator[redis.Redis]:
+    """The log's client: on a cluster, every master (and the queues) flushed first."""
     if redis_server is None:
         c = embedded()
+    elif isinstance(redis_server, RedisClusterServers):
+        redis_server.flush()
+        c = connect(redis_server.url)
     else:
         c = redis.Redis.from_url(redis_server.url)
         c.flushdb()
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def queues(redis_server: RedisServer | RedisClusterServers | None,
+           client: redis.Redis) -> Iterator[redis.Redis]:
+    """The client of RQ's queues: the log's own, but on a cluster its own Redis."""
+    if not isinstance(redis_server, RedisClusterServers):
+        yield client
+        return
+    c = redis.Redis.from_url(redis_server.queue_url)
     yield c
     c.close()
 
@@ -75,18 +116,25 @@ def ledger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @pytest.fixture
-def worker_env(redis_url: str, ledger: Path) -> dict[str, str]:
+def worker_env(redis_url: str, ledger: Path,
+               redis_server: RedisServer | RedisClusterServers | None) -> dict[str, str]:
     """Environment for worker processes: this test's Redis and ledger, short leases."""
     root = str(Path(__file__).resolve().parent.parent)
-    return {**os.environ, "SAGA_REDIS_URL": redis_url, "SAGA_TEST_LEDGER": str(ledger),
-            "SAGA_LEASE_MS": "1000", "PYTHONPATH": root, "SAGA_HMAC_KEY": "",
-            "SAGA_HMAC_KEY_FILE": ""}
+    env = {**os.environ, "SAGA_REDIS_URL": redis_url, "SAGA_TEST_LEDGER": str(ledger),
+           "SAGA_LEASE_MS": "1000", "PYTHONPATH": root, "SAGA_HMAC_KEY": "",
+           "SAGA_HMAC_KEY_FILE": ""}
+    env.pop("SAGA_QUEUE_URL", None)
+    if SLOT_LOG is not None:  # the workers check their scripts and transactions too
+        env["PYTHONPATH"] = f"{Path(__file__).resolve().parent / 'slotcheck'}:{root}"
+    if isinstance(redis_server, RedisClusterServers):
+        env["SAGA_QUEUE_URL"] = redis_server.queue_url
+    return env
 
 
 @pytest.fixture
-def saga_store(client: redis.Redis) -> SagaStore:
+def saga_store(client: redis.Redis, queues: redis.Redis) -> SagaStore:
     return SagaStore(client, Registry.from_modules("tests.ledger_tools"),
-                     Settings(lease_ms=1000))
+                     Settings(lease_ms=1000), queues=queues)
 
 
 @pytest.fixture(params=KINDS)

@@ -68,12 +68,17 @@ class AsyncWorker(StepWorker):
         super().__init__(*args, **kwargs)
         # a step thread keeps a lean connection and checks out another now and then;
         # redis-py refuses a 101st connection by default ("Too many connections")
-        pool = self.connection.connection_pool
-        pool.max_connections = max(pool.max_connections, connections_for(self.concurrency))
+        # (a cluster's node pools have no such limit)
+        log_client = self.saga_store.redis
+        for client in {id(c): c for c in (self.connection, log_client)}.values():
+            pool = getattr(client, "connection_pool", None)
+            if pool is not None:
+                pool.max_connections = max(pool.max_connections,
+                                           connections_for(self.concurrency))
         if os.environ.get("SAGA_GROUP_COMMIT", "0") == "1":
             # the steps' appends and reads go out together (off by default: it has
             # not shown a gain here, benchmarks/RESULTS.md "Group commit")
-            group_commit(self.connection)
+            group_commit(log_client)
         self._local = threading.local()
         self._in_flight = 0
         self._suspended = False
@@ -249,8 +254,8 @@ def connections_for(concurrency: int) -> int:
 
 
 def configured(base: type[StepWorker], concurrency: int) -> type[AsyncWorker]:
-    """An AsyncWorker class with the tools and settings of ``base`` (a class from
+    """An AsyncWorker class with the tools, settings and log of ``base`` (a class from
     :func:`workers.worker.configured`), running up to ``concurrency`` jobs."""
     return type("AsyncWorker", (AsyncWorker,), {
         "tools_modules": base.tools_modules, "settings": base.settings,
-        "concurrency": concurrency, "__module__": __name__})
+        "log_url": base.log_url, "concurrency": concurrency, "__module__": __name__})

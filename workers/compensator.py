@@ -90,7 +90,7 @@ class Compensator:
         fault("comp_after_dequeue")
         what = self._run(saga_id)
         if ack is not None:
-            pipe = lean(self.store.redis)
+            pipe = lean(self.store.queues)
             ack(pipe)
             pipe.execute()
         return what

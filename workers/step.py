@@ -34,6 +34,7 @@ from saga_store.execution.enqueue import (
     intent,
     unschedule,
 )
+from saga_store.execution.trip import Trip
 from saga_store.faults import fault
 from saga_store.ids import check_saga_id
 from saga_store.log.events import EventKind as K
@@ -295,13 +296,13 @@ class StepRunner:
                 # and acknowledgement in one round trip; if the append loses, a queued
                 # next job finds no intent at its seq and is dropped. The projection of
                 # what this appends rides on the next step's round trip.
-                pipe = lean(self.store.redis)
-                call.send(pipe)
-                self._after_outcome(pipe, saga_id, step, view, outcome, spec, follow, extra,
+                trip = self.store.trip()
+                call.send(trip.log)
+                self._after_outcome(trip, saga_id, step, view, outcome, spec, follow, extra,
                                     items, writer.head.seq + len(items))
                 if follow is Follow.EAGER:  # events already in the log: safe to project now
-                    self._project_known(pipe, saga_id, view, view.events)
-                reply = pipe.execute(raise_on_error=False)[0]
+                    self._project_known(trip.log, saga_id, view, view.events)
+                reply = trip.execute(raise_on_error=False)[0]
             else:
                 reply = None
             try:
@@ -336,15 +337,15 @@ class StepRunner:
         self._unwind = follow is Follow.UNWIND
         if reply is not None:
             return outcome.kind  # all sent with the append
-        pipe = lean(self.store.redis)
-        settle = writer.close_on(pipe) if writer.closed else None  # the ledger's entry
-        self._after_outcome(pipe, saga_id, step, view, outcome, spec, follow, extra, items,
+        trip = self.store.trip()
+        settle = writer.close_on(trip.log) if writer.closed else None  # the ledger's entry
+        self._after_outcome(trip, saga_id, step, view, outcome, spec, follow, extra, items,
                             writer.head.seq)
-        inline = self._project_known(pipe, saga_id, view, writer.appended(items))
+        inline = self._project_known(trip.log, saga_id, view, writer.appended(items))
         # ss:active is the sweeper's cue to project: leave it only once that is done
         if follow is Follow.COMMITTED and inline:
-            self._closed(pipe, saga_id)
-        execute(pipe, *([settle] if settle else []))
+            self._closed(trip.log, saga_id)
+        execute(trip, *([settle] if settle else []))
         if not inline:
             project(self.store.events, saga_id)
             if follow is Follow.COMMITTED:
@@ -415,23 +416,24 @@ class StepRunner:
                  verdict.reason)
         return "awaiting_approval"
 
-    def _after_outcome(self, pipe: Any, saga_id: str, step: int, view: StepView,
+    def _after_outcome(self, trip: Trip, saga_id: str, step: int, view: StepView,
                        outcome: Outcome, spec: ToolSpec | None, follow: Follow,
                        extra: Any, items: list[Item],
                        head_seq: int) -> None:
-        """Queue what follows an outcome: the next job or the unwind, the dedupe
-        record of an explicit key, and the job's acknowledgement."""
+        """Queue what follows an outcome: the next job or the unwind and the job's
+        acknowledgement (on the queues), the dedupe record of an explicit key (on
+        the log)."""
         if follow is Follow.NEXT:
-            enqueue_step(pipe, self.store.queue, saga_id, step + 1, head_seq,
+            enqueue_step(trip.queue, self.store.queue, saga_id, step + 1, head_seq,
                          items[-1][1]["idem_key"])
         elif follow is Follow.COMPENSATE:
-            enqueue_compensation(pipe, saga_id)
+            enqueue_compensation(trip.queue, saga_id)
         intent = view.intent or {}
         if (intent.get("data") or {}).get("keyed"):
             self.store.dedupe.finish(saga_id, intent["idem_key"], outcome.kind,
-                                     outcome.result or {"error": outcome.error}, pipe)
+                                     outcome.result or {"error": outcome.error}, trip.log)
         if extra is not None:
-            extra(pipe)
+            extra(trip.queue)
 
     def _outcome_events(self, saga_id: str, step: int, view: StepView, outcome: Outcome,
                         ) -> tuple[list[Item], Follow]:
@@ -464,7 +466,7 @@ class StepRunner:
 
     def _ack(self, extra: Any) -> None:
         if extra is not None:
-            pipe = lean(self.store.redis)
+            pipe = lean(self.store.queues)
             extra(pipe)
             pipe.execute()
 

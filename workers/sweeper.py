@@ -151,7 +151,8 @@ class Sweeper:
                     self.store.metrics.verify_failures.inc()
             r.zrem(keys.active_for(sid), sid)
             return 0
-        pipe: Any = r.pipeline(transaction=False)
+        trip = self.store.trip()
+        pipe: Any = trip.log
         index = keys.active_for(sid)
         if swept.what is Sweep.WAIT:  # someone is working on it: look when the lease ends
             pipe.zadd(index, {sid: now_ms + left_ms + LOOK_AFTER_MS})
@@ -163,10 +164,10 @@ class Sweeper:
             pipe.zadd(index, {sid: now_ms + lease_ms})
         if self.here is None:
             if swept.what is Sweep.UNWIND:
-                enqueue_compensation(pipe, sid)
+                enqueue_compensation(trip.queue, sid)
             for step, intent_seq, key in swept.steps:
-                enqueue_step(pipe, self.store.queue, sid, step, intent_seq, key)
-        pipe.execute()
+                enqueue_step(trip.queue, self.store.queue, sid, step, intent_seq, key)
+        trip.execute()
         if self.here is not None:  # run here what would have been queued
             for step, intent_seq, _ in swept.steps:
                 self.here.steps.run(sid, step, intent_seq)
@@ -195,11 +196,11 @@ class Sweeper:
         except (ConflictError, FencedOff):
             self.store.redis.zadd(keys.active_for(sid), {sid: now_ms + LOOK_AFTER_MS})
             return 0  # its caller (or someone) wrote meanwhile: look again
-        pipe = self.store.redis.pipeline(transaction=False)
-        pipe.zadd(keys.active_for(sid), {sid: now_ms + self.store.settings.lease_ms})
+        trip = self.store.trip()
+        trip.log.zadd(keys.active_for(sid), {sid: now_ms + self.store.settings.lease_ms})
         if self.here is None:
-            enqueue_compensation(pipe, sid)
-        pipe.execute()
+            enqueue_compensation(trip.queue, sid)
+        trip.execute()
         if self.here is not None:
             self.here.unwinds.run(sid)
         log.warning("sweeper %s: saga %s: its caller is gone (no call for %g s); aborted, "

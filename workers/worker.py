@@ -31,6 +31,7 @@ from saga_store.errors import StoreUnavailable
 from saga_store.execution import jobs
 from saga_store.ids import valid_id
 from saga_store.log.pipeline import lean
+from saga_store.ops.connection import connect
 from saga_store.ops.durability import DurabilityWatch
 from saga_store.settings import Settings
 from saga_store.tools.registry import Registry
@@ -66,10 +67,24 @@ class StepJob(Job):
         self.data = data  # jobs.decode inflates and parses it, as JSON only
 
 
+class QueueJob(StepJob):
+    """A job whose queue is not on the log's Redis: its ``data`` only, the log is
+    read apart (one round trip cannot span two servers)."""
+
+    def refresh(self) -> None:
+        data = self.connection.hget(self.key, "data")
+        if data is None:
+            raise NoSuchJobError(f"no such job: {self.key}")
+        self.data = data
+
+
 class StepWorker(SimpleWorker):
-    """Runs saga steps. Configure with :func:`configured` (the pool forks it)."""
+    """Runs saga steps. Configure with :func:`configured` (the pool forks it).
+    RQ's connection holds the queues; the log is on ``log_url`` when that is set
+    (a Redis Cluster, say), else on the queues' Redis."""
 
     tools_modules: ClassVar[tuple[str, ...]] = ()
+    log_url: ClassVar[str | None] = None
     settings: ClassVar[Settings] = Settings()
     sweep_interval_s: ClassVar[float] = 1.0
     # RQ backs off 1, 2, 4 ... s between reconnects, up to 60 s by default: an
@@ -78,7 +93,7 @@ class StepWorker(SimpleWorker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["serializer"] = JSONSerializer
-        kwargs["job_class"] = StepJob
+        kwargs["job_class"] = StepJob if self.log_url is None else QueueJob
         super().__init__(*args, **kwargs)
         registry = Registry.from_modules(*self.tools_modules)
         from prometheus_client import CollectorRegistry
@@ -86,8 +101,11 @@ class StepWorker(SimpleWorker):
         from saga_store.ops.metrics import Metrics
         self.metrics = Metrics(CollectorRegistry())  # multiprocess files when enabled
         self.metrics.prime(registry)  # every panel has its series from the first scrape
-        self.saga_store = SagaStore(self.connection, registry, self.settings,
-                                    metrics=self.metrics)
+        # a worker outlives any outage: it backs off (capped, jittered) and carries on
+        log_client = self.connection if self.log_url is None else \
+            connect(self.log_url, retry_s=None)
+        self.saga_store = SagaStore(log_client, registry, self.settings,
+                                    metrics=self.metrics, queues=self.connection)
         # closing entries wait for a batch: this worker's sweeper chains them
         self.saga_store.events.ledger.deferred = True
         self.runner = StepRunner(self.saga_store, self.name,
@@ -97,7 +115,7 @@ class StepWorker(SimpleWorker):
         self._last_suspension_check = 0.0
         self._state_written: str | None = None
         self.sweeper = Sweeper(self.saga_store, self.name, self.sweep_interval_s)
-        self.durability = DurabilityWatch(self.connection, self.settings.durability_check_s,
+        self.durability = DurabilityWatch(log_client, self.settings.durability_check_s,
                                           log)
 
     # -- the job path ------------------------------------------------------
@@ -212,7 +230,9 @@ def _acker(queue: Queue, job_id: str) -> Any:
     return ack
 
 
-def configured(tools: tuple[str, ...], settings: Settings) -> type[StepWorker]:
-    """A StepWorker class bound to these tools modules and settings."""
+def configured(tools: tuple[str, ...], settings: Settings,
+               log_url: str | None = None) -> type[StepWorker]:
+    """A StepWorker class bound to these tools modules and settings, with the log on
+    ``log_url`` (None: on the Redis of RQ's queues)."""
     return type("StepWorker", (StepWorker,), {"tools_modules": tools, "settings": settings,
-                                              "__module__": __name__})
+                                              "log_url": log_url, "__module__": __name__})

@@ -19,6 +19,7 @@ import redis
 from saga_store import keys
 from saga_store.errors import InvalidInput, NoSuchSaga, no_such_saga
 from saga_store.ids import check_saga_id
+from saga_store.log.pipeline import lean
 from saga_store.log.stream import SagaLog
 from saga_store.protocol.state import Status, fold
 
@@ -58,7 +59,11 @@ def needing_attention(log: SagaLog) -> list[Attention]:
 def acknowledge(client: redis.Redis, saga_id: str, by: str, note: str = "") -> None:
     """Record that ``by`` dealt with a saga that needed attention, and take it off
     the list (and the ``saga_sagas{state="needs_attention"}`` gauge), in one
-    transaction. Raises :class:`InvalidInput` if the saga is not on the list."""
+    round trip, the record first. Not a transaction: the two keys live in two
+    hash slots, which a Redis Cluster cannot write in one; should the list's
+    write fail, the saga stays listed and a second acknowledgement records
+    itself again, so no saga ever leaves the list unrecorded. Raises
+    :class:`InvalidInput` if the saga is not on the list."""
     check_saga_id(saga_id)
     by = by.strip()
     if not by or len(by) > MAX_NAME or any(c in by for c in "\n\r"):
@@ -73,7 +78,7 @@ def acknowledge(client: redis.Redis, saga_id: str, by: str, note: str = "") -> N
     if not client.sismember(keys.NEEDS_ATTENTION, saga_id):
         raise InvalidInput(f"saga {saga_id} is not waiting for attention; "
                            "'saga attention' lists those that are")
-    pipe = client.pipeline(transaction=True)
+    pipe = lean(client)
     pipe.xadd(keys.ATTENTION_ACKS, {"saga_id": saga_id, "by": by, "note": note[:MAX_NOTE],
                                     "at_ms": str(int(time.time() * 1000))})
     pipe.srem(keys.NEEDS_ATTENTION, saga_id)

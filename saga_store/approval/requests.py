@@ -152,12 +152,13 @@ def decide(store: SagaStore, saga_id: str, step: int, *, grant: bool, by: str,
                                ) from None
         except ConflictError:
             continue  # the log moved: read again and decide again
-        pipe = store.redis.pipeline(transaction=False)
-        pipe.zrem(keys.APPROVALS, member(saga_id, step))
+        trip = store.trip()
+        trip.log.zrem(keys.APPROVALS, member(saga_id, step))
         # a worker's step: queue it again; a gateway, or an inline caller, watches the log
         if st.executor is None and not st.inline:
-            enqueue_step(pipe, store.queue, saga_id, step, s.intent_seq, s.idem_key or "")
-        pipe.execute()
+            enqueue_step(trip.queue, store.queue, saga_id, step, s.intent_seq,
+                         s.idem_key or "")
+        trip.execute()
         return
     raise ConflictError(f"saga {saga_id} kept moving; try again")
 

@@ -32,6 +32,7 @@ from saga_store.errors import (
     InvalidInput,
     InvalidToolCall,
     StepPending,
+    StoreUnavailable,
 )
 from saga_store.execution import jobs
 from saga_store.execution.enqueue import (
@@ -42,12 +43,14 @@ from saga_store.execution.enqueue import (
     schedule,
 )
 from saga_store.execution.idempotency import DedupeRecords
+from saga_store.execution.trip import Trip
 from saga_store.faults import fault
 from saga_store.ids import check_id, check_saga_id, plan_call_id, scoped_saga_id
 from saga_store.log.pipeline import execute, lean
 from saga_store.log.store import EventStore, Opening
 from saga_store.log.stream import SideWrite
-from saga_store.ops.connection import connect
+from saga_store.ops.cluster import is_cluster
+from saga_store.ops.connection import connect, connect_queue
 from saga_store.protocol import build, unwind
 from saga_store.protocol.state import SagaState, Status, fold
 from saga_store.protocol.vocab import Phase
@@ -75,7 +78,14 @@ class SagaStore:
     def __init__(self, client: redis.Redis, registry: Registry,
                  settings: Settings | None = None, *, queue: str = jobs.STEP_QUEUE,
                  invalid_call_limit: int = 2, metrics: Metrics | None = None,
-                 policy: Policy | None = None) -> None:
+                 policy: Policy | None = None, queues: redis.Redis | None = None) -> None:
+        """``client`` holds the log; ``queues``, RQ's queues (default: ``client``, which
+        must then be a standalone Redis: a Redis Cluster cannot hold them)."""
+        if queues is None and is_cluster(client):
+            raise StoreUnavailable(
+                "the log is on a Redis Cluster, which cannot hold RQ's queues; give a "
+                "standalone Redis for them (queues=, or SAGA_QUEUE_URL=redis://host:port/0)")
+        self.queues = client if queues is None else queues
         self.settings = settings or Settings()
         self.registry = registry
         self.events = EventStore(client, self.settings)
@@ -94,11 +104,20 @@ class SagaStore:
         self._recovered: set[str] = set()  # agents whose due sagas it recovered
 
     @classmethod
-    def from_url(cls, url: str, registry: Registry, settings: Settings | None = None,
-                 **kwargs: Any) -> Self:
-        """A store on ``url``; settings from the environment (``SAGA_HMAC_KEY`` and the
-        rest) unless given, so the client and the workers agree on how they chain."""
-        return cls(connect(url), registry, settings or Settings.from_env(), **kwargs)
+    def from_url(cls, url: str, registry: Registry, settings: Settings | None = None, *,
+                 queue_url: str | None = None, **kwargs: Any) -> Self:
+        """A store on ``url`` (the log: a Redis, or a ``redis+cluster://`` Redis
+        Cluster), with RQ's queues on ``queue_url`` (default ``SAGA_QUEUE_URL``, else
+        ``url`` itself; required with a cluster); settings from the environment
+        (``SAGA_HMAC_KEY`` and the rest) unless given, so the client and the
+        workers agree on how they chain."""
+        client = connect(url)
+        queues = connect_queue(client, url, queue_url)
+        return cls(client, registry, settings or Settings.from_env(), queues=queues, **kwargs)
+
+    def trip(self) -> Trip:
+        """A round trip on the log and the queues (one pipeline when they are one Redis)."""
+        return Trip(self.redis, self.queues)
 
     # -- sagas driven by the caller ---------------------------------------
 
@@ -278,11 +297,11 @@ class SagaStore:
         # the ledger entries go with the first jobs, chained by a sweeper of the
         # workers that run the plans; a process killed before this round trip owes
         # them, and a sweeper pays from the log (the opening recorded the debt)
-        pipe = lean(self.redis)
+        trip = self.trip()
         for p, i in zip(planned, at, strict=True):
-            writer = p.opening.applied(replies[i], pipe, defer_ledger=True)
-            enqueue_step(pipe, self.queue, p.saga_id, 0, writer.head.seq, p.idem_key)
-        execute(pipe, *(p.opening.ledger_written for p in planned))
+            writer = p.opening.applied(replies[i], trip.log, defer_ledger=True)
+            enqueue_step(trip.queue, self.queue, p.saga_id, 0, writer.head.seq, p.idem_key)
+        execute(trip, *(p.opening.ledger_written for p in planned))
         return [p.saga_id for p in planned]
 
     def wait(self, saga_id: str, timeout: float | None = None) -> SagaState:
@@ -337,7 +356,7 @@ class SagaStore:
             except ConflictError:
                 continue
             if queue:
-                enqueue_compensation(self.redis, saga_id)
+                enqueue_compensation(self.queues, saga_id)
             return True
         raise ConflictError(f"saga {saga_id} kept changing; try the abort again")
 
@@ -367,10 +386,10 @@ class SagaStore:
                 continue  # someone else resumed or resolved it meanwhile: decide again
         else:
             raise ConflictError(f"saga {saga_id} kept changing; try again")
-        pipe = lean(self.redis)
-        schedule(pipe, saga_id, now_ms() + 2 * self.settings.lease_ms)
-        enqueue_compensation(pipe, saga_id)
-        pipe.execute()
+        trip = self.trip()
+        schedule(trip.log, saga_id, now_ms() + 2 * self.settings.lease_ms)
+        enqueue_compensation(trip.queue, saga_id)
+        trip.execute()
         return True
 
     def resolve(self, saga_id: str, step: int, *, by: str, note: str) -> None:
@@ -393,10 +412,10 @@ class SagaStore:
             except ConflictError:
                 continue  # the log moved (a late duplicate's note): decide again
             if state.executor is None:  # a gateway finishes its own unwinds
-                pipe = lean(self.redis)
-                schedule(pipe, saga_id, now_ms() + 2 * self.settings.lease_ms)
-                enqueue_compensation(pipe, saga_id)
-                pipe.execute()
+                trip = self.trip()
+                schedule(trip.log, saga_id, now_ms() + 2 * self.settings.lease_ms)
+                enqueue_compensation(trip.queue, saga_id)
+                trip.execute()
             return
         raise ConflictError(f"saga {saga_id} kept changing; try again")
 

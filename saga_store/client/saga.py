@@ -156,10 +156,10 @@ class Saga:
                        secret_values: Mapping[str, Any]) -> int:
         """Log the intent as the next step (its number moves if someone else wrote
         first) and queue its job; returns the step it became."""
-        r = self.store.redis
         self._sync_head()
         while True:
-            pipe = r.pipeline(transaction=False)
+            trip = self.store.trip()
+            pipe = trip.log
             schedule(pipe, self.saga_id, now_ms() + 2 * self.store.settings.lease_ms)
             # the secret values go with the intent: a lost race leaves none behind
             side = self.store.secrets.writes(self.saga_id, {n: secret_values}) \
@@ -174,9 +174,9 @@ class Saga:
             # none: this process runs the step next (if it dies first, the sweeper
             # queues it from the log)
             if self.inline is None:
-                enqueue_step(pipe, self.store.queue, self.saga_id, n,
+                enqueue_step(trip.queue, self.store.queue, self.saga_id, n,
                              self.writer.head.seq + 1, fields["idem_key"])
-            replies = pipe.execute(raise_on_error=False)
+            replies = trip.execute(raise_on_error=False)
             try:
                 self.writer.applied(call, replies[at_append])
                 self._renewed = time.monotonic()

@@ -34,6 +34,8 @@ import redis
 from redis.client import Pipeline
 from redis.exceptions import ResponseError
 
+from saga_store.errors import StoreUnavailable
+
 
 class LeanPipeline(Pipeline):
     def execute(self, raise_on_error: bool = True) -> list[Any]:
@@ -161,8 +163,12 @@ class GroupCommit:
 
 
 def group_commit(client: redis.Redis) -> GroupCommit:
-    """Send the lean pipelines of all threads on ``client``'s pool together."""
-    pool: Any = client.connection_pool
+    """Send the lean pipelines of all threads on ``client``'s pool together (a
+    standalone Redis only: on a cluster each node has its own round trip)."""
+    pool: Any = getattr(client, "connection_pool", None)
+    if pool is None:
+        raise StoreUnavailable("group commit (SAGA_GROUP_COMMIT=1) needs a standalone "
+                               "Redis for the log; unset it on a Redis Cluster")
     group: GroupCommit | None = getattr(pool, "_saga_group", None)
     if group is None:
         group = pool._saga_group = GroupCommit(pool)
@@ -191,8 +197,13 @@ def execute(pipe: Any, *then: Callable[[list[Any]], Any]) -> list[Any]:
 
 
 def lean(client: redis.Redis) -> LeanPipeline:
-    """A :class:`LeanPipeline` on ``client``'s pool and reply callbacks."""
-    return LeanPipeline(client.connection_pool, client.response_callbacks, False, None)
+    """A :class:`LeanPipeline` on ``client``'s pool and reply callbacks; on a Redis
+    Cluster, a :class:`~saga_store.log.node_pipeline.NodePipeline` (a batch per node)."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None:
+        from saga_store.log.node_pipeline import NodePipeline
+        return NodePipeline(client)  # type: ignore[return-value,arg-type]  # queues the same
+    return LeanPipeline(pool, client.response_callbacks, False, None)
 
 
 _forks = [0]  # bumped in a forked child: connections of the parent are not its own

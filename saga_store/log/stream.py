@@ -33,6 +33,7 @@ from saga_store.log.chain import Chain
 from saga_store.log.events import EventKind
 from saga_store.log.layout import Layout
 from saga_store.log.scripts import APPEND, RELEASE_LEASE, Scripts
+from saga_store.ops.connection import twin
 from saga_store.protocol.vocab import Fence, LeaseMode, Phase, Status, phase_of
 from saga_store.settings import Settings
 
@@ -224,9 +225,9 @@ class SagaLog:
         self.settings = settings or Settings()
         self.chain = chain or Chain(self.settings.hmac_key)
         self.redis = client
-        # A second client on the same pool returns stream replies untouched:
-        # redis-py's per-entry dict building would cost more than the hashing.
-        self.raw = redis.Redis(connection_pool=client.connection_pool)
+        # A second client on the same pool (or cluster) returns stream replies
+        # untouched: redis-py's per-entry dict building would cost more than the hashing.
+        self.raw = twin(client)
         for cmd in ("XRANGE", "XREVRANGE", "XREAD"):
             self.raw.set_response_callback(cmd, _identity)
         self.scripts = Scripts(client)

@@ -8,9 +8,11 @@ import sys
 from typing import Any
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from saga_store.errors import StoreUnavailable
 from saga_store.ops.backoff import OutageRetry
+from saga_store.ops.cluster import ClusterClient, connect_cluster, is_cluster_url
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_RETRY_S = 30.0
@@ -34,25 +36,67 @@ def retry_window() -> float | None:
 
 
 def connect(url: str, *, check: bool = True, timeout_s: float = 5.0,
-            retry_s: float | str | None = "env") -> redis.Redis:
+            retry_s: float | str | None = "env", what: str = "SAGA_REDIS_URL") -> redis.Redis:
     """A client for ``url`` (``redis://``, ``rediss://`` or ``unix://``, with a
-    password or ACL user in the URL if needed).
+    password or ACL user in the URL if needed; ``redis+cluster://host:port[,...]``
+    or ``rediss+cluster://`` for a Redis Cluster, which holds the log only: see
+    :func:`queue_url`).
 
     The first ping fails fast (a wrong address is an error now, not in 30 s);
     after that, a lost connection is retried with capped, jittered backoff for
     ``retry_s`` seconds (``None``: for ever; default :func:`retry_window`)."""
     window = retry_window() if retry_s == "env" else retry_s
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
-                                      health_check_interval=30, retry=OutageRetry(0))
+        if is_cluster_url(url):  # the slot map is fetched at once: its own first check
+            client: Any = connect_cluster(url, timeout_s)
+        else:
+            client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
+                                          health_check_interval=30, retry=OutageRetry(0))
         if check:
             client.ping()
-    except redis.RedisError as exc:
+    except (redis.RedisError, RedisClusterException) as exc:
         raise StoreUnavailable(
-            f"cannot reach Redis at {redact(url)}: {exc}; check SAGA_REDIS_URL and the server"
+            f"cannot reach Redis at {redact(url)}: {exc}; check {what} and the server"
         ) from exc
     set_retry_window(client, window)  # type: ignore[arg-type]  # checked at run time
-    return client
+    return client  # type: ignore[no-any-return]  # a Redis, or a cluster standing in
+
+
+def queue_url(log_url: str | None, queue: str | None = None) -> str | None:
+    """Where RQ's queues live: ``queue`` (``SAGA_QUEUE_URL``, a standalone or
+    Sentinel-managed Redis) if given, else the log's own Redis; a cluster cannot
+    hold them (RQ's commands span slots), so with one it must be given."""
+    queue = (queue if queue is not None else os.environ.get("SAGA_QUEUE_URL", "")).strip()
+    if queue:
+        if is_cluster_url(queue):
+            raise StoreUnavailable(
+                f"SAGA_QUEUE_URL={redact(queue)} names a Redis Cluster; RQ's queues need a "
+                "standalone Redis (or a Sentinel-managed primary): give its redis:// URL")
+        return queue
+    if log_url and is_cluster_url(log_url):
+        raise StoreUnavailable(
+            f"SAGA_REDIS_URL={redact(log_url)} is a Redis Cluster, which holds the log only; "
+            "set SAGA_QUEUE_URL to a standalone Redis (redis://host:port/0) for RQ's queues")
+    return log_url
+
+
+def connect_queue(log: redis.Redis, log_url: str | None, queue: str | None = None,
+                  **options: Any) -> redis.Redis:
+    """The client for RQ's queues: ``log`` itself when they share its Redis (one
+    round trip for an append and its job, as ever), else one on
+    :func:`queue_url`."""
+    url = queue_url(log_url, queue)
+    if url is None or url == log_url:
+        return log
+    return connect(url, what="SAGA_QUEUE_URL", **options)
+
+
+def twin(client: redis.Redis) -> redis.Redis:
+    """A second client on the servers of ``client`` (its own response callbacks;
+    a standalone one shares the pool)."""
+    if isinstance(client, ClusterClient):
+        return client.twin()  # a cluster stands in for a Redis
+    return redis.Redis(connection_pool=client.connection_pool)
 
 
 def set_retry_window(client: redis.Redis, seconds: float | None) -> None:
@@ -64,6 +108,8 @@ def set_retry_window(client: redis.Redis, seconds: float | None) -> None:
 def fail_fast(client: redis.Redis) -> redis.Redis:
     """A client on the same server that never waits out an outage (for metrics
     scrapes and health checks, which must answer now)."""
+    if isinstance(client, ClusterClient):
+        return client.twin(outage=OutageRetry(0), socket_timeout=2.0)
     pool = client.connection_pool
     kwargs = {**pool.connection_kwargs, "retry": OutageRetry(0), "socket_timeout": 2.0}
     return redis.Redis(connection_pool=redis.ConnectionPool(

@@ -96,8 +96,11 @@ class RedisCollector:
 
     def __init__(self, client: Any, queues: tuple[str, ...] = (jobs.STEP_QUEUE,
                                                                  jobs.COMPENSATION_QUEUE),
-                 durability: DurabilityWatch | None = None) -> None:
+                 durability: DurabilityWatch | None = None,
+                 rq_redis: Any = None) -> None:
+        """``client`` holds the log; ``rq_redis`` RQ's queues (default: ``client``)."""
         self.redis, self.queues = client, queues
+        self.rq_redis = client if rq_redis is None else rq_redis
         self.durability = durability or DurabilityWatch(client)
 
     def collect(self) -> Iterator[Metric]:
@@ -133,12 +136,16 @@ class RedisCollector:
         pipe = r.pipeline(transaction=False)
         for sid in active:
             pipe.hget(keys.saga_meta(sid.decode()), "state")
+        queued = pipe if self.rq_redis is r else self.rq_redis.pipeline(transaction=False)
         for q in self.queues:
-            pipe.llen(jobs.queue_key(q))
-            pipe.lindex(jobs.queue_key(q), 0)
+            queued.llen(jobs.queue_key(q))
+            queued.lindex(jobs.queue_key(q), 0)
         pipe.zcard(keys.APPROVALS)
         pipe.scard(keys.NEEDS_ATTENTION)
-        return pipe.execute(), active
+        replies = pipe.execute()
+        if queued is not pipe:  # laid out as if one pipeline: states, queues, the two counts
+            replies[len(active):len(active)] = queued.execute()
+        return replies, active
 
     def _families(self, replies: list[Any], active: list[bytes]) -> Iterator[Metric]:
         by_state = {"running": 0, "compensating": 0, "stuck": 0}
@@ -172,7 +179,7 @@ class RedisCollector:
         if not job_id:
             return 0.0
         try:
-            raw = self.redis.hget(jobs.job_key(job_id.decode()), "enqueued_at")
+            raw = self.rq_redis.hget(jobs.job_key(job_id.decode()), "enqueued_at")
         except RedisError:
             return 0.0
         if not raw:

@@ -529,8 +529,11 @@ class Verifier:
 
     def _parallel(self, ids: list[str], key: Callable[[str], str]) -> bool:
         """Whether checking ``ids`` is worth forking for: enough chains and events."""
-        kwargs = getattr(self.log.redis.connection_pool, "connection_kwargs", {})
-        if self.jobs < 2 or len(ids) < 2 * self.jobs or "server" in kwargs:  # not embedded
+        pool = getattr(self.log.redis, "connection_pool", None)  # None: a cluster's nodes
+        kwargs = getattr(pool, "connection_kwargs", {})
+        # not embedded (its store lives in this process), nor a cluster (its client
+        # is not one to inherit across a fork)
+        if self.jobs < 2 or len(ids) < 2 * self.jobs or "server" in kwargs or pool is None:
             return False
         pipe = self.log.redis.pipeline(transaction=False)
         for cid in ids:

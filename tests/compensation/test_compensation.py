@@ -46,6 +46,7 @@ def comp_order(store: SagaStore, sid: str) -> list[int]:
             if e["kind"] == K.COMPENSATION_SUCCEEDED]
 
 
+@pytest.mark.cluster
 def test_seed_order_crm_timeout_is_unwound_and_the_agent_told(
         saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
         ledger: Path) -> None:
@@ -109,6 +110,7 @@ def test_compensator_killed_resumes_exactly_once_in_reverse(
     assert Verifier(saga_store.events.log).verify().ok
 
 
+@pytest.mark.cluster
 def test_compensator_killed_twice(saga_store: SagaStore, worker_env: dict[str, str],
                                   ledger: Path, tmp_path: Path, worker_kind: str) -> None:
     """A second kill during recovery: the third worker still finishes exactly once."""

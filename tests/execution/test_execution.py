@@ -41,6 +41,7 @@ def kinds(store: SagaStore, sid: str, step: int | None = None) -> list[str]:
             if step is None or e.get("step") == step]
 
 
+@pytest.mark.cluster
 def test_calls_run_on_a_worker_and_commit(saga_store: SagaStore, worker_env: dict[str, str],
                                           ledger: Path) -> None:
     """A caller-driven saga: each call returns the tool's result; exit commits."""
@@ -65,8 +66,9 @@ def test_a_repeated_call_in_a_saga_returns_the_stored_result(
     assert len(effects("reserve")) == 1
 
 
+@pytest.mark.cluster
 def test_duplicate_delivery_gives_exactly_one_effect_per_step(
-        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        saga_store: SagaStore, queues: redis.Redis, worker_env: dict[str, str],
         ledger: Path) -> None:
     """100 steps x 10 copies of each job, pushed concurrently, 3 workers: 100 effects."""
     spec = saga_store.registry.get("reserve_inventory")
@@ -79,7 +81,7 @@ def test_duplicate_delivery_gives_exactly_one_effect_per_step(
         planned.append((w.saga_id, w.head.seq, item[1]["idem_key"]))
 
     def push_copies() -> None:
-        pipe = client.pipeline(transaction=False)
+        pipe = queues.pipeline(transaction=False)
         for sid, seq, key in planned:
             enqueue_step(pipe, jobs.STEP_QUEUE, sid, 0, seq, key)
         pipe.execute()
@@ -92,7 +94,7 @@ def test_duplicate_delivery_gives_exactly_one_effect_per_step(
         assert_eventually(lambda: all(
             saga_store.state(sid).steps[0].status == "succeeded" for sid, _, _ in planned),
             timeout=60, what="all 100 steps to succeed")
-        assert_eventually(lambda: client.llen(jobs.queue_key(jobs.STEP_QUEUE)) == 0,
+        assert_eventually(lambda: queues.llen(jobs.queue_key(jobs.STEP_QUEUE)) == 0,
                           timeout=60, what="the queue to drain")
     assert len(effects("reserve")) == 100
     suppressed = sum(kinds(saga_store, sid).count(K.STEP_DUPLICATE_SUPPRESSED)
@@ -103,6 +105,7 @@ def test_duplicate_delivery_gives_exactly_one_effect_per_step(
     assert Verifier(saga_store.events.log).verify().ok
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("point", ["after_dequeue", "after_started", "in_tool", "after_tool",
                                    "after_outcome"])
 def test_kill_at_each_fault_point_then_restart(saga_store: SagaStore, worker_env: dict[str, str],
@@ -266,15 +269,16 @@ def _sigterm_in_first_step(store: SagaStore, env: dict[str, str],
     return sid
 
 
-def _queued(client: redis.Redis, store: SagaStore, sid: str) -> list[int]:
+def _queued(queues: redis.Redis, store: SagaStore, sid: str) -> list[int]:
     """The steps of a saga that went to a worker as an RQ job (acknowledged job
     hashes are kept a while, so this sees jobs already run)."""
     return [e["step"] for e in store.events.log.bodies(sid) if e["kind"] == K.STEP_INTENT
-            and client.exists(jobs.job_key(jobs.step_job_id(e["idem_key"], e["seq"], sid)))]
+            and queues.exists(jobs.job_key(jobs.step_job_id(e["idem_key"], e["seq"], sid)))]
 
 
+@pytest.mark.cluster
 def test_a_plan_runs_in_one_worker_each_next_step_claimed_with_the_outcome(
-        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        saga_store: SagaStore, queues: redis.Redis, worker_env: dict[str, str],
         ledger: Path) -> None:
     """Eager steps: only step 0 is queued; each later step is started in the same
     append as the previous outcome, by the worker that ran it, with 2 workers up."""
@@ -282,7 +286,7 @@ def test_a_plan_runs_in_one_worker_each_next_step_claimed_with_the_outcome(
         sid = saga_store.submit(ORDER, agent_id="agent-e")
         assert saga_store.wait(sid, timeout=30).status is Status.COMMITTED
     events = saga_store.events.log.bodies(sid)
-    assert _queued(client, saga_store, sid) == [0]
+    assert _queued(queues, saga_store, sid) == [0]
     for step in (1, 2):
         at = next(i for i, e in enumerate(events)
                   if e["kind"] == K.STEP_STARTED and e["step"] == step)
@@ -294,24 +298,25 @@ def test_a_plan_runs_in_one_worker_each_next_step_claimed_with_the_outcome(
     assert Verifier(saga_store.events.log).verify().ok
 
 
+@pytest.mark.cluster
 def test_with_eager_steps_off_every_step_goes_through_the_queue(
-        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        saga_store: SagaStore, queues: redis.Redis, worker_env: dict[str, str],
         ledger: Path) -> None:
     with workers({**worker_env, "SAGA_EAGER_STEPS": "0"}, TOOLS):
         sid = saga_store.submit(ORDER, agent_id="agent-q")
         assert saga_store.wait(sid, timeout=30).status is Status.COMMITTED
-    assert _queued(client, saga_store, sid) == [0, 1, 2]
+    assert _queued(queues, saga_store, sid) == [0, 1, 2]
     assert (len(effects("reserve")), len(effects("charge"))) == (1, 1)
 
 
 def test_sigterm_mid_plan_queues_the_next_step_instead_of_running_it(
-        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        saga_store: SagaStore, queues: redis.Redis, worker_env: dict[str, str],
         ledger: Path, worker_kind: str) -> None:
     """A worker asked to stop finishes its step and hands the rest of the plan to
     the queue, so a warm shutdown never waits for a whole saga."""
     sid = _sigterm_in_first_step(saga_store, worker_env, ORDER[:2])
     assert kinds(saga_store, sid, 1) == [K.STEP_INTENT]
-    assert _queued(client, saga_store, sid) == [0, 1]
+    assert _queued(queues, saga_store, sid) == [0, 1]
     with workers(worker_env, TOOLS):
         assert saga_store.wait(sid, timeout=30).status is Status.COMMITTED
     assert (len(effects("reserve")), len(effects("charge"))) == (1, 1)

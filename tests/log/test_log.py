@@ -23,6 +23,7 @@ from ..helpers import committed_saga
 pytestmark = pytest.mark.parity
 
 
+@pytest.mark.cluster
 def test_round_trip_returns_what_was_appended(store: EventStore) -> None:
     """Events read back carry the envelope fields, contiguous seqs and linked hashes."""
     w = committed_saga(store, steps=2)
@@ -37,6 +38,7 @@ def test_round_trip_returns_what_was_appended(store: EventStore) -> None:
     assert Verifier(store.log).verify().ok
 
 
+@pytest.mark.cluster
 def test_stale_head_loses_the_race_and_learns_the_new_head(store: EventStore) -> None:
     """A writer with an old head gets ConflictError with the current head; nothing is written."""
     w = store.open("a")
@@ -49,6 +51,7 @@ def test_stale_head_loses_the_race_and_learns_the_new_head(store: EventStore) ->
     assert store.log.head(w.saga_id) == w.head
 
 
+@pytest.mark.cluster
 def test_existing_saga_id_cannot_be_opened_again(store: EventStore) -> None:
     """Opening a saga id that exists is refused without touching the existing chain."""
     store.open("a", saga_id="order-1")
@@ -58,6 +61,7 @@ def test_existing_saga_id_cannot_be_opened_again(store: EventStore) -> None:
     assert store.log.head("order-1") == before
 
 
+@pytest.mark.cluster
 def test_lease_and_phase_checks_fence_off_writers(store: EventStore, client: redis.Redis) -> None:
     """An append naming a lease it does not hold, or the wrong phase, is refused."""
     w = store.open("a")
@@ -73,6 +77,7 @@ def test_lease_and_phase_checks_fence_off_writers(store: EventStore, client: red
     assert store.meta(w.saga_id)["phase"] == "unwinding"
 
 
+@pytest.mark.cluster
 def test_batch_append_is_one_atomic_step(store: EventStore) -> None:
     """append_many writes all events or none, linked in order."""
     w = store.open("a")
@@ -81,6 +86,7 @@ def test_batch_append_is_one_atomic_step(store: EventStore) -> None:
     assert Verifier(store.log).verify(w.saga_id).ok
 
 
+@pytest.mark.cluster
 def test_large_payload_goes_to_a_blob_covered_by_the_chain(store: EventStore) -> None:
     """A payload over the blob threshold is stored by content hash; the event carries the digest."""
     w = store.open("a")
@@ -194,6 +200,7 @@ def test_meta_projection_is_rebuildable_from_the_log(store: EventStore,
     assert {k: before[k] for k in after} == after
 
 
+@pytest.mark.cluster
 def test_lease_is_acquired_renewed_and_released_with_the_append(store: EventStore,
                                                                 client: redis.Redis) -> None:
     """'acquire' takes a free lease with a TTL on Redis's clock; 'release' drops it."""
@@ -216,6 +223,7 @@ def test_append_reloads_the_script_after_redis_lost_it(store: EventStore,
     assert store.log.head(w.saga_id).seq == 1
 
 
+@pytest.mark.cluster
 def test_a_closed_saga_takes_no_more_events(store: EventStore) -> None:
     """Nothing may follow a final event: the append script refuses any writer."""
     w = store.open("agent")
@@ -233,6 +241,7 @@ def test_the_ledgers_id_is_no_saga_id(store: EventStore) -> None:
         store.open("agent-x", saga_id="ledger")
 
 
+@pytest.mark.cluster
 def test_a_guard_refuses_the_append_and_writes_nothing(store: EventStore,
                                                        client: redis.Redis) -> None:
     """An append guarded by a key that must be absent (the sweeper's abort of a saga

@@ -1,0 +1,183 @@
+"""The log on a Redis Cluster: the URL schemes, the two roles (log and queues),
+and the lean pipeline's batches per node, redirects included."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from saga_store import Registry, SagaStore, keys
+from saga_store.errors import StoreUnavailable
+from saga_store.log.events import EventKind as K
+from saga_store.log.pipeline import group_commit, lean
+from saga_store.log.store import EventStore
+from saga_store.ops import cluster as clusters
+from saga_store.ops.connection import connect, fail_fast, queue_url
+from saga_store.testing.cluster import RedisClusterServers
+from saga_store.verify.checker import Verifier
+
+pytestmark = [pytest.mark.cluster, pytest.mark.real_redis]
+
+
+@pytest.fixture
+def servers(redis_server: object) -> RedisClusterServers:
+    if not isinstance(redis_server, RedisClusterServers):
+        pytest.skip("needs the cluster backend (SAGA_TEST_BACKEND=cluster)")
+    return redis_server
+
+
+def _saga_on_each_master(client: redis.Redis, n: int = 3) -> list[str]:
+    """Saga ids whose logs are served by ``n`` different masters."""
+    nodes = client.nodes_manager  # type: ignore[attr-defined]
+    found: dict[str, str] = {}
+    i = 0
+    while len(found) < n:
+        sid = f"a-{i}"
+        slot = client.keyslot(keys.saga_log(sid))  # type: ignore[attr-defined]
+        found.setdefault(nodes.get_node_from_slot(slot).name, sid)
+        i += 1
+    return list(found.values())
+
+
+def test_cluster_urls_name_every_node_and_their_credentials() -> None:
+    """redis+cluster:// and rediss+cluster:// list nodes; user and password as redis://."""
+    got = clusters.parse("rediss+cluster://worker:s%3Acret@10.0.0.1:7000,[::1]:7001")
+    assert [(n.host, n.port) for n in got["startup_nodes"]] == [("10.0.0.1", 7000),
+                                                                ("::1", 7001)]
+    assert (got["username"], got["password"], got["ssl"]) == ("worker", "s:cret", True)
+    assert clusters.parse("redis+cluster://h:1")["ssl"] is False
+
+
+@pytest.mark.parametrize(("url", "says"), [
+    ("redis+cluster://", "names no node"),
+    ("redis+cluster://host", "is not host:port"),
+    ("redis+cluster://h:1/3", "database 0 only"),
+])
+def test_a_bad_cluster_url_says_how_to_write_it(url: str, says: str) -> None:
+    with pytest.raises(StoreUnavailable, match=says):
+        clusters.parse(url)
+
+
+def test_a_cluster_needs_a_queue_url_of_a_standalone_redis() -> None:
+    """RQ cannot run on a cluster: the error names SAGA_QUEUE_URL and what to give it."""
+    with pytest.raises(StoreUnavailable, match="set SAGA_QUEUE_URL"):
+        queue_url("redis+cluster://h:1", "")
+    with pytest.raises(StoreUnavailable, match="need a standalone Redis"):
+        queue_url("redis://h:1/0", "redis+cluster://h:2")
+    assert queue_url("redis://h:1/0", "") == "redis://h:1/0"
+    assert queue_url("redis+cluster://h:1", "redis://q:2/0") == "redis://q:2/0"
+
+
+def test_a_store_on_a_cluster_without_queues_is_refused(servers: RedisClusterServers,
+                                                        client: redis.Redis) -> None:
+    with pytest.raises(StoreUnavailable, match="SAGA_QUEUE_URL"):
+        SagaStore(client, Registry())
+
+
+def test_an_unreachable_cluster_fails_fast() -> None:
+    with pytest.raises(StoreUnavailable, match="cannot reach Redis"):
+        connect("redis+cluster://127.0.0.1:1", timeout_s=0.2)
+
+
+def test_from_url_runs_a_saga_whose_keys_live_on_other_nodes(
+        servers: RedisClusterServers, client: redis.Redis) -> None:
+    """Sagas on every master: opened, appended, committed and verified, no MOVED."""
+    store = SagaStore.from_url(servers.url, Registry.from_modules("tests.ledger_tools"),
+                               queue_url=servers.queue_url)
+    assert store.queues is not store.redis
+    for sid in _saga_on_each_master(store.redis):
+        with store.saga(agent_id="a", saga_id=sid, executor="inline") as saga:
+            saga.call("noop", {"n": 1})
+        assert store.state(sid).status == "committed"
+        assert Verifier(store.events.log).verify(sid).ok
+
+
+def test_the_lean_pipeline_sends_each_node_its_commands_in_order(
+        servers: RedisClusterServers, client: redis.Redis) -> None:
+    """Commands of three masters in one batch: replies in the order queued; a
+    keyless WAIT goes with the command before it; errors come back in place."""
+    sids = _saga_on_each_master(client)
+    p = lean(client)
+    for sid in sids:
+        p.set(keys.saga_lease(sid), sid)
+        p.execute_command("WAIT", 0, 0)
+        p.incr(keys.saga_lease(sid))  # not an integer
+        p.get(keys.saga_lease(sid))
+    replies = p.execute(raise_on_error=False)
+    for n, sid in enumerate(sids):
+        ok, waited, err, got = replies[4 * n:4 * n + 4]
+        assert (ok, waited, got) == (True, 0, sid.encode())
+        assert isinstance(err, redis.ResponseError)
+    assert lean(client).execute() == []
+
+
+def _move_slot(client: redis.Redis, servers: RedisClusterServers, key: str) -> None:
+    """Hand ``key``'s slot, keys and all, to another master behind the client's back."""
+    slot = redis.crc.key_slot(key.encode())
+    owner = client.nodes_manager.get_node_from_slot(slot).port  # type: ignore[attr-defined]
+    masters = {m.port: redis.Redis(port=m.port) for m in servers.masters()}
+    ids = {port: m.execute_command("CLUSTER", "MYID").decode() for port, m in masters.items()}
+    dst_port = next(port for port in masters if port != owner)
+    src, dst = masters[owner], masters[dst_port]
+    dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[owner])
+    src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[dst_port])
+    for k in src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000):
+        src.execute_command("MIGRATE", "127.0.0.1", dst_port, k, 0, 5000)
+    for m in masters.values():
+        m.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[dst_port])
+        m.close()
+
+
+def test_an_append_after_a_reshard_follows_the_move(servers: RedisClusterServers,
+                                                     client: redis.Redis) -> None:
+    """The slot map the client holds goes stale (MOVED): the append is sent again to
+    the new owner and lands once; the chain verifies."""
+    store = EventStore(client)
+    w = store.open("a")
+    _move_slot(client, servers, keys.saga_log(w.saga_id))
+    call = w.prepare([(K.STEP_INTENT, {"step": 0, "tool": "t"})])
+    p = lean(client)
+    call.send(p)
+    p.set(keys.saga_lease(w.saga_id), "x")
+    w.applied(call, p.execute(raise_on_error=False)[0])
+    assert store.log.head(w.saga_id).seq == 1
+    assert Verifier(store.log).verify(w.saga_id).ok
+
+
+def test_an_append_sent_again_recognises_its_own_success(client: redis.Redis,
+                                                         servers: RedisClusterServers) -> None:
+    """The first send went through but its reply was lost: the second says so, not conflict."""
+    store = EventStore(client)
+    w = store.open("a")
+    call = w.prepare([(K.STEP_INTENT, {"step": 0, "tool": "t"})])
+    call.send(client)
+    p = lean(client)
+    call.send(p)
+    head = call.result(p.execute(raise_on_error=False)[0])
+    assert head.seq == 1
+
+
+def test_group_commit_and_fail_fast_on_a_cluster(servers: RedisClusterServers,
+                                                 client: redis.Redis) -> None:
+    """Group commit needs one connection: refused, saying so; fail_fast answers."""
+    with pytest.raises(StoreUnavailable, match="SAGA_GROUP_COMMIT"):
+        group_commit(client)
+    quick = fail_fast(client)
+    assert quick.ping()
+    quick.close()
+
+
+def test_the_queue_gauges_read_the_queues_redis(servers: RedisClusterServers,
+                                                client: redis.Redis,
+                                                queues: redis.Redis) -> None:
+    """Queue depth comes from RQ's own Redis, not the cluster (which holds no queue)."""
+    from prometheus_client import CollectorRegistry
+
+    from saga_store.execution import jobs
+    from saga_store.execution.enqueue import enqueue_step
+    from saga_store.ops.metrics import RedisCollector
+    enqueue_step(queues, jobs.STEP_QUEUE, "a-1", 0, 1, "k" * 16)
+    registry = CollectorRegistry()
+    registry.register(RedisCollector(client, rq_redis=queues))
+    assert registry.get_sample_value("saga_queue_depth", {"queue": jobs.STEP_QUEUE}) == 1
+    assert registry.get_sample_value("saga_redis_up") == 1
