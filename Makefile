@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real test-parity test-cluster lint typecheck bench bench-peers chaos clean \
+.PHONY: demo test test-real test-parity test-cluster lint typecheck bench bench-peers bench-cluster chaos clean \
 	example-openai-agents example-pydantic-ai example-langgraph example-anthropic
 
 $(STAMP): pyproject.toml
@@ -60,6 +60,12 @@ ROUNDS ?= 3
 $(PEERS_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[dev,peers]'
 	touch $(PEERS_STAMP)
+
+# one Redis (with a replica) beside a 3-master cluster (each with a replica), in
+# interleaved rounds: appends, the 5-step workflow, ledger sealing, the ledger's
+# spread over buckets and masters (QUICK=1: one small round)
+bench-cluster: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_cluster --rounds $(ROUNDS) $(if $(filter 1,$(QUICK)),--quick)
 
 bench-peers: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.bench_peers --rounds $(ROUNDS) $(if $(filter 1,$(QUICK)),--quick) $(PEERS_ARGS)
