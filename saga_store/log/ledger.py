@@ -225,11 +225,12 @@ class Ledger:
             call = self.log.prepare(keys.LEDGER_ID, bodies, head, lease=lease,
                                     side=[SideWrite("trim", keys.LEDGER_PENDING)])
             pipe = r.pipeline(transaction=False)
-            call.send(pipe)
+            queued = call.queue(pipe)
             pipe.llen(keys.LEDGER_PENDING)
-            reply, left = pipe.execute(raise_on_error=False)
+            replies = pipe.execute(raise_on_error=False)
+            left = replies[-1]
             try:
-                call.result(reply)
+                call.result(queued(replies))
             except FencedOff:
                 return sealed, 0  # the lease lapsed: another sealer carries on
             except ConflictError:

@@ -30,6 +30,7 @@ from saga_store.errors import (
 from saga_store.log.canonical import canonical, check_json
 from saga_store.log.chain import Chain
 from saga_store.log.events import EventKind
+from saga_store.log.pipeline import lean
 from saga_store.log.scripts import APPEND, RELEASE_LEASE, Scripts
 from saga_store.protocol.vocab import Fence, LeaseMode, Phase, Status, phase_of
 from saga_store.settings import Settings
@@ -149,8 +150,14 @@ def stamp_of(fields: Sequence[bytes] | Mapping[bytes, bytes]) -> bytes | None:
 
 @dataclass(frozen=True)
 class PreparedAppend:
-    """An encoded append: :meth:`send` it (or queue it on a pipeline), then read
-    the reply with :meth:`result`."""
+    """An encoded append: :meth:`send` it (or :meth:`queue` it on a pipeline), then
+    read the reply with :meth:`result`.
+
+    With ``SAGA_WAIT_REPLICAS=N`` a ``WAIT N timeout`` goes right after the append on
+    the same connection (WAIT counts the replicas that hold that connection's last
+    write). An append the master took but fewer replicas confirmed in time is not
+    done: its reply becomes :class:`StoreUnavailable`, as if it had been lost, and
+    whoever sends it again finds it in the chain (code 0 with its own head)."""
 
     log: SagaLog
     chain_id: str
@@ -162,18 +169,85 @@ class PreparedAppend:
     events: int
 
     def send(self, client: Any) -> Any:
+        """Send the append and return its reply; on a pipeline, queue it and return
+        its :class:`Queued` (hand that the pipeline's replies for the append's)."""
         if isinstance(client, Pipeline):
-            # EVAL, not a registered Script: redis-py checks a pipeline's scripts with
-            # SCRIPT EXISTS, an extra round trip per execute (measured: 17% of a
-            # worker's time); Redis caches the compiled body by its SHA1 either way
+            return self.queue(client)
+        if not self.log.settings.wait_replicas:
+            return self.log.scripts.call_append(client, self.keys, self.argv)
+        return self._send_and_wait(client)
+
+    def queue(self, pipe: Pipeline) -> Queued:
+        """Queue the append (and its WAIT) on ``pipe``; the returned :class:`Queued`
+        picks the append's reply out of the pipeline's, wherever it stands."""
+        at = len(pipe)
+        # EVAL, not a registered Script: redis-py checks a pipeline's scripts with
+        # SCRIPT EXISTS, an extra round trip per execute (measured: 17% of a
+        # worker's time); Redis caches the compiled body by its SHA1 either way
+        # no-untyped-call: the library leaves it untyped
+        pipe.execute_command(  # type: ignore[no-untyped-call]
+            "EVAL", APPEND, len(self.keys), *self.keys, *self.argv)
+        waits = self._queue_wait(pipe)
+        return Queued(self, at, waits)
+
+    def _queue_wait(self, pipe: Pipeline) -> bool:
+        settings = self.log.settings
+        if settings.wait_replicas:
             # no-untyped-call: the library leaves it untyped
-            return client.execute_command(  # type: ignore[no-untyped-call]
-                "EVAL", APPEND, len(self.keys), *self.keys, *self.argv)
-        return self.log.scripts.call_append(client, self.keys, self.argv)
+            pipe.execute_command(  # type: ignore[no-untyped-call]
+                "WAIT", settings.wait_replicas, settings.wait_timeout_ms)
+        return bool(settings.wait_replicas)
+
+    def _send_and_wait(self, client: Any) -> Any:
+        """The append by SHA and its WAIT in one round trip on one connection (two
+        calls on the client could take two connections of its pool, and a WAIT
+        on another connection than the write's waits for nothing)."""
+        scripts = self.log.scripts
+        for _ in range(2):
+            pipe = lean(client)
+            # no-untyped-call: the library leaves it untyped
+            pipe.execute_command(  # type: ignore[no-untyped-call]
+                "EVALSHA", scripts.append.sha, len(self.keys), *self.keys, *self.argv)
+            self._queue_wait(pipe)
+            reply, acked = pipe.execute(raise_on_error=False)
+            if not isinstance(reply, redis.exceptions.NoScriptError):
+                return self.confirmed(reply, acked)
+            scripts.append.sha = client.script_load(APPEND)  # Redis lost it: load, resend
+        return reply
+
+    def confirmed(self, reply: Any, acked: Any) -> Any:
+        """The append's ``reply``, or, when it landed (now or by an earlier send) and
+        its WAIT's reply ``acked`` counts fewer replicas than asked for, the
+        :class:`StoreUnavailable` it amounts to (``acked`` None: no WAIT)."""
+        if acked is None or isinstance(reply, Exception) or not self._landed(reply):
+            return reply
+        settings = self.log.settings
+        if isinstance(acked, Exception):
+            return StoreUnavailable(
+                f"append to {self.chain_id} is on the master but not confirmed: WAIT "
+                f"failed ({acked}); the user needs the WAIT command, or unset "
+                "SAGA_WAIT_REPLICAS")
+        if int(acked) >= settings.wait_replicas:
+            return reply
+        return StoreUnavailable(
+            f"append to {self.chain_id} is on the master but not confirmed: {acked} of "
+            f"{settings.wait_replicas} replicas (SAGA_WAIT_REPLICAS) acknowledged it within "
+            f"{settings.wait_timeout_ms} ms (SAGA_WAIT_TIMEOUT_MS), so a failover could lose "
+            "it; check the replicas (INFO replication: connected_slaves, lag) and retry, "
+            "which finds it if it stayed")
+
+    def _landed(self, reply: Any) -> bool:
+        """Whether ``reply`` says the chain holds this append: appended now, or found
+        at the head, sent before (its reply lost with the connection)."""
+        code, seq, extra = reply
+        return bool(code == 1 or (code == 0 and extra == self.last_hash
+                                  and int(seq) == self.argv[0] + self.events))
 
     def result(self, reply: Any) -> Head:
         if isinstance(reply, redis.exceptions.NoPermissionError):
             raise reply  # this user may not write that saga: not an outage
+        if isinstance(reply, StoreUnavailable):
+            raise reply  # not confirmed by enough replicas (see confirmed)
         if isinstance(reply, Exception):
             raise StoreUnavailable(f"append failed: {reply}")
         code, seq, extra = reply
@@ -182,7 +256,7 @@ class PreparedAppend:
             if metrics is not None:
                 metrics.appends.inc(self.events)
             return Head(int(seq), self.last_hash)
-        if code == 0 and extra == self.last_hash and int(seq) == self.argv[0] + self.events:
+        if self._landed(reply):
             # the head is this very append: an earlier send of it succeeded and its
             # reply was lost with the connection, then the client sent it again
             return Head(int(seq), self.last_hash)
@@ -202,6 +276,26 @@ class PreparedAppend:
                             "does not hold any more; re-read and decide again", Fence.GUARD)
         raise FencedOff(f"saga {self.chain_id} is in phase {extra.decode()!r}, "
                         f"not {self.phase!r}", Fence.PHASE)
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A prepared append queued on a pipeline: its EVAL's reply is at ``at`` in the
+    pipeline's replies, its WAIT's (if ``waits``) right after. Call it with the
+    replies for the append's, folded with its WAIT (see :meth:`PreparedAppend.confirmed`)."""
+
+    call: PreparedAppend
+    at: int
+    waits: bool
+
+    def __call__(self, replies: list[Any]) -> Any:
+        return self.call.confirmed(replies[self.at],
+                                   replies[self.at + 1] if self.waits else None)
+
+    def others(self, replies: list[Any]) -> list[Any]:
+        """The replies of the pipeline's other commands, in order."""
+        end = self.at + 1 + self.waits
+        return [*replies[:self.at], *replies[end:]]
 
 
 def head_of(row: Any) -> Head:
