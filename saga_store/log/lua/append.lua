@@ -57,9 +57,11 @@ end
 if seq ~= tonumber(ARGV[1]) or head ~= ARGV[2] then
   local n = tonumber(ARGV[7])
   if seq == tonumber(ARGV[1]) + n and head == ARGV[6 + 3 * n] then
-    -- the head is this very append, resent after its reply was lost: rewrite the
-    -- meta's seq (the value it has, or should have) so the call replicates and a
-    -- WAIT after it on this connection covers the earlier write
+    -- the head is this very append, sent again (its reply lost, or too few
+    -- replicas confirmed it): rewrite the meta's seq with the value it has, or
+    -- should have, so that this call replicates. A server that moves a
+    -- connection's WAIT offset only on writes would otherwise let a WAIT after it
+    -- on an older connection pass without covering the first send's write.
     redis.call('HSET', KEYS[2], 'seq', seq)
   end
   return {0, seq, head}
