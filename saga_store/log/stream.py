@@ -225,8 +225,8 @@ class PreparedAppend:
         if isinstance(acked, Exception):
             return StoreUnavailable(
                 f"append to {self.chain_id} is on the master but not confirmed: WAIT "
-                f"failed ({acked}); the user needs the WAIT command, or unset "
-                "SAGA_WAIT_REPLICAS")
+                f"failed ({acked}); grant this Redis user WAIT (+wait; the users "
+                "'saga acl' prints have it), or unset SAGA_WAIT_REPLICAS")
         if int(acked) >= settings.wait_replicas:
             return reply
         return StoreUnavailable(

@@ -19,6 +19,7 @@ from saga_store import Registry, SagaStore, keys
 from saga_store.errors import ConflictError, InvalidInput, StoreUnavailable
 from saga_store.log.events import EventKind as K
 from saga_store.log.store import EventStore
+from saga_store.ops.acl import agent_rules, worker_rules
 from saga_store.settings import Settings
 from saga_store.testing import RedisServer, assert_eventually
 from saga_store.testing.workers import workers
@@ -178,6 +179,19 @@ def test_a_resend_that_finds_its_append_replicates_a_write() -> None:
         with pytest.raises(ConflictError):
             rival.result(rival.send(store.redis))
         assert _seqs(master, w.saga_id) == [0, 1]
+
+
+def test_the_agent_and_worker_users_may_wait_for_replicas() -> None:
+    """The ACL users that ``saga acl`` prints may send the WAIT after their appends."""
+    with master_and_replica() as (master, replica):
+        admin = redis.Redis(port=master.port)
+        for name, rules in (("bot", agent_rules("bot")), ("worker", worker_rules())):
+            admin.execute_command("ACL", "SETUSER", name, "reset", "on", ">pw", *rules)
+            url = f"redis://{name}:pw@127.0.0.1:{master.port}/0"
+            w = _store(url, 1).open("bot")
+            assert _seqs(replica, w.saga_id) == [0]
+            w.store.redis.close()
+        admin.close()
 
 
 @pytest.mark.parametrize("replicas", [0, 1])
