@@ -31,6 +31,7 @@ from saga_store.log.canonical import canonical, check_json
 from saga_store.log.chain import Chain
 from saga_store.log.events import EventKind
 from saga_store.log.pipeline import lean
+from saga_store.log.replicas import queue_wait, shortfall
 from saga_store.log.scripts import APPEND, RELEASE_LEASE, Scripts
 from saga_store.protocol.vocab import Fence, LeaseMode, Phase, Status, phase_of
 from saga_store.settings import Settings
@@ -187,16 +188,8 @@ class PreparedAppend:
         # no-untyped-call: the library leaves it untyped
         pipe.execute_command(  # type: ignore[no-untyped-call]
             "EVAL", APPEND, len(self.keys), *self.keys, *self.argv)
-        waits = self._queue_wait(pipe)
+        waits = queue_wait(pipe, self.log.settings)
         return Queued(self, at, waits)
-
-    def _queue_wait(self, pipe: Pipeline) -> bool:
-        settings = self.log.settings
-        if settings.wait_replicas:
-            # no-untyped-call: the library leaves it untyped
-            pipe.execute_command(  # type: ignore[no-untyped-call]
-                "WAIT", settings.wait_replicas, settings.wait_timeout_ms)
-        return bool(settings.wait_replicas)
 
     def _send_and_wait(self, client: Any) -> Any:
         """The append by SHA and its WAIT in one round trip on one connection (two
@@ -208,7 +201,7 @@ class PreparedAppend:
             # no-untyped-call: the library leaves it untyped
             pipe.execute_command(  # type: ignore[no-untyped-call]
                 "EVALSHA", scripts.append.sha, len(self.keys), *self.keys, *self.argv)
-            self._queue_wait(pipe)
+            queue_wait(pipe, self.log.settings)
             reply, acked = pipe.execute(raise_on_error=False)
             if not isinstance(reply, redis.exceptions.NoScriptError):
                 return self.confirmed(reply, acked)
@@ -221,24 +214,11 @@ class PreparedAppend:
         :class:`StoreUnavailable` it amounts to (``acked`` None: no WAIT)."""
         if acked is None or isinstance(reply, Exception) or not self._landed(reply):
             return reply
-        settings = self.log.settings
-        if isinstance(acked, Exception):
-            return StoreUnavailable(
-                f"append to {self.chain_id} is on the master but not confirmed: WAIT "
-                f"failed ({acked}); grant this Redis user WAIT (+wait; the users "
-                "'saga acl' prints have it), or unset SAGA_WAIT_REPLICAS")
-        if int(acked) >= settings.wait_replicas:
-            return reply
-        return StoreUnavailable(
-            f"append to {self.chain_id} is on the master but not confirmed: {acked} of "
-            f"{settings.wait_replicas} replicas (SAGA_WAIT_REPLICAS) acknowledged it within "
-            f"{settings.wait_timeout_ms} ms (SAGA_WAIT_TIMEOUT_MS), so a failover could lose "
-            "it; check the replicas (INFO replication: connected_slaves, lag) and retry, "
-            "which finds it if it stayed")
+        return shortfall(self.chain_id, acked, self.log.settings) or reply
 
     def _landed(self, reply: Any) -> bool:
         """Whether ``reply`` says the chain holds this append: appended now, or found
-        at the head, sent before (its reply lost with the connection)."""
+        at the head, sent before (its reply lost, or too few replicas confirmed it)."""
         code, seq, extra = reply
         return bool(code == 1 or (code == 0 and extra == self.last_hash
                                   and int(seq) == self.argv[0] + self.events))
