@@ -4,6 +4,7 @@ a SIGKILLed master and a promoted replica make the failover)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import time
@@ -16,7 +17,8 @@ import pytest
 import redis
 
 from saga_store import Registry, SagaStore, keys
-from saga_store.errors import ConflictError, InvalidInput, StoreUnavailable
+from saga_store.errors import ConflictError, InvalidInput, StepError, StoreUnavailable
+from saga_store.log import scripts
 from saga_store.log.events import EventKind as K
 from saga_store.log.store import EventStore
 from saga_store.ops.acl import agent_rules, worker_rules
@@ -231,8 +233,9 @@ def test_a_worker_with_wait_commits_and_the_replica_holds_every_event(
         ledger: Path, worker_kind: str) -> None:
     """End to end through a real ``saga worker`` with SAGA_WAIT_REPLICAS=1: the
     workflow commits, and once the worker has gone past its commit, the replica
-    holds every event of the saga."""
-    with master_and_replica() as (master, replica):
+    holds every event of the saga, and every append the master ran (the worker's,
+    the submit's, the ledger sealer's) sent its WAIT."""
+    with master_and_replica(*LOG_EVERY_COMMAND) as (master, replica):
         env = {**os.environ, "SAGA_REDIS_URL": master.url, "SAGA_TEST_LEDGER": str(ledger),
                "SAGA_LEASE_MS": "1000", "SAGA_HMAC_KEY": "", "SAGA_HMAC_KEY_FILE": "",
                "SAGA_WAIT_REPLICAS": "1", "SAGA_WAIT_TIMEOUT_MS": "2000",
@@ -256,6 +259,57 @@ def test_a_worker_with_wait_commits_and_the_replica_holds_every_event(
         assert len(effects("reserve")) == 1
         assert len(effects("charge")) == 1
         client.close()
+        appends, waits = _appends_and_waits(master)
+        assert appends >= 4
+        assert waits == appends
+
+
+def test_a_client_driven_saga_that_unwinds_waits_on_every_path(ledger: Path) -> None:
+    """In the caller's process (open, intents, steps, their unwind and close, each
+    on its own send path) with SAGA_WAIT_REPLICAS=1: every append sends its WAIT,
+    and the replica holds every event."""
+    with master_and_replica(*LOG_EVERY_COMMAND) as (master, replica):
+        client = redis.Redis.from_url(master.url)
+        store = SagaStore(client, Registry.from_modules("tests.ledger_tools"),
+                          Settings(wait_replicas=1, wait_timeout_ms=2000, lease_ms=1000))
+        opened = []
+
+        def turn_that_fails() -> None:
+            with store.saga(agent_id="agent-c", executor="inline") as saga:
+                opened.append(saga.saga_id)
+                saga.call("reserve_inventory", {"sku": "C", "qty": 1})
+                saga.call("fail_always", {})
+        with pytest.raises(StepError):
+            turn_that_fails()
+        sid = opened[0]
+        assert str(store.state(sid).status) == "compensated"
+        assert_eventually(lambda: _closed_in_ledger(store.events, sid), timeout=10,
+                          what="the saga's closing ledger entry")
+        on_master = _seqs(master, sid)
+        assert _seqs(replica, sid) == on_master == list(range(len(on_master)))
+        assert len(effects("release")) == 1
+        client.close()
+        appends, waits = _appends_and_waits(master)
+        assert appends >= 6
+        assert waits == appends
+
+
+LOG_EVERY_COMMAND = ("--slowlog-log-slower-than", "0", "--slowlog-max-len", "100000")
+
+
+def _appends_and_waits(server: RedisServer) -> tuple[int, int]:
+    """How many append script calls the master ran (from its slow log, which logs
+    every command), and how many WAITs (from its command stats: a WAIT that
+    blocked is not in the slow log). Only appends send WAIT."""
+    client = redis.Redis(port=server.port)
+    try:
+        entries = client.slowlog_get(100_000)
+        waits = client.info("commandstats").get("cmdstat_wait", {}).get("calls", 0)
+    finally:
+        client.close()
+    sha = hashlib.sha1(scripts.APPEND.encode()).hexdigest().encode()  # noqa: S324  # Redis's
+    append = (b"EVAL " + scripts.APPEND.encode()[:60], b"EVALSHA " + sha)
+    return sum(e["command"].startswith(append) for e in entries), int(waits)
 
 
 def _closed_in_ledger(store: EventStore, saga_id: str) -> bool:
