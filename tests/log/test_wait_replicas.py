@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from saga_store import Registry, SagaStore, keys
+from saga_store.approval.requests import request
 from saga_store.errors import ConflictError, InvalidInput, StepError, StoreUnavailable
 from saga_store.log import scripts
 from saga_store.log.events import EventKind as K
@@ -295,6 +296,19 @@ def test_a_client_driven_saga_that_unwinds_waits_on_every_path(ledger: Path) -> 
 
 
 LOG_EVERY_COMMAND = ("--slowlog-log-slower-than", "0", "--slowlog-max-len", "100000")
+
+
+def test_an_approval_request_waits_and_fails_as_not_confirmed_when_unacknowledged() -> None:
+    """The approval request's append (riding with its place in ss:approvals) waits
+    for the replica like any other: confirmed with it up, not confirmed when frozen."""
+    with master_and_replica() as (master, replica):
+        store = _store(master.url, 1)
+        w = store.open("agent-a")
+        request(w, 0, "charge_payment", {"amount_cents": 5}, 0)
+        assert _seqs(replica, w.saga_id) == [0, 1]
+        with stopped(replica), pytest.raises(StoreUnavailable, match="not confirmed"):
+            request(w, 1, "charge_payment", {"amount_cents": 6}, 0)
+        assert _seqs(master, w.saga_id) == [0, 1, 2]  # on the master all the same
 
 
 def _appends_and_waits(server: RedisServer) -> tuple[int, int]:
