@@ -13,13 +13,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import bench_compensation, bench_gateway, bench_log, bench_steps, bench_workflows
+from . import (
+    bench_compensation,
+    bench_gateway,
+    bench_log,
+    bench_steps,
+    bench_wait,
+    bench_workflows,
+)
 
 OUT = Path(__file__).parent / "out"
 
 
 def table(log: dict[str, Any], steps: dict[str, Any], comp: dict[str, Any],
-          flows: dict[str, Any], gw: dict[str, Any]) -> str:
+          flows: dict[str, Any], gw: dict[str, Any], wait: dict[str, Any]) -> str:
     rt, fc = steps["round_trip_ms"], steps["flat_cost_ms"]
     rows = [
         ("append, one at a time", f"{log['append_one_per_s']:,.0f} /s", ">= 5,000 /s"),
@@ -82,6 +89,12 @@ def table(log: dict[str, Any], steps: dict[str, Any], comp: dict[str, Any],
          f"{gw['last_100_ms']:.2f} / {gw['first_100_ms']:.2f} ms = {gw['depth_ratio']:.2f}x",
          "<= 1.2x"),
     ]
+    for path in ("single", "pipeline"):
+        w0, w1 = wait[path]["wait_0"], wait[path]["wait_1"]
+        rows.append((f"append ({path} call), SAGA_WAIT_REPLICAS=1 vs 0, replica on loopback, "
+                     "p50 / p99",
+                     f"{w1['p50_us']:.0f} / {w1['p99_us']:.0f} us vs "
+                     f"{w0['p50_us']:.0f} / {w0['p99_us']:.0f} us", "reference"))
     out = ["| measure | result | target |", "|---|---|---|"]
     out += [f"| {a} | {b} | {c} |" for a, b, c in rows]
     return "\n".join(out)
@@ -96,11 +109,12 @@ def main() -> None:
     comp = bench_compensation.run(quick)
     flows = bench_workflows.run(bench_workflows.WORKERS, quick)
     gw = bench_gateway.run(calls=1000 if quick else 3000, side_by_side=300 if quick else 1000)
+    wait = bench_wait.run(rounds=4 if quick else 20, appends=250)
     results = {"log": log, "steps": steps, "compensation": comp, "workflows": flows,
-               "gateway": gw,
+               "gateway": gw, "wait": wait,
                "seconds": time.time() - started, "quick": quick}
     (OUT / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    md = table(log, steps, comp, flows, gw)
+    md = table(log, steps, comp, flows, gw, wait)
     (OUT / "table.md").write_text(md + "\n")
     print(md)
 

@@ -37,6 +37,13 @@ class Settings:
     # how many ledger buckets a store gets when it is created (then recorded in
     # Redis: see saga_store.log.layout; later settings do not change it)
     buckets: int = DEFAULT_BUCKETS
+    # an append counts as done only once this many replicas hold it (Redis WAIT
+    # right after it, on its connection); 0: when the master has it, as Redis
+    # replicates asynchronously, so a failover can lose acknowledged appends
+    wait_replicas: int = 0
+    # how long an append waits for those replicas before it fails as not
+    # confirmed (never 0: WAIT's 0 waits for ever)
+    wait_timeout_ms: int = 1000
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: object) -> Self:
@@ -63,6 +70,12 @@ class Settings:
                                                      "SAGA_APPROVAL_PROGRESS_S")
         if e.get("SAGA_BUCKETS"):
             values["buckets"] = check_buckets(e["SAGA_BUCKETS"])
+        if e.get("SAGA_WAIT_REPLICAS"):
+            values["wait_replicas"] = _count(e["SAGA_WAIT_REPLICAS"], "SAGA_WAIT_REPLICAS",
+                                             least=0, example=1)
+        if e.get("SAGA_WAIT_TIMEOUT_MS"):
+            values["wait_timeout_ms"] = _count(e["SAGA_WAIT_TIMEOUT_MS"], "SAGA_WAIT_TIMEOUT_MS",
+                                               least=1, example=1000)
         values.update({k: v for k, v in overrides.items() if v is not None})
         return cls(**values)  # type: ignore[arg-type]  # checked at run time
 
@@ -84,3 +97,13 @@ def _seconds(value: str, var: str) -> float:
     if not 0 < seconds < float("inf"):  # NaN fails too: a check must come round again
         raise InvalidInput(f"{var}={value!r}: use a number of seconds above 0, e.g. 30")
     return seconds
+
+
+def _count(value: str, var: str, *, least: int, example: int) -> int:
+    """A whole number of at least ``least`` (no sign, no fraction: ``1.5``
+    replicas or ``-1`` ms has no meaning here)."""
+    v = value.strip()
+    if not (v.isascii() and v.isdigit()) or int(v) < least:
+        raise InvalidInput(f"{var}={value!r}: use a whole number of at least {least}, "
+                           f"e.g. {var}={example}")
+    return int(v)

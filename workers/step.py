@@ -217,11 +217,11 @@ class StepRunner:
         call = writer.prepare([build.step_started(step, view.started + 1, **data)],
                               lease=Lease(token, LeaseMode.ACQUIRE, ttl), phase=Phase.FORWARD)
         pipe = lean(self.store.redis)
-        call.send(pipe)
+        queued = call.queue(pipe)
         # events already in the log (the previous step's outcome, say) ride along
         caught_up = self._project_known(pipe, saga_id, view, view.events)
         try:
-            writer.applied(call, pipe.execute(raise_on_error=False)[0])
+            writer.applied(call, queued(pipe.execute(raise_on_error=False)))
         except FencedOff as exc:
             if exc.lease_lost:  # another worker is running it: this copy is a duplicate
                 if metrics is not None:
@@ -297,12 +297,12 @@ class StepRunner:
                 # next job finds no intent at its seq and is dropped. The projection of
                 # what this appends rides on the next step's round trip.
                 trip = self.store.trip()
-                call.send(trip.log)
+                queued = call.queue(trip.log)
                 self._after_outcome(trip, saga_id, step, view, outcome, spec, follow, extra,
                                     items, writer.head.seq + len(items))
                 if follow is Follow.EAGER:  # events already in the log: safe to project now
                     self._project_known(trip.log, saga_id, view, view.events)
-                reply = trip.execute(raise_on_error=False)[0]
+                reply = queued(trip.execute(raise_on_error=False))
             else:
                 reply = None
             try:

@@ -82,9 +82,9 @@ def request(writer: ChainWriter, step: int, tool: str, preview_data: dict[str, A
     call = writer.prepare([build.approval_requested(step, tool, preview_data)],
                           phase=Phase.FORWARD)
     pipe = lean(writer.store.redis)
-    call.send(pipe)
+    queued = call.queue(pipe)
     pipe.zadd(keys.APPROVALS, {member(writer.saga_id, step): deadline(timeout_s)})
-    writer.applied(call, pipe.execute(raise_on_error=False)[0])
+    writer.applied(call, queued(pipe.execute(raise_on_error=False)))
 
 
 def member(saga_id: str, step: int) -> str:

@@ -151,8 +151,9 @@ class SagaStore:
         # sweeper still finds it when the client lease lapses
         pipe = lean(self.redis)
         schedule(pipe, sid, now_ms() + self.client_lease_ms + 1000, nx=True)
-        opening.call.send(pipe)
-        added, *_, reply = pipe.execute(raise_on_error=False)
+        queued = opening.call.queue(pipe)
+        replies = pipe.execute(raise_on_error=False)
+        added, reply = replies[0], queued(replies)
         if opening.refused(reply):
             if added:
                 self.redis.zrem(keys.active_for(sid), sid)
@@ -278,15 +279,13 @@ class SagaStore:
         for p in planned:
             added_at.append(len(ahead))
             schedule(ahead, p.saga_id, look_at, nx=True)
-        at = []
-        for p in planned:
-            at.append(len(ahead))
-            p.opening.call.send(ahead)
+        queued = [p.opening.call.queue(ahead) for p in planned]
         replies = ahead.execute(raise_on_error=False)
-        for i, got in enumerate(replies):
-            if isinstance(got, Exception) and i not in at:
+        for got in replies[:queued[0].at if queued else None]:  # the schedules'
+            if isinstance(got, Exception):
                 raise got
-        taken = [p for p, i in zip(planned, at, strict=True) if p.opening.refused(replies[i])]
+        opened = [q(replies) for q in queued]
+        taken = [p for p, got in zip(planned, opened, strict=True) if p.opening.refused(got)]
         if taken:  # only ids a caller chose can be taken: submit, one plan
             for p, k in zip(planned, added_at, strict=True):
                 if p in taken and replies[k]:
@@ -298,8 +297,8 @@ class SagaStore:
         # workers that run the plans; a process killed before this round trip owes
         # them, and a sweeper pays from the log (the opening recorded the debt)
         trip = self.trip()
-        for p, i in zip(planned, at, strict=True):
-            writer = p.opening.applied(replies[i], trip.log, defer_ledger=True)
+        for p, got in zip(planned, opened, strict=True):
+            writer = p.opening.applied(got, trip.log, defer_ledger=True)
             enqueue_step(trip.queue, self.queue, p.saga_id, 0, writer.head.seq, p.idem_key)
         execute(trip, *(p.opening.ledger_written for p in planned))
         return [p.saga_id for p in planned]

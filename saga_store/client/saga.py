@@ -167,8 +167,7 @@ class Saga:
             side += self.store.driver_lease(self.saga_id)  # a call renews the client lease
             call = self.writer.prepare([(K.STEP_INTENT, fields)], phase=Phase.FORWARD,
                                        side=side)
-            at_append = len(pipe)
-            call.send(pipe)
+            queued = call.queue(pipe)
             # the job goes in the same round trip: if the append loses, the worker
             # finds no intent at that seq and drops the job. Run inline, there is
             # none: this process runs the step next (if it dies first, the sweeper
@@ -178,7 +177,7 @@ class Saga:
                              self.writer.head.seq + 1, fields["idem_key"])
             replies = trip.execute(raise_on_error=False)
             try:
-                self.writer.applied(call, replies[at_append])
+                self.writer.applied(call, queued(replies))
                 self._renewed = time.monotonic()
                 self.state.apply({**fields, "kind": K.STEP_INTENT, "seq": self.writer.head.seq})
                 self.state.head_hash = self.writer.head.hash

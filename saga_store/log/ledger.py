@@ -303,11 +303,12 @@ class Ledger:
             call = self.log.prepare(chain, bodies, head, lease=held,
                                     side=[SideWrite("trim", pending)])
             pipe = r.pipeline(transaction=False)
-            call.send(pipe)
+            queued = call.queue(pipe)
             pipe.llen(pending)
-            reply, left = pipe.execute(raise_on_error=False)
+            replies = pipe.execute(raise_on_error=False)
+            left = replies[-1]
             try:
-                call.result(reply)
+                call.result(queued(replies))
             except FencedOff:
                 return sealed, 0  # the lease lapsed: another sealer carries on
             except ConflictError:

@@ -335,10 +335,10 @@ class ChainWriter:
         pipe = lean(self.store.redis)
         if riders is not None:
             riders(pipe)
-        call.send(pipe)
+        queued = call.queue(pipe)
         replies = pipe.execute(raise_on_error=False)
-        self.applied(call, replies[-1], ledger=ledger)
-        for got in replies[:-1]:
+        self.applied(call, queued(replies), ledger=ledger)
+        for got in queued.others(replies):
             if isinstance(got, Exception):
                 raise got
         return self.appended(items)

@@ -32,6 +32,8 @@ from saga_store.log.canonical import canonical, check_json
 from saga_store.log.chain import Chain
 from saga_store.log.events import EventKind
 from saga_store.log.layout import Layout
+from saga_store.log.pipeline import lean
+from saga_store.log.replicas import queue_wait, shortfall
 from saga_store.log.scripts import APPEND, RELEASE_LEASE, Scripts
 from saga_store.ops.connection import twin
 from saga_store.protocol.vocab import Fence, LeaseMode, Phase, Status, phase_of
@@ -152,8 +154,14 @@ def stamp_of(fields: Sequence[bytes] | Mapping[bytes, bytes]) -> bytes | None:
 
 @dataclass(frozen=True)
 class PreparedAppend:
-    """An encoded append: :meth:`send` it (or queue it on a pipeline), then read
-    the reply with :meth:`result`."""
+    """An encoded append: :meth:`send` it (or :meth:`queue` it on a pipeline), then
+    read the reply with :meth:`result`.
+
+    With ``SAGA_WAIT_REPLICAS=N`` a ``WAIT N timeout`` goes right after the append on
+    the same connection (WAIT counts the replicas that hold that connection's last
+    write). An append the master took but fewer replicas confirmed in time is not
+    done: its reply becomes :class:`StoreUnavailable`, as if it had been lost, and
+    whoever sends it again finds it in the chain (code 0 with its own head)."""
 
     log: SagaLog
     chain_id: str
@@ -165,18 +173,64 @@ class PreparedAppend:
     events: int
 
     def send(self, client: Any) -> Any:
+        """Send the append and return its reply; on a pipeline, queue it and return
+        its :class:`Queued` (hand that the pipeline's replies for the append's)."""
         if isinstance(client, Pipeline):
-            # EVAL, not a registered Script: redis-py checks a pipeline's scripts with
-            # SCRIPT EXISTS, an extra round trip per execute (measured: 17% of a
-            # worker's time); Redis caches the compiled body by its SHA1 either way
+            return self.queue(client)
+        if not self.log.settings.wait_replicas:
+            return self.log.scripts.call_append(client, self.keys, self.argv)
+        return self._send_and_wait(client)
+
+    def queue(self, pipe: Pipeline) -> Queued:
+        """Queue the append (and its WAIT) on ``pipe``; the returned :class:`Queued`
+        picks the append's reply out of the pipeline's, wherever it stands."""
+        at = len(pipe)
+        # EVAL, not a registered Script: redis-py checks a pipeline's scripts with
+        # SCRIPT EXISTS, an extra round trip per execute (measured: 17% of a
+        # worker's time); Redis caches the compiled body by its SHA1 either way
+        # no-untyped-call: the library leaves it untyped
+        pipe.execute_command(  # type: ignore[no-untyped-call]
+            "EVAL", APPEND, len(self.keys), *self.keys, *self.argv)
+        waits = queue_wait(pipe, self.log.settings)
+        return Queued(self, at, waits)
+
+    def _send_and_wait(self, client: Any) -> Any:
+        """The append by SHA and its WAIT in one round trip on one connection (two
+        calls on the client could take two connections of its pool, and a WAIT
+        on another connection than the write's waits for nothing)."""
+        scripts = self.log.scripts
+        for _ in range(2):
+            pipe = lean(client)
             # no-untyped-call: the library leaves it untyped
-            return client.execute_command(  # type: ignore[no-untyped-call]
-                "EVAL", APPEND, len(self.keys), *self.keys, *self.argv)
-        return self.log.scripts.call_append(client, self.keys, self.argv)
+            pipe.execute_command(  # type: ignore[no-untyped-call]
+                "EVALSHA", scripts.append.sha, len(self.keys), *self.keys, *self.argv)
+            queue_wait(pipe, self.log.settings)
+            reply, acked = pipe.execute(raise_on_error=False)
+            if not isinstance(reply, redis.exceptions.NoScriptError):
+                return self.confirmed(reply, acked)
+            scripts.append.sha = client.script_load(APPEND)  # Redis lost it: load, resend
+        return reply
+
+    def confirmed(self, reply: Any, acked: Any) -> Any:
+        """The append's ``reply``, or, when it landed (now or by an earlier send) and
+        its WAIT's reply ``acked`` counts fewer replicas than asked for, the
+        :class:`StoreUnavailable` it amounts to (``acked`` None: no WAIT)."""
+        if acked is None or isinstance(reply, Exception) or not self._landed(reply):
+            return reply
+        return shortfall(self.chain_id, acked, self.log.settings) or reply
+
+    def _landed(self, reply: Any) -> bool:
+        """Whether ``reply`` says the chain holds this append: appended now, or found
+        at the head, sent before (its reply lost, or too few replicas confirmed it)."""
+        code, seq, extra = reply
+        return bool(code == 1 or (code == 0 and extra == self.last_hash
+                                  and int(seq) == self.argv[0] + self.events))
 
     def result(self, reply: Any) -> Head:
         if isinstance(reply, redis.exceptions.NoPermissionError):
             raise reply  # this user may not write that saga: not an outage
+        if isinstance(reply, StoreUnavailable):
+            raise reply  # not confirmed by enough replicas (see confirmed)
         if isinstance(reply, Exception):
             raise StoreUnavailable(f"append failed: {reply}")
         code, seq, extra = reply
@@ -185,7 +239,7 @@ class PreparedAppend:
             if metrics is not None:
                 metrics.appends.inc(self.events)
             return Head(int(seq), self.last_hash)
-        if code == 0 and extra == self.last_hash and int(seq) == self.argv[0] + self.events:
+        if self._landed(reply):
             # the head is this very append: an earlier send of it succeeded and its
             # reply was lost with the connection, then the client sent it again
             return Head(int(seq), self.last_hash)
@@ -205,6 +259,26 @@ class PreparedAppend:
                             "does not hold any more; re-read and decide again", Fence.GUARD)
         raise FencedOff(f"saga {self.chain_id} is in phase {extra.decode()!r}, "
                         f"not {self.phase!r}", Fence.PHASE)
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """A prepared append queued on a pipeline: its EVAL's reply is at ``at`` in the
+    pipeline's replies, its WAIT's (if ``waits``) right after. Call it with the
+    replies for the append's, folded with its WAIT (see :meth:`PreparedAppend.confirmed`)."""
+
+    call: PreparedAppend
+    at: int
+    waits: bool
+
+    def __call__(self, replies: list[Any]) -> Any:
+        return self.call.confirmed(replies[self.at],
+                                   replies[self.at + 1] if self.waits else None)
+
+    def others(self, replies: list[Any]) -> list[Any]:
+        """The replies of the pipeline's other commands, in order."""
+        end = self.at + 1 + self.waits
+        return [*replies[:self.at], *replies[end:]]
 
 
 def head_of(row: Any) -> Head:

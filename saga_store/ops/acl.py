@@ -42,7 +42,8 @@ FORBIDDEN = ["del", "unlink", "xdel", "xtrim", "flushall", "flushdb", "config", 
              "debug", "module", "acl", "bgrewriteaof", "bgsave", "save", "failover",
              "replicaof", "slaveof", "sort", "copy"]
 CONNECTION = ["+ping", "+hello", "+auth", "+info", "+client|setname", "+client|getname",
-              "+client|id", "+select", "+time", "+script|load", "+script|exists"]
+              "+client|id", "+select", "+time", "+script|load", "+script|exists",
+              "+wait"]  # SAGA_WAIT_REPLICAS: an append waits for replicas on its connection
 # the writes Saga Store makes to keys that are not logs
 SIDE_WRITES = ["+hset", "+hsetnx", "+hincrby", "+set", "+pexpire", "+expire", "+zadd", "+zrem",
                "+sadd", "+srem", "+xadd"]

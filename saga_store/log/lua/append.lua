@@ -33,7 +33,9 @@
 --         if the key exists). Side writes happen only when the append does, so
 --         a refused append writes nothing at all.
 -- returns {1, new head seq, ''}            appended
---         {0, head seq, head hash}         head moved: re-read, decide again
+--         {0, head seq, head hash}         head moved: re-read, decide again (or
+--                                          it is this append, resent: the only
+--                                          write then is the meta's seq, as is)
 --         {-1, 0, holder}                  lease held by another token (fenced off)
 --         {-2, 0, phase}                   saga is in another phase
 --         {-3, 0, ''}                      no such chain, and this is no opening
@@ -53,6 +55,15 @@ if seq == -1 and want ~= 'open' then
   return {-3, 0, ''}
 end
 if seq ~= tonumber(ARGV[1]) or head ~= ARGV[2] then
+  local n = tonumber(ARGV[7])
+  if seq == tonumber(ARGV[1]) + n and head == ARGV[6 + 3 * n] then
+    -- the head is this very append, sent again (its reply lost, or too few
+    -- replicas confirmed it): rewrite the meta's seq with the value it has, or
+    -- should have, so that this call replicates. A server that moves a
+    -- connection's WAIT offset only on writes would otherwise let a WAIT after it
+    -- on an older connection pass without covering the first send's write.
+    redis.call('HSET', KEYS[2], 'seq', seq)
+  end
   return {0, seq, head}
 end
 local token, mode = ARGV[3], ARGV[4]

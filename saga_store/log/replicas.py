@@ -1,0 +1,42 @@
+"""Waiting for replicas after an append (``SAGA_WAIT_REPLICAS``).
+
+Redis replicates asynchronously: the master acknowledges a write before any
+replica has it, so a failover can lose appends the old master acknowledged.
+``WAIT N timeout`` blocks the calling connection until N replicas acknowledged
+that connection's writes so far, or the timeout passed, and returns how many
+did. It goes right after the append's script call, on the same connection;
+an append fewer replicas confirmed is not done (see
+:meth:`saga_store.log.stream.PreparedAppend.confirmed`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from saga_store.errors import StoreUnavailable
+from saga_store.settings import Settings
+
+
+def queue_wait(pipe: Any, settings: Settings) -> bool:
+    """Queue the WAIT on ``pipe`` if the settings ask for one; whether they did."""
+    if settings.wait_replicas:
+        pipe.execute_command("WAIT", settings.wait_replicas, settings.wait_timeout_ms)
+    return bool(settings.wait_replicas)
+
+
+def shortfall(chain_id: str, acked: Any, settings: Settings) -> StoreUnavailable | None:
+    """The error an append to ``chain_id`` that landed amounts to when its WAIT's
+    reply ``acked`` (a count, or the WAIT's error) falls short; None if it does not."""
+    if isinstance(acked, Exception):
+        return StoreUnavailable(
+            f"append to {chain_id} is on the master but not confirmed: WAIT failed "
+            f"({acked}); grant this Redis user WAIT (+wait; the users 'saga acl' prints "
+            "have it), or unset SAGA_WAIT_REPLICAS")
+    if int(acked) >= settings.wait_replicas:
+        return None
+    return StoreUnavailable(
+        f"append to {chain_id} is on the master but not confirmed: {acked} of "
+        f"{settings.wait_replicas} replicas (SAGA_WAIT_REPLICAS) acknowledged it within "
+        f"{settings.wait_timeout_ms} ms (SAGA_WAIT_TIMEOUT_MS), so a failover could lose "
+        "it; check the replicas (INFO replication: connected_slaves, lag) and retry, "
+        "which finds it if it stayed")
