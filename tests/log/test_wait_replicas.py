@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import redis
 
-from saga_store import Registry, SagaStore, keys
+from saga_store import Registry, SagaStore
 from saga_store.approval.requests import request
 from saga_store.errors import ConflictError, InvalidInput, StepError, StoreUnavailable
 from saga_store.log import scripts
@@ -327,7 +327,7 @@ def _appends_and_waits(server: RedisServer) -> tuple[int, int]:
 
 
 def _closed_in_ledger(store: EventStore, saga_id: str) -> bool:
-    entries = [*store.log.bodies(keys.LEDGER_ID), *store.ledger.pending()]
+    entries = [*store.ledger.bodies(), *store.ledger.pending()]
     return any(e["kind"] == K.LEDGER_CLOSED and (e.get("data") or {}).get("saga_id") == saga_id
                for e in entries)
 
