@@ -92,3 +92,10 @@ def in_flight(client: Any) -> list[str]:
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def server_ms(client: Any) -> int:
+    """Redis's clock, in ms: for times that processes on other hosts compare, whose
+    own clocks need not agree."""
+    secs, micros = client.time()
+    return int(secs) * 1000 + int(micros) // 1000
