@@ -131,7 +131,7 @@ class SagaStore:
         # in ss:active from its first event: should the caller die at once, the
         # sweeper still finds it when the client lease lapses
         pipe = lean(self.redis)
-        schedule(pipe, sid, now_ms() + self.client_lease_ms + 1000, nx=True)
+        schedule(pipe, sid, self.client_lease_ms + 1000, nx=True)
         opening.call.send(pipe)
         added, *_, reply = pipe.execute(raise_on_error=False)
         if opening.refused(reply):
@@ -254,11 +254,11 @@ class SagaStore:
         # process die after an open, the sweeper finds it. NX: a saga that is
         # already there (an id taken, this open refused) keeps its own schedule
         ahead = lean(self.redis)
-        look_at = now_ms() + 2 * self.settings.lease_ms
+        look_after = 2 * self.settings.lease_ms
         added_at = []
         for p in planned:
             added_at.append(len(ahead))
-            schedule(ahead, p.saga_id, look_at, nx=True)
+            schedule(ahead, p.saga_id, look_after, nx=True)
         at = []
         for p in planned:
             at.append(len(ahead))
@@ -368,7 +368,7 @@ class SagaStore:
         else:
             raise ConflictError(f"saga {saga_id} kept changing; try again")
         pipe = lean(self.redis)
-        schedule(pipe, saga_id, now_ms() + 2 * self.settings.lease_ms)
+        schedule(pipe, saga_id, 2 * self.settings.lease_ms)
         enqueue_compensation(pipe, saga_id)
         pipe.execute()
         return True
@@ -394,7 +394,7 @@ class SagaStore:
                 continue  # the log moved (a late duplicate's note): decide again
             if state.executor is None:  # a gateway finishes its own unwinds
                 pipe = lean(self.redis)
-                schedule(pipe, saga_id, now_ms() + 2 * self.settings.lease_ms)
+                schedule(pipe, saga_id, 2 * self.settings.lease_ms)
                 enqueue_compensation(pipe, saga_id)
                 pipe.execute()
             return

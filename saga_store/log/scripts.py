@@ -6,6 +6,7 @@ the keys of one hash tag (one Cluster slot).
     claim.lua            claim an idempotency key
     release_lease.lua    expire a lease if the token still holds it
     renew_lease.lua      extend a held lease, or retake it if it lapsed
+    schedule.lua         put a saga in an index of sagas in flight, by Redis's clock
     take_over_lease.lua  take a lease from a holder known to be gone
 """
 
@@ -28,6 +29,7 @@ APPEND = source("append")
 CLAIM = source("claim")
 RELEASE_LEASE = source("release_lease")
 RENEW_LEASE = source("renew_lease")
+SCHEDULE = source("schedule")
 TAKE_OVER_LEASE = source("take_over_lease")
 
 
