@@ -14,7 +14,9 @@ Needs root, ``ip`` (iproute2) and ``unshare``/``nsenter`` (util-linux);
 :func:`missing` says what is missing. Names and the subnet are picked afresh
 for every :class:`Network`, so runs side by side do not meet, and everything
 is removed on the way out, a failed test included. Processes started here
-get SIGKILL should the test process die first.
+get SIGKILL should the test process die first; the bridge names its owner
+(PID namespace and pid), and what an owner that died left behind is removed
+by the next :class:`Network` made in that PID namespace.
 
 >>> with Network(2) as net, net.redis() as srv:       # doctest: +SKIP
 ...     a, b = net.hosts
@@ -30,6 +32,7 @@ import ctypes
 import ipaddress
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -42,6 +45,9 @@ from typing import IO, Any
 from saga_store.testing import RedisServer, assert_eventually
 
 TOOLS = ("ip", "unshare", "nsenter")
+OWNER = "saga-test-owner="  # the bridge's alias: OWNER + "<pid namespace>:<pid>"
+_OWNED = re.compile(r"^\d+: sgb(?P<tag>[0-9a-f]{6}): .*alias " + re.escape(OWNER) +
+                    r"(?P<ns>\S+):(?P<pid>\d+)$")
 PR_SET_PDEATHSIG = 1
 # pid 1 of a host: names the host, says so, then reaps orphans until killed
 _INIT = ("import os, socket, sys, time\n"
@@ -96,6 +102,28 @@ def _pid_ns(pid: int) -> str | None:
         return os.readlink(f"/proc/{pid}/ns/pid")
     except OSError:
         return None
+
+
+def sweep_stale() -> list[str]:
+    """Remove the bridges, namespaces and links that a test process of this PID
+    namespace left when it died without cleaning up; returns the bridges removed.
+    (Another namespace's owner cannot be seen from here, so its are left alone.)"""
+    here = _pid_ns(os.getpid())
+    removed = []
+    for line in _ip("-o", "link", "show", "type", "bridge").stdout.splitlines():
+        m = _OWNED.match(line.strip())
+        if m is None or m["ns"] != here or os.path.exists(f"/proc/{m['pid']}"):
+            continue
+        # the links first: a namespace deleted takes its links along, but later
+        for link in _ip("-o", "link").stdout.split():
+            if link.startswith(f"sgv{m['tag']}"):
+                _ip("link", "del", link.split("@")[0].rstrip(":"), check=False)
+        for ns in _ip("netns", "list").stdout.split():
+            if ns.startswith(f"saga-{m['tag']}-"):
+                _ip("netns", "del", ns, check=False)
+        _ip("link", "del", f"sgb{m['tag']}", check=False)
+        removed.append(f"sgb{m['tag']}")
+    return removed
 
 
 class Host:
@@ -212,6 +240,7 @@ class Network:
         reason = missing()
         if reason:
             raise RuntimeError(f"cannot make test hosts: {reason}")
+        sweep_stale()
         try:
             self._make_bridge()
             for i in range(self.count):
@@ -227,6 +256,7 @@ class Network:
     def _make_bridge(self) -> None:
         _ip("link", "add", self.bridge, "type", "bridge")
         self._bridge_made = True
+        _ip("link", "set", self.bridge, "alias", f"{OWNER}{_pid_ns(os.getpid())}:{os.getpid()}")
         _ip("addr", "add", f"{self.gateway_ip}/{self.subnet.prefixlen}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
 
@@ -256,8 +286,8 @@ class Network:
         failures and raises the first at the end."""
         errors: list[BaseException] = []
         for host in self.hosts:
-            for undo in (host.kill, lambda h=host: _ip("netns", "del", h.netns, check=False),
-                         lambda h=host: _ip("link", "del", h.veth, check=False)):
+            for undo in (host.kill, lambda h=host: _ip("link", "del", h.veth, check=False),
+                         lambda h=host: _ip("netns", "del", h.netns, check=False)):
                 try:
                     undo()
                 except Exception as exc:  # the rest must still go
