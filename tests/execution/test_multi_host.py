@@ -85,7 +85,7 @@ def test_a_host_killed_mid_run_has_its_steps_finished_on_the_other(
     """Both hosts run workers; host A is killed whole (every process in its PID
     namespace) while steps run there: host B runs them again under the same keys,
     every saga commits, each reservation and charge is made exactly once, and the
-    chains verify."""
+    chains verify (`saga verify` run on host B too)."""
     a, b = fleet.net.hosts
     plan = [{"tool": "reserve_inventory", "args": {"sku": "A", "qty": 1}},
             {"tool": "host_sleep", "args": {"seconds": 1.0}},
@@ -115,6 +115,8 @@ def test_a_host_killed_mid_run_has_its_steps_finished_on_the_other(
     assert all(slept[key] == [b.hostname] for key in lost), "a step of host A never moved"
     assert all(set(outcomes(fleet.store, sid).values()) == {1} for sid in ids)
     assert Verifier(fleet.store.events.log).verify().ok
+    verify = b.run([sys.executable, "-m", "saga_store.cli.main", "verify"], env=fleet.env)
+    assert verify.returncode == 0, verify.stdout + verify.stderr  # from host B, over the bridge
 
 
 def test_a_partitioned_lease_holder_is_fenced_off_after_it_heals(
