@@ -52,7 +52,3 @@ def host_hold(ctx: StepContext) -> dict[str, Any]:
     effect("returned", f"{ctx.idempotency_key}:{ctx.attempt}:{host}", host)
     return {"host": host}
 
-
-def hosts_of(kind: str) -> list[str]:
-    """The hosts of the ledger's rows of ``kind``, in the order they were written."""
-    return [detail for _, _, detail in effects(kind)]
