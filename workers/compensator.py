@@ -100,14 +100,13 @@ class Compensator:
         token = f"{self.worker}:comp:{os.urandom(6).hex()}"
         pipe = lean(r)
         pipe.set(keys.saga_lease(saga_id), token, nx=True, px=lease_ms)
-        pipe.time()
-        got, (secs, micros) = pipe.execute()
+        [got] = pipe.execute()
         if not got:
             return "busy"  # a step or another compensator holds the saga; swept later
         # should this process die, the sweeper looks as soon as the lease can lapse;
         # the agent's context cursor comes back in the same round trip
         pipe = lean(r)
-        schedule(pipe, saga_id, secs * 1000 + micros // 1000 + lease_ms + 100)
+        schedule(pipe, saga_id, lease_ms + 100)
         _context_of(pipe, saga_id)
         ctx: list[Any] | None = pipe.execute()[-1]
         self._released = False

@@ -19,7 +19,13 @@ from saga_store.approval import requests as approvals
 from saga_store.client.api import SagaStore
 from saga_store.client.context import project
 from saga_store.errors import ConflictError, FencedOff
-from saga_store.execution.enqueue import belongs, enqueue_compensation, enqueue_step, indexes
+from saga_store.execution.enqueue import (
+    belongs,
+    enqueue_compensation,
+    enqueue_step,
+    indexes,
+    server_ms,
+)
 from saga_store.ids import SCOPED_AGENT
 from saga_store.log.stream import SideWrite
 from saga_store.protocol import build
@@ -58,8 +64,7 @@ class Sweeper:
         """One pass over the due sagas; returns how many jobs it queued."""
         self._next = time.monotonic() + self.interval_s
         r = self.store.redis
-        secs, micros = r.time()
-        now_ms = secs * 1000 + micros // 1000
+        now_ms = server_ms(r)  # the hosts' own clocks need not agree
         # the shared index, and each agent's own (agents write no index but theirs)
         looked = indexes(r) if self.here is None else [self._own_index()]
         pipe = r.pipeline(transaction=False)
@@ -85,7 +90,7 @@ class Sweeper:
         except Exception:
             log.exception("sweeper: pending ledger entries could not be chained")
         try:
-            expired = approvals.expire_due(self.store)
+            expired = approvals.expire_due(self.store, now_ms=now_ms)
         except Exception:
             log.exception("sweeper: approval deadlines could not be checked")
         else:

@@ -31,6 +31,8 @@ from saga_store.errors import StoreUnavailable
 from saga_store.execution import jobs
 from saga_store.ids import valid_id
 from saga_store.log.pipeline import lean
+from saga_store.log.scripts import HEARTBEAT
+from saga_store.ops import fleet
 from saga_store.ops.connection import connect
 from saga_store.ops.durability import DurabilityWatch
 from saga_store.settings import Settings
@@ -206,6 +208,9 @@ class StepWorker(SimpleWorker):
             return
         self._last_beat = now
         super().heartbeat(timeout, pipeline)
+        # RQ's beat is in this host's time; readers on other hosts compare Redis's
+        (pipeline if pipeline is not None else self.connection).eval(
+            HEARTBEAT, 1, self.key, fleet.BEAT_FIELD)
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
         self._state = state

@@ -5,7 +5,9 @@ adds the step to ``ss:approvals`` and lets the job go: nothing holds a worker
 while a person decides. :func:`decide` appends ``approval_granted`` or
 ``approval_denied`` (who, and why) and queues the step again; the worker then
 runs it, or fails it so the saga compensates. The sweeper turns approvals
-past their deadline into denials ``by: timeout``.
+past their deadline into denials ``by: timeout``. Deadlines are set and checked
+by Redis's clock: the host that asks and the one whose sweeper looks need not
+agree on the time.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from saga_store import keys
 from saga_store.errors import ConflictError, FencedOff, InvalidInput, NoSuchSaga, no_such_saga
-from saga_store.execution.enqueue import enqueue_step, now_ms
+from saga_store.execution.enqueue import enqueue_step, server_ms
 from saga_store.ids import check_saga_id
 from saga_store.log.pipeline import lean
 from saga_store.log.stream import command
@@ -77,13 +79,15 @@ def request(writer: ChainWriter, step: int, tool: str, preview_data: dict[str, A
             timeout_s: float) -> None:
     """Ask a person about step ``step``: its ``approval_requested`` (forward phase
     only) and its place in ``ss:approvals``, in one round trip, for workers and
-    gateways alike. Raises as the append does (:class:`FencedOff` once unwinding
-    began); a member whose append lost is dropped by the next decision or deadline."""
+    gateways alike (after reading Redis's clock for the deadline). Raises as the
+    append does (:class:`FencedOff` once unwinding began); a member whose append
+    lost is dropped by the next decision or deadline."""
     call = writer.prepare([build.approval_requested(step, tool, preview_data)],
                           phase=Phase.FORWARD)
+    due = deadline(writer.store.redis, timeout_s)
     pipe = lean(writer.store.redis)
     queued = call.queue(pipe)
-    pipe.zadd(keys.APPROVALS, {member(writer.saga_id, step): deadline(timeout_s)})
+    pipe.zadd(keys.APPROVALS, {member(writer.saga_id, step): due})
     writer.applied(call, queued(pipe.execute(raise_on_error=False)))
 
 
@@ -91,8 +95,10 @@ def member(saga_id: str, step: int) -> str:
     return f"{saga_id}:{step}"
 
 
-def deadline(timeout_s: float) -> int:
-    return now_ms() + int(timeout_s * 1000) if timeout_s else NO_DEADLINE
+def deadline(client: Any, timeout_s: float) -> int:
+    """The deadline of an approval asked now, by Redis's clock (no round trip
+    without a timeout)."""
+    return server_ms(client) + int(timeout_s * 1000) if timeout_s else NO_DEADLINE
 
 
 def pending(store: SagaStore, limit: int = 1000) -> list[Pending]:
@@ -180,9 +186,11 @@ def _pairs(rows: Any) -> list[tuple[bytes, float]]:
     return [(m, float(s)) for m, s in rows]
 
 
-def expire_due(store: SagaStore, limit: int = 100) -> int:
-    """Deny approvals past their deadline (``by: timeout``); returns how many."""
-    due: list[bytes] = command(store.redis, "ZRANGEBYSCORE", keys.APPROVALS, "-inf", now_ms(),
+def expire_due(store: SagaStore, limit: int = 100, now_ms: int | None = None) -> int:
+    """Deny approvals past their deadline (``by: timeout``) by Redis's clock
+    (``now_ms``, if the caller has just read it); returns how many."""
+    now = server_ms(store.redis) if now_ms is None else now_ms
+    due: list[bytes] = command(store.redis, "ZRANGEBYSCORE", keys.APPROVALS, "-inf", now,
                                "LIMIT", 0, limit)
     n = 0
     for raw in due:

@@ -150,7 +150,7 @@ class SagaStore:
         # in ss:active from its first event: should the caller die at once, the
         # sweeper still finds it when the client lease lapses
         pipe = lean(self.redis)
-        schedule(pipe, sid, now_ms() + self.client_lease_ms + 1000, nx=True)
+        schedule(pipe, sid, self.client_lease_ms + 1000, nx=True)
         queued = opening.call.queue(pipe)
         replies = pipe.execute(raise_on_error=False)
         added, reply = replies[0], queued(replies)
@@ -274,11 +274,11 @@ class SagaStore:
         # process die after an open, the sweeper finds it. NX: a saga that is
         # already there (an id taken, this open refused) keeps its own schedule
         ahead = lean(self.redis)
-        look_at = now_ms() + 2 * self.settings.lease_ms
+        look_after = 2 * self.settings.lease_ms
         added_at = []
         for p in planned:
             added_at.append(len(ahead))
-            schedule(ahead, p.saga_id, look_at, nx=True)
+            schedule(ahead, p.saga_id, look_after, nx=True)
         queued = [p.opening.call.queue(ahead) for p in planned]
         replies = ahead.execute(raise_on_error=False)
         for got in replies[:queued[0].at if queued else None]:  # the schedules'
@@ -386,7 +386,7 @@ class SagaStore:
         else:
             raise ConflictError(f"saga {saga_id} kept changing; try again")
         trip = self.trip()
-        schedule(trip.log, saga_id, now_ms() + 2 * self.settings.lease_ms)
+        schedule(trip.log, saga_id, 2 * self.settings.lease_ms)
         enqueue_compensation(trip.queue, saga_id)
         trip.execute()
         return True
@@ -412,7 +412,7 @@ class SagaStore:
                 continue  # the log moved (a late duplicate's note): decide again
             if state.executor is None:  # a gateway finishes its own unwinds
                 trip = self.trip()
-                schedule(trip.log, saga_id, now_ms() + 2 * self.settings.lease_ms)
+                schedule(trip.log, saga_id, 2 * self.settings.lease_ms)
                 enqueue_compensation(trip.queue, saga_id)
                 trip.execute()
             return

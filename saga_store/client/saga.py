@@ -19,7 +19,7 @@ from saga_store.errors import (
     StepInDoubt,
     StepPending,
 )
-from saga_store.execution.enqueue import enqueue_step, intent, now_ms, schedule
+from saga_store.execution.enqueue import enqueue_step, intent, schedule
 from saga_store.execution.idempotency import (
     Claim,
     args_digest,
@@ -160,7 +160,7 @@ class Saga:
         while True:
             trip = self.store.trip()
             pipe = trip.log
-            schedule(pipe, self.saga_id, now_ms() + 2 * self.store.settings.lease_ms)
+            schedule(pipe, self.saga_id, 2 * self.store.settings.lease_ms)
             # the secret values go with the intent: a lost race leaves none behind
             side = self.store.secrets.writes(self.saga_id, {n: secret_values}) \
                 if secret_values else []

@@ -12,6 +12,7 @@ from saga_store.errors import InvalidInput
 from saga_store.execution import jobs
 from saga_store.execution.idempotency import step_key
 from saga_store.ids import SCOPED_AGENT, agent_of, check_saga_id
+from saga_store.log.scripts import SCHEDULE
 from saga_store.ops import tracing
 from saga_store.protocol import build
 from saga_store.protocol.build import Item
@@ -39,12 +40,15 @@ def enqueue_compensation(pipe: Any, saga_id: str) -> None:
               jobs.COMPENSATE_FUNC, [saga_id])
 
 
-def schedule(pipe: Any, saga_id: str, at_ms: int, *, nx: bool = False) -> None:
-    """Queue on ``pipe``: look at the saga after ``at_ms`` (in its index of sagas in
-    flight: its agent's own, see :func:`keys.active_for`; the agent is listed for
-    the sweeper in the same trip). Two commands for an agent's saga, else one."""
+def schedule(pipe: Any, saga_id: str, after_ms: int, *, nx: bool = False) -> None:
+    """Queue on ``pipe``: look at the saga ``after_ms`` from now by Redis's clock,
+    as the sweepers do (in its index of sagas in flight: its agent's own, see
+    :func:`keys.active_for`; the agent is listed for the sweeper in the same trip).
+    A time from this host's clock would put the look off by as much as it runs
+    ahead. Two commands for an agent's saga, else one; the first replies 1 if the
+    saga was added."""
     index = keys.active_for(saga_id)
-    pipe.zadd(index, {saga_id: at_ms}, nx=nx)
+    pipe.eval(SCHEDULE, 1, index, saga_id, int(after_ms), "nx" if nx else "")
     if index != keys.ACTIVE:
         pipe.sadd(keys.AGENTS, str(agent_of(saga_id)))
 
@@ -92,3 +96,10 @@ def in_flight(client: Any) -> list[str]:
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def server_ms(client: Any) -> int:
+    """Redis's clock, in ms: for times that processes on other hosts compare, whose
+    own clocks need not agree."""
+    secs, micros = client.time()
+    return int(secs) * 1000 + int(micros) // 1000

@@ -4,8 +4,10 @@ the keys of one hash tag (one Cluster slot).
 
     append.lua           compare-and-set a chain's head, lease and phase checks
     claim.lua            claim an idempotency key
+    heartbeat.lua        note a worker's heartbeat by Redis's clock
     release_lease.lua    expire a lease if the token still holds it
     renew_lease.lua      extend a held lease, or retake it if it lapsed
+    schedule.lua         put a saga in an index of sagas in flight, by Redis's clock
     take_over_lease.lua  take a lease from a holder known to be gone
 """
 
@@ -26,8 +28,10 @@ def source(name: str) -> str:
 
 APPEND = source("append")
 CLAIM = source("claim")
+HEARTBEAT = source("heartbeat")
 RELEASE_LEASE = source("release_lease")
 RENEW_LEASE = source("renew_lease")
+SCHEDULE = source("schedule")
 TAKE_OVER_LEASE = source("take_over_lease")
 
 

@@ -9,6 +9,12 @@ few seconds) or while it holds a saga's lease: a worker busy in a long tool
 call, or in a plan's steps one after another, does not beat, but its lease
 expires soon after it dies.
 
+A heartbeat's age is read by Redis's clock: workers note each beat in Redis's
+time as well (``saga_beat_ms``), since RQ's ``last_heartbeat`` is in the
+worker host's, and a host whose clock ran 20 s behind the reader's would look
+gone while it beat. A worker that notes no such time is aged by RQ's field and
+the reader's clock.
+
 Workers write neither their busy state nor their current job to RQ (the log
 already says what a step is doing, and each write would cost every step a
 round trip), so both are read from the sagas' leases: a worker's lease token
@@ -33,6 +39,7 @@ from saga_store.execution.enqueue import in_flight
 
 QUEUES = (jobs.STEP_QUEUE, jobs.COMPENSATION_QUEUE)
 STALE_S = 20.0  # no heartbeat for this long and no lease held: taken for gone
+BEAT_FIELD = "saga_beat_ms"  # a worker's last heartbeat, by Redis's clock (ms)
 _TOKEN = re.compile(r"^(?P<name>.+?)(?P<comp>:comp)?:[0-9a-f]{12}$")
 
 
@@ -64,23 +71,32 @@ def registered(client: Any, queue: str | None = None, *, work: bool = True,
     names = sorted(k.decode() for k in client.smembers(index))
     pipe = client.pipeline(transaction=False)
     for key in names:
-        pipe.hmget(key, "hostname", "pid", "state", "queues", "last_heartbeat")
-    rows = pipe.execute()
+        pipe.hmget(key, "hostname", "pid", "state", "queues", "last_heartbeat", BEAT_FIELD)
+    pipe.time()
+    *rows, (secs, micros) = pipe.execute()
     held = holding(client) if work and names else {}
     now = dt.datetime.now(dt.UTC)
+    server_ms = int(secs) * 1000 + int(micros) // 1000
     out = []
     prefix = Worker.redis_worker_namespace_prefix
-    for key, (host, pid, state, queues, beat) in zip(names, rows, strict=True):
+    for key, (host, pid, state, queues, beat, beat_ms) in zip(names, rows, strict=True):
         if state is None and beat is None:
             continue  # its hash expired: gone
         name = key[len(prefix):] if key.startswith(prefix) else key
-        age = _age(beat, now)
+        age = _server_age(beat_ms, server_ms) if beat_ms else _age(beat, now)
         text = [v.decode(errors="replace") if v else None for v in (host, pid, state, queues)]
         out.append(WorkerInfo(
             name, text[0], int(text[1]) if text[1] and text[1].isdigit() else None,
             "busy" if name in held else (text[2] or "?"), held.get(name),
             tuple(q for q in (text[3] or "").split(",") if q), age))
     return out
+
+
+def _server_age(beat_ms: bytes, server_ms: int) -> float | None:
+    try:
+        return max(0.0, (server_ms - int(beat_ms)) / 1000)
+    except ValueError:
+        return None
 
 
 def _age(beat: bytes | None, now: dt.datetime) -> float | None:

@@ -2,7 +2,8 @@
 
 ``RedisServer`` runs a private ``redis-server`` on a free loopback port with
 AOF on, in a temporary directory, and removes it afterwards: tests never touch
-the Redis a user already runs.
+the Redis a user already runs. ``saga_store.testing.hosts`` runs processes on
+several simulated hosts (Linux network namespaces) that share one such server.
 """
 
 from __future__ import annotations
@@ -28,38 +29,49 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A private redis-server process. ``with RedisServer() as srv: srv.url``"""
+    """A private redis-server process. ``with RedisServer() as srv: srv.url``
 
-    def __init__(self, *extra_args: str, appendfsync: str = "always") -> None:
+    ``host``: an address to listen on besides loopback (and the one ``url``
+    names), for clients in other network namespaces; protected mode is then
+    off, since those clients are not local to it."""
+
+    def __init__(self, *extra_args: str, appendfsync: str = "always",
+                 host: str = "127.0.0.1") -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RuntimeError("redis-server is not installed; apt-get install redis-server")
         self.binary = binary
         self.extra = list(extra_args)
         self.appendfsync = appendfsync
+        self.host = host
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="saga-redis-"))
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.host}:{self.port}/0"
 
     def start(self) -> RedisServer:
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+        args = [self.binary, "--port", str(self.port), "--bind", *self._bind(),
                 "--dir", str(self.dir), "--appendonly", "yes",
                 "--appendfsync", self.appendfsync, "--save", "",
                 "--logfile", str(self.dir / "redis.log"), *self.extra]
         # our own argv and no shell: nothing untrusted reaches it
         self.proc = subprocess.Popen(  # noqa: S603  # our own argv, no shell
             args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        client = redis.Redis(port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(host=self.host, port=self.port, socket_connect_timeout=0.2)
         try:
             assert_eventually(lambda: client.ping(), timeout=10, what="redis-server to answer",
                               swallow=(redis.ConnectionError,))
         finally:
             client.close()
         return self
+
+    def _bind(self) -> list[str]:
+        if self.host == "127.0.0.1":
+            return ["127.0.0.1"]
+        return [self.host, "127.0.0.1", "--protected-mode", "no"]
 
     def kill(self) -> None:
         """SIGKILL, as a crash would."""

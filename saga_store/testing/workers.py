@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -33,12 +33,18 @@ def worker_kind() -> str:
 
 
 class WorkerProcess:
+    """``saga worker`` in a process group of its own. ``prefix``: an argv that runs
+    it elsewhere, such as :meth:`saga_store.testing.hosts.Host.command` (another
+    host's namespaces)."""
+
     def __init__(self, env: Mapping[str, str], tools: str, *args: str,
-                 log: Path | None = None, kind: str | None = None) -> None:
+                 log: Path | None = None, kind: str | None = None,
+                 prefix: Sequence[str] = ()) -> None:
         self.kind = kind or worker_kind()
         if self.kind == "async" and "--async" not in args:
             args = (*args, *ASYNC_ARGS)
-        self.cmd = [sys.executable, "-m", "saga_store.cli.main", "worker", "--tools", tools, *args]
+        self.cmd = [*prefix, sys.executable, "-m", "saga_store.cli.main", "worker",
+                    "--tools", tools, *args]
         self.env = dict(env)
         self.log = log
         self.proc: subprocess.Popen[bytes] | None = None

@@ -105,13 +105,12 @@ def test_a_killed_worker_is_taken_for_gone_once_its_heartbeat_is_stale(
         redis_url: str, worker_env: dict[str, str], client: redis.Redis) -> None:
     """SIGKILL leaves RQ's registration behind for minutes; 'saga workers' counts it
     while its last heartbeat is recent, stops once it is STALE_S old, and --all still
-    shows it. (The heartbeat is aged in RQ's hash rather than waited for.)"""
-    import datetime as dt
-
-    from rq.utils import utcformat
+    shows it. (The heartbeat, by Redis's clock, is aged in RQ's hash rather than
+    waited for.)"""
     from rq.worker import Worker
 
-    from saga_store.ops.fleet import STALE_S
+    from saga_store.execution.enqueue import server_ms
+    from saga_store.ops.fleet import BEAT_FIELD, STALE_S
     with workers(worker_env, TOOLS) as [w]:
         [seen] = assert_eventually(lambda: orjson.loads(saga(
             redis_url, "workers", "--json").output)["workers"], timeout=30,
@@ -120,11 +119,34 @@ def test_a_killed_worker_is_taken_for_gone_once_its_heartbeat_is_stale(
         key = Worker.redis_worker_namespace_prefix + seen["name"]
         assert client.exists(key)  # RQ's registration outlives the process
         assert orjson.loads(saga(redis_url, "workers", "--json").output)["workers"]
-        beat = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=STALE_S - 2)
-        client.hset(key, "last_heartbeat", utcformat(beat))
+        beat = server_ms(client) - int((STALE_S - 2) * 1000)
+        client.hset(key, BEAT_FIELD, beat)
         assert orjson.loads(saga(redis_url, "workers", "--json").output)["workers"]
-        client.hset(key, "last_heartbeat", utcformat(beat - dt.timedelta(seconds=3)))
+        client.hset(key, BEAT_FIELD, beat - 3000)
         assert not orjson.loads(saga(redis_url, "workers", "--json").output)["workers"]
     [gone] = orjson.loads(saga(redis_url, "workers", "--all", "--json").output)["workers"]
     assert gone["live"] is False
     assert gone["heartbeat_age_s"] >= STALE_S
+
+
+def test_a_worker_is_live_to_a_reader_whose_clock_runs_ahead_of_its_host(
+        worker_env: dict[str, str], client: redis.Redis, monkeypatch: pytest.MonkeyPatch,
+        ) -> None:
+    """Read on a host whose clock runs ten minutes ahead of the worker's, an idle
+    worker that beats is live, its heartbeat seconds old: the age is measured by
+    Redis's clock, not by comparing two hosts' clocks."""
+    import datetime as dt
+    from types import SimpleNamespace
+
+    from saga_store.ops import fleet
+
+    class Ahead(dt.datetime):
+        @classmethod
+        def now(cls, tz: dt.tzinfo | None = None) -> Any:
+            return dt.datetime.now(tz) + dt.timedelta(minutes=10)
+    monkeypatch.setattr(fleet, "dt", SimpleNamespace(datetime=Ahead, UTC=dt.UTC))
+    with workers(worker_env, TOOLS):
+        [w] = assert_eventually(lambda: [w for w in fleet.registered(client) if w.live],
+                                timeout=20, what="the worker to be live to this reader")
+    assert w.heartbeat_age_s is not None
+    assert w.heartbeat_age_s < fleet.STALE_S
