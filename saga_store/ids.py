@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 
 from saga_store.errors import InvalidInput
@@ -82,9 +83,20 @@ def valid_id(value: object) -> bool:
     return True
 
 
+_last = [0]  # the last id made in this process, as a number (monotonic within a ms)
+_id_lock = threading.Lock()
+
+
 def new_id() -> str:
-    """A 26-character, time-ordered, random id (ULID layout, Crockford base32)."""
+    """A 26-character, time-ordered, random id (ULID layout, Crockford base32). Ids
+    made in one process in the same millisecond increase, as ULID's monotonic
+    mode has them, so they sort in the order they were made (listings merged
+    from many ledger buckets rely on it)."""
     n = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10), "big")
+    with _id_lock:
+        if n >> 80 == _last[0] >> 80 and n <= _last[0]:
+            n = _last[0] + 1 + (int.from_bytes(os.urandom(2), "big") & 0xFFF)
+        _last[0] = n
     out = []
     for _ in range(26):
         out.append(_CROCKFORD[n & 31])

@@ -181,7 +181,8 @@ def _bucketed_page(store: EventStore, filters: Filters, cursor: int | None,
             top = b"(" + rows[-1][0]
     seen: set[str] = set()
     openings = []
-    for o in sorted(found, key=lambda o: (-o.ts, o.saga_id)):
+    # newest first; of one millisecond, by id (ids one process made then increase)
+    for o in sorted(found, key=lambda o: (o.ts, o.saga_id), reverse=True):
         if o.saga_id not in seen and _matches(o, filters):
             seen.add(o.saga_id)
             openings.append(o)

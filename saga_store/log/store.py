@@ -199,18 +199,18 @@ class EventStore:
     def saga_ids(self, limit: int | None = None, agent_id: str | None = None) -> list[str]:
         """Saga ids from the ledger's opening entries, newest first (of one agent if
         ``agent_id`` is given); of a ledger in buckets, merged by their time."""
-        found: list[tuple[int, int, str]] = []
+        found: list[tuple[int, str]] = []
         seen: set[str] = set()
-        for at, ev in enumerate([*self.ledger.bodies(), *self.ledger.pending()]):
+        for ev in [*self.ledger.bodies(), *self.ledger.pending()]:
             data = ev.get("data") or {}
             sid = data.get("saga_id")
             if ev["kind"] != K.LEDGER_OPENED or not isinstance(sid, str) or sid in seen:
                 continue
             if agent_id is None or data.get("agent_id") == agent_id:
                 seen.add(sid)
-                found.append((int(ev.get("ts") or 0), at, sid))
-        found.sort(reverse=True)
-        out = [sid for _, _, sid in found]
+                found.append((int(ev.get("ts") or 0), sid))
+        found.sort(reverse=True)  # of one millisecond, by id (see ids.new_id)
+        out = [sid for _, sid in found]
         return out[:limit] if limit else out
 
 

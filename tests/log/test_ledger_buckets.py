@@ -234,3 +234,16 @@ def test_the_root_records_many_buckets_in_entries_small_enough_to_stay_inline(
     store.open("agent-1")
     assert store.ledger.record_root().seq == len(bodies)  # one bucket moved: one entry
     assert Verifier(store.log).verify().ok
+
+
+def test_sagas_opened_in_one_millisecond_list_in_the_order_they_were_opened(
+        client: redis.Redis) -> None:
+    """Merged from many buckets, the newest-first list still has the order of
+    opening: ids made in one millisecond by one process increase."""
+    from saga_store.ids import new_id
+    made = [new_id() for _ in range(10_000)]
+    assert made == sorted(made)
+    assert len(set(made)) == len(made)
+    store = EventStore(client)
+    opened = [store.open("agent-1").saga_id for _ in range(200)]
+    assert store.saga_ids() == opened[::-1]
