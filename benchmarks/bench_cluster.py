@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import os
 import random
 import statistics
@@ -48,7 +49,7 @@ from saga_store.log.layout import LEGACY
 from saga_store.log.store import EventStore
 from saga_store.ops.connection import connect
 from saga_store.testing import RedisServer, assert_eventually
-from saga_store.testing.cluster import RedisClusterServers
+from saga_store.testing.cluster import RedisClusterServers, free_cluster_port
 from saga_store.testing.workers import WorkerProcess
 
 from .bench_workflows import ROOT, TOOLS, cpu_s, durable_run, plans, summarize
@@ -71,6 +72,7 @@ class Backend:
     procs: list[WorkerProcess] = field(default_factory=list)
     idle_ms_per_s: float = 0.0  # Redis CPU with the workers idle (see idle_ms_per_s())
     flush: Callable[[], None] = lambda: None  # empty it (before any worker runs)
+    workflows: bool = True  # whether the workflow runs (with workers) are made on it
 
     def store(self) -> SagaStore:
         return SagaStore.from_url(self.url, Registry.from_modules(TOOLS), Settings(),
@@ -85,9 +87,19 @@ def backends() -> Iterator[list[Backend]]:
     one = RedisServer(appendfsync="everysec").start()
     twin = RedisServer("--replicaof", "127.0.0.1", str(one.port), appendfsync="everysec")
     cluster = RedisClusterServers(appendfsync="everysec")
+    # cluster mode on one node that serves every slot: what cluster mode costs a
+    # Redis, apart from what spreading over six processes on these cores costs
+    solo = RedisServer("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                       appendfsync="everysec")
+    solo.port = free_cluster_port()
     try:
         twin.start()
         cluster.start()
+        solo.start()
+        c = redis.Redis(port=solo.port)
+        c.execute_command("CLUSTER", "ADDSLOTSRANGE", 0, 16383)
+        assert_eventually(lambda: c.cluster("info")["cluster_state"] == "ok", timeout=30,
+                          what="the one-node cluster to be ok")
 
         def pid(node: Any) -> set[int]:
             return {node.proc.pid} if node.proc is not None else set()
@@ -99,8 +111,11 @@ def backends() -> Iterator[list[Backend]]:
                     lambda: set().union(*map(pid, cluster.live())) - set().union(
                         *map(pid, cluster.masters())),
                     cluster.masters, flush=cluster.flush),
+            Backend("1-node cluster", f"redis+cluster://127.0.0.1:{solo.port}", one.url,
+                    lambda: pid(solo), workflows=False),
         ]
     finally:
+        solo.stop()
         cluster.stop()
         twin.stop()
         one.stop()
@@ -221,20 +236,17 @@ def sealing(b: Backend, entries: int, threads: int) -> dict[str, float]:
         if i % 5000 == 4999:
             pipe.execute()
     pipe.execute()
-    sealed: list[int] = []
     t0 = time.perf_counter()
-
-    def seal() -> None:
-        sealed.append(EventStore(connect(b.url), Settings()).ledger.seal())
-    pool = [threading.Thread(target=seal) for _ in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
+    with mp.get_context("fork").Pool(threads) as pool:  # processes: no shared GIL
+        sealed = pool.map(_seal, [b.url] * threads)
     elapsed = time.perf_counter() - t0
     left = sum(store.ledger.backlog().values())
     return {"sealed_per_s": sum(sealed) / elapsed, "sealed": float(sum(sealed)),
             "left": float(left)}
+
+
+def _seal(url: str) -> int:
+    return EventStore(connect(url), Settings()).ledger.seal()
 
 
 def run(rounds: int, quick: bool) -> dict[str, Any]:
@@ -250,7 +262,8 @@ def run(rounds: int, quick: bool) -> dict[str, Any]:
                     sealing(b, seal_n, 3))
         for b in bs:
             b.flush()  # the sealing runs' copies would weigh on the spread
-            start_workers(b, WORKERS)
+            if b.workflows:
+                start_workers(b, WORKERS)
         for b in bs:
             b.idle_ms_per_s = idle_ms_per_s(b)
             rows[b.name]["idle"] = [{"redis_cpu_ms_per_s": b.idle_ms_per_s}]
@@ -261,6 +274,8 @@ def run(rounds: int, quick: bool) -> dict[str, Any]:
                 for b in order:
                     got = rows.setdefault(b.name, {})
                     got.setdefault("appends", []).append(appends(b, sagas, threads))
+                    if not b.workflows:
+                        continue
                     got.setdefault("workflows", []).append(workflows(b, fails))
                     if r == rounds - 1:
                         got["spread"] = [spread(b)]
@@ -271,8 +286,12 @@ def run(rounds: int, quick: bool) -> dict[str, Any]:
                     p.kill()
     med = {name: {part: {k: statistics.median(row[k] for row in runs) for k in runs[0]}
                   for part, runs in parts.items()} for name, parts in rows.items()}
-    one, cl = med["one Redis"], med["3-master cluster"]
+    one, cl, solo = med["one Redis"], med["3-master cluster"], med["1-node cluster"]
     ratios = {
+        "redis_cpu_per_saga_appends_1_node_cluster": solo["appends"]["redis_cpu_ms_per_saga"]
+        / one["appends"]["redis_cpu_ms_per_saga"],
+        "sealing_1_node_cluster_over_1": solo["sealing"]["sealed_per_s"]
+        / one["sealing"]["sealed_per_s"],
         "redis_cpu_per_saga_appends": cl["appends"]["redis_cpu_ms_per_saga"]
         / one["appends"]["redis_cpu_ms_per_saga"],
         "redis_cpu_per_saga_appends_net": cl["appends"]["redis_cpu_ms_per_saga_net"]
@@ -288,7 +307,8 @@ def run(rounds: int, quick: bool) -> dict[str, Any]:
     }
     sizing = {name: {"workflows_per_redis_core_s": 1000 / m["workflows"]["redis_cpu_ms_per_wf"],
                      "sagas_per_redis_core_s_appends": 1000
-                     / m["appends"]["redis_cpu_ms_per_saga"]} for name, m in med.items()}
+                     / m["appends"]["redis_cpu_ms_per_saga"]}
+              for name, m in med.items() if "workflows" in m}
     return {"machine": machine(), "rounds": rounds, "n": n, "workers": WORKERS,
             "median": med, "ratios_cluster_over_one": ratios, "sizing": sizing,
             "runs": rows}
