@@ -20,7 +20,12 @@ from urllib.parse import unquote
 
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode, RedisCluster
-from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    ClusterDownError,
+    ClusterError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.retry import Retry
 
 from saga_store.errors import StoreUnavailable
@@ -28,7 +33,10 @@ from saga_store.ops.backoff import OutageRetry
 
 SCHEMES = {"redis+cluster": False, "rediss+cluster": True}  # scheme -> TLS
 FAILOVER_TRIES = 5  # redis-py's own tries per command, each after a slot map refresh
-_OUTAGE_ERRORS = (ClusterDownError, SlotNotCoveredError, TryAgainError)
+# ridden out like a lost connection: a failover not over yet (CLUSTERDOWN, a slot
+# with no owner), and a migration not over yet (TRYAGAIN; redirects until redis-py's
+# own count runs out, "TTL exhausted")
+_OUTAGE_ERRORS = (ClusterDownError, SlotNotCoveredError, TryAgainError, ClusterError)
 
 
 def is_cluster_url(url: str) -> bool:
