@@ -208,3 +208,18 @@ def test_the_queue_gauges_read_the_queues_redis(servers: RedisClusterServers,
     registry.register(RedisCollector(client, rq_redis=queues))
     assert registry.get_sample_value("saga_queue_depth", {"queue": jobs.STEP_QUEUE}) == 1
     assert registry.get_sample_value("saga_redis_up") == 1
+
+
+def test_doctor_reads_every_master_of_a_cluster(servers: RedisClusterServers,
+                                              client: redis.Redis) -> None:
+    """Each master's persistence is reported under its name."""
+    from saga_store.ops.doctor import examine
+    found = examine(client)
+    aof = [f for f in found if f.setting.endswith(" appendonly")]
+    assert sorted(f.setting.split()[0] for f in aof) == sorted(
+        f"127.0.0.1:{n.port}" for n in servers.masters())
+    assert all(f.ok for f in found), found
+    from saga_store.ops.doctor import persistent
+    assert persistent(found)
+    node = aof[0].setting.split()[0]
+    assert not persistent([f for f in found if not f.setting.startswith(f"{node} appendf")])
