@@ -92,6 +92,7 @@ class ClusterClient(RedisCluster):
         self.outage = outage or OutageRetry(0)
         self.outage.update_supported_errors(list(_OUTAGE_ERRORS))
         self.node_callbacks: dict[str, Any] = {}
+        self.shared_twin: ClusterClient | None = None  # see connection.twin
         retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), FAILOVER_TRIES)
         super().__init__(retry=retry, **kwargs)
 

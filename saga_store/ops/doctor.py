@@ -38,12 +38,12 @@ UNKNOWN = "unknown"
 def examine(client: redis.Redis) -> list[Finding]:
     """What matters for durability, read from the server; unreadable settings
     (an ACL without CONFIG) are reported as unknown, never as fine. On a Redis
-    Cluster, from every node the client knows (the masters), each setting named
-    after its node (``host:port appendonly``); check the replicas' by hand."""
+    Cluster, from every master, each setting named after its node (``host:port
+    appendonly``); a replica's settings are its own, check them by hand."""
     if is_cluster(client):
         nodes: Any = client
         return [dataclasses.replace(f, setting=f"{node.name} {f.setting}")
-                for node in nodes.get_nodes()
+                for node in nodes.get_primaries()
                 for f in _examine_one(nodes.get_redis_connection(node))]
     return _examine_one(client)
 
