@@ -100,13 +100,14 @@ class ClusterClient(RedisCluster):
         run = super()._internal_execute_command  # what RedisCluster.execute_command calls
         return self.outage.call_with_retry(lambda: run(*args, **kwargs), lambda *_: None)  # type: ignore[no-untyped-call]
 
-    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
-        """A non-transactional pipeline is the lean one, a batch per node (see
+    def pipeline(self, transaction: Any = True, shard_hint: Any = None) -> Any:
+        """As on a standalone client, a transaction unless ``transaction=False``:
+        then the lean pipeline, a batch per node (see
         :mod:`saga_store.log.node_pipeline`): scripts in it go as EVAL, and it
-        follows redirects command by command. A transaction is redis-py's own (one
-        slot only)."""
-        if transaction:
-            return super().pipeline(transaction, shard_hint)  # type: ignore[no-untyped-call]
+        follows redirects command by command. A transaction (MULTI, WATCH) is
+        redis-py's own, on one slot only."""
+        if transaction is not False:
+            return super().pipeline(True, shard_hint)  # type: ignore[no-untyped-call]
         from saga_store.log.node_pipeline import NodePipeline
         return NodePipeline(self)
 

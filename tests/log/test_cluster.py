@@ -223,3 +223,14 @@ def test_doctor_reads_every_master_of_a_cluster(servers: RedisClusterServers,
     assert persistent(found)
     node = aof[0].setting.split()[0]
     assert not persistent([f for f in found if not f.setting.startswith(f"{node} appendf")])
+
+
+def test_a_watched_repair_of_the_cached_state_runs_on_a_cluster(
+        servers: RedisClusterServers, client: redis.Redis) -> None:
+    """rebuild_meta's WATCH/MULTI keeps to the saga's slot: a cache changed by hand
+    is put back to the fold of the log."""
+    store = EventStore(client)
+    w = store.open("a")
+    client.hset(keys.saga_meta(w.saga_id), "state", "committed")
+    assert store.rebuild_meta(w.saga_id)["state"] == "running"
+    assert store.meta(w.saga_id)["state"] == "running"
