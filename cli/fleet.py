@@ -21,8 +21,9 @@ class NoWorkerWarning:
     second apart (a worker started together with the run has registered by then)."""
 
     def __init__(self, client: Any, queue: str = jobs.STEP_QUEUE, every_s: float = 1.0,
-                 ) -> None:
-        self.client, self.queue, self.every_s = client, queue, every_s
+                 log: Any = None) -> None:
+        """``client``: RQ's Redis; ``log``: the log's (default: the same)."""
+        self.client, self.queue, self.every_s, self.log = client, queue, every_s, log
         self.misses, self.warned, self._last = 0, False, -every_s
 
     def __call__(self) -> None:
@@ -31,7 +32,7 @@ class NoWorkerWarning:
             return
         self._last = now
         try:
-            if fleet.serving(self.client, self.queue):
+            if fleet.serving(self.client, self.queue, self.log):
                 self.misses = 0
                 return
             found = fleet.registered(self.client, self.queue, work=False)
@@ -58,10 +59,10 @@ class NoWorkerWarning:
 def workers_command(ctx: Context, as_json: bool, show_all: bool) -> None:
     """Live workers (host, pid, state, current job), queue lengths, sagas in flight."""
     with errors_to_exit():
-        client = ctx.store().redis
-        found = [w for w in fleet.registered(client) if show_all or w.live]
+        log, client = ctx.store().redis, ctx.queues()
+        found = [w for w in fleet.registered(client, log=log) if show_all or w.live]
         queues = fleet.queue_lengths(client)
-        flying = len(in_flight(client))
+        flying = len(in_flight(log))
         if as_json:
             emit_json({"workers": [w.to_dict() for w in found], "queues": queues,
                        "sagas_in_flight": flying})

@@ -226,7 +226,7 @@ def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeou
             emit_json({"saga_id": sid, "state": "running"}) if as_json else click.echo(sid)
             return
         try:
-            warn = NoWorkerWarning(store.redis)
+            warn = NoWorkerWarning(store.queues, log=store.redis)
             if interactive:
                 from .approvals import wait_interactively
                 state = wait_interactively(store, sid, timeout, tick=warn)

@@ -36,6 +36,7 @@ from saga_store.execution.enqueue import in_flight
 from saga_store.ops.connection import connect
 from saga_store.protocol.state import SagaState, Status
 from saga_store.testing import RedisServer
+from saga_store.testing.cluster import RedisClusterServers
 from saga_store.testing.workers import ASYNC_CONCURRENCY, WorkerProcess
 
 from . import chaos_tools
@@ -62,6 +63,11 @@ class Config:
     seed: int = 1
     timeout_s: float = 3600.0
     worker_kind: str = "rq"  # or "async": each process runs ASYNC_CONCURRENCY jobs at once
+    # the log on a six-node Redis Cluster, RQ's queues on a Redis of their own; instead
+    # of the Redis restart, a master is SIGKILLed (its replica takes over), then
+    # started again (it rejoins as a replica) and slots are resharded under load
+    cluster: bool = False
+    reshard_at: float = 0.6
 
     @property
     def slots(self) -> int:
@@ -78,6 +84,8 @@ class Report:
     pool_kills: int = 0
     processes_killed: int = 0
     redis_restarts: int = 0
+    failovers: int = 0
+    reshards: int = 0
     effects: int = 0
     compensations: int = 0
     tool_reruns: int = 0
@@ -109,7 +117,9 @@ class Report:
                              f"{c.workers_per_pool} {c.worker_kind} processes each, "
                              f"{c.slots} job(s) at once"),
             ("pool kills (SIGKILL)", f"{self.pool_kills} ({self.processes_killed} processes)"),
-            ("Redis kill -9 + restart", str(self.redis_restarts)),
+            *([] if c.cluster else [("Redis kill -9 + restart", str(self.redis_restarts))]),
+            *([("master kill -9 (failover), reshard", f"{self.failovers}, {self.reshards}")]
+              if c.cluster else []),
             ("forward effects", str(self.effects)),
             ("compensations", str(self.compensations)),
             ("tool bodies re-run after a kill", str(self.tool_reruns)),
@@ -217,12 +227,19 @@ def run(cfg: Config, out: Any = sys.stdout) -> Report:
     os.environ["SAGA_TEST_LEDGER"] = str(ledger)  # for this process's ledger reads
     registry = Registry.from_modules(TOOLS)
     started = time.monotonic()
-    with RedisServer(appendfsync="everysec") as srv:
+    servers = RedisClusterServers(appendfsync="everysec") if cfg.cluster else \
+        RedisServer(appendfsync="everysec")
+    with servers as srv:
         env = {**os.environ, "SAGA_REDIS_URL": srv.url, "SAGA_TEST_LEDGER": str(ledger),
                "SAGA_LEASE_MS": str(cfg.lease_ms), "PYTHONPATH": str(ROOT),
                "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
         client = connect(srv.url, retry_s=120)
-        store = SagaStore(client, registry, Settings(lease_ms=cfg.lease_ms))
+        rq_redis = client
+        if isinstance(srv, RedisClusterServers):
+            env["SAGA_QUEUE_URL"] = srv.queue_url
+            rq_redis = connect(srv.queue_url, retry_s=120)
+        store = SagaStore(client, registry, Settings(lease_ms=cfg.lease_ms), queues=rq_redis)
+        faults = ClusterFaults(srv, rep) if isinstance(srv, RedisClusterServers) else None
         pools = Pools(cfg, env, work / "workers.log")
         ids: dict[str, str] = {}
         submitted = threading.Event()
@@ -265,7 +282,10 @@ def run(cfg: Config, out: Any = sys.stdout) -> Report:
                     rep.fail(f"timed out after {cfg.timeout_s:.0f} s with "
                              f"{active} sagas not final")
                     break
-                if not restarted and done >= cfg.redis_restart_at * cfg.sagas:
+                if faults is not None:
+                    faults.step(done / cfg.sagas, cfg)
+                elif not restarted and done >= cfg.redis_restart_at * cfg.sagas:
+                    assert isinstance(srv, RedisServer)
                     srv.kill()
                     srv.start()  # same port and directory: the AOF is replayed
                     rep.redis_restarts += 1
@@ -273,7 +293,7 @@ def run(cfg: Config, out: Any = sys.stdout) -> Report:
                 if now >= next_kill:
                     i = rng.randrange(len(pools.procs))
                     pids = pools.procs[i].pids()
-                    victims = held_by(client, worker_names(client, pids))
+                    victims = held_by(client, worker_names(rq_redis, pids))
                     t_kill = time.monotonic()
                     pools.kill(i)
                     rep.processes_killed += len(pids)
@@ -294,9 +314,49 @@ def run(cfg: Config, out: Any = sys.stdout) -> Report:
             rep.unrecovered = len(pending)
         finally:
             pools.stop()
+            if faults is not None:
+                faults.join()
         rep.seconds = time.monotonic() - started
         check(rep, store, ids, ledger, metrics_dir, srv.url)
     return rep
+
+
+class ClusterFaults:
+    """The cluster's faults, once each: a master SIGKILLed (its replica is promoted
+    within about the node timeout), then started again, and a reshard of 500 slots
+    between two masters while the sagas run (on a thread: the kills go on)."""
+
+    def __init__(self, servers: RedisClusterServers, rep: Report) -> None:
+        self.servers, self.rep = servers, rep
+        self.victim: RedisServer | None = None
+        self.thread: threading.Thread | None = None
+        self.errors: list[BaseException] = []
+
+    def step(self, done: float, cfg: Config) -> None:
+        if self.errors:
+            raise self.errors[0]
+        if self.rep.failovers == 0 and done >= cfg.redis_restart_at:
+            self.victim = self.servers.kill_master()
+            self.rep.failovers += 1
+        elif self.thread is None and self.victim is not None and done >= cfg.reshard_at:
+            self.thread = threading.Thread(target=self._rejoin_and_reshard, daemon=True)
+            self.thread.start()
+
+    def _rejoin_and_reshard(self) -> None:
+        try:
+            assert self.victim is not None
+            self.victim.start()  # its nodes.conf: back as a replica of its successor
+            self.servers.wait_ok(timeout=60)
+            self.servers.reshard(500)
+            self.rep.reshards += 1
+        except BaseException as exc:  # reported by the main loop, or after it
+            self.errors.append(exc)
+
+    def join(self) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout=120)
+        for exc in self.errors:
+            self.rep.fail(f"cluster fault failed: {exc!r}")
 
 
 def rng_for(cfg: Config, n: int) -> random.Random:
@@ -438,12 +498,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--in-flight", type=int, default=Config.in_flight)
     p.add_argument("--seed", type=int, default=Config.seed)
     p.add_argument("--worker-kind", choices=("rq", "async"), default=Config.worker_kind)
+    p.add_argument("--cluster", action="store_true",
+                   help="the log on a six-node Redis Cluster (a master killed, slots resharded)")
     a = p.parse_args(argv)
     cfg = Config(sagas=a.sagas, step_pools=a.step_pools, compensator_pools=a.compensator_pools,
                  workers_per_pool=a.workers_per_pool, kill_every_s=a.kill_every,
-                 in_flight=a.in_flight, seed=a.seed, worker_kind=a.worker_kind)
+                 in_flight=a.in_flight, seed=a.seed, worker_kind=a.worker_kind,
+                 cluster=a.cluster)
     print(f"chaos soak: {cfg.sagas} sagas, a pool SIGKILLed every ~{cfg.kill_every_s} s, "
-          "Redis restarted once", flush=True)
+          + ("a cluster master SIGKILLed, slots resharded" if cfg.cluster
+             else "Redis restarted once"), flush=True)
     rep = run(cfg)
     print(rep.table())
     for f in rep.failures:

@@ -20,7 +20,12 @@ from urllib.parse import unquote
 
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode, RedisCluster
-from redis.exceptions import ClusterDownError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    ClusterDownError,
+    ClusterError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.retry import Retry
 
 from saga_store.errors import StoreUnavailable
@@ -28,7 +33,10 @@ from saga_store.ops.backoff import OutageRetry
 
 SCHEMES = {"redis+cluster": False, "rediss+cluster": True}  # scheme -> TLS
 FAILOVER_TRIES = 5  # redis-py's own tries per command, each after a slot map refresh
-_OUTAGE_ERRORS = (ClusterDownError, SlotNotCoveredError, TryAgainError)
+# ridden out like a lost connection: a failover not over yet (CLUSTERDOWN, a slot
+# with no owner), and a migration not over yet (TRYAGAIN; redirects until redis-py's
+# own count runs out, "TTL exhausted")
+_OUTAGE_ERRORS = (ClusterDownError, SlotNotCoveredError, TryAgainError, ClusterError)
 
 
 def is_cluster_url(url: str) -> bool:
@@ -84,6 +92,7 @@ class ClusterClient(RedisCluster):
         self.outage = outage or OutageRetry(0)
         self.outage.update_supported_errors(list(_OUTAGE_ERRORS))
         self.node_callbacks: dict[str, Any] = {}
+        self.shared_twin: ClusterClient | None = None  # see connection.twin
         retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), FAILOVER_TRIES)
         super().__init__(retry=retry, **kwargs)
 
@@ -91,13 +100,14 @@ class ClusterClient(RedisCluster):
         run = super()._internal_execute_command  # what RedisCluster.execute_command calls
         return self.outage.call_with_retry(lambda: run(*args, **kwargs), lambda *_: None)  # type: ignore[no-untyped-call]
 
-    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
-        """A non-transactional pipeline is the lean one, a batch per node (see
+    def pipeline(self, transaction: Any = True, shard_hint: Any = None) -> Any:
+        """As on a standalone client, a transaction unless ``transaction=False``:
+        then the lean pipeline, a batch per node (see
         :mod:`saga_store.log.node_pipeline`): scripts in it go as EVAL, and it
-        follows redirects command by command. A transaction is redis-py's own (one
-        slot only)."""
-        if transaction:
-            return super().pipeline(transaction, shard_hint)  # type: ignore[no-untyped-call]
+        follows redirects command by command. A transaction (MULTI, WATCH) is
+        redis-py's own, on one slot only."""
+        if transaction is not False:
+            return super().pipeline(True, shard_hint)  # type: ignore[no-untyped-call]
         from saga_store.log.node_pipeline import NodePipeline
         return NodePipeline(self)
 

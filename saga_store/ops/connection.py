@@ -93,9 +93,12 @@ def connect_queue(log: redis.Redis, log_url: str | None, queue: str | None = Non
 
 def twin(client: redis.Redis) -> redis.Redis:
     """A second client on the servers of ``client`` (its own response callbacks;
-    a standalone one shares the pool)."""
+    a standalone one shares the pool). A cluster's is made once and shared: it
+    has connections of its own, and every log on it wants the same replies."""
     if isinstance(client, ClusterClient):
-        return client.twin()  # a cluster stands in for a Redis
+        if client.shared_twin is None:
+            client.shared_twin = client.twin()
+        return client.shared_twin  # a cluster stands in for a Redis
     return redis.Redis(connection_pool=client.connection_pool)
 
 

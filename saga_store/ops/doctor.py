@@ -8,10 +8,13 @@ can drop log keys outright.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import redis
+
+from saga_store.ops.cluster import is_cluster
 
 EVICTING = {"allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-lru", "volatile-lfu",
             "volatile-random", "volatile-ttl"}
@@ -34,7 +37,18 @@ UNKNOWN = "unknown"
 
 def examine(client: redis.Redis) -> list[Finding]:
     """What matters for durability, read from the server; unreadable settings
-    (an ACL without CONFIG) are reported as unknown, never as fine."""
+    (an ACL without CONFIG) are reported as unknown, never as fine. On a Redis
+    Cluster, from every master, each setting named after its node (``host:port
+    appendonly``); a replica's settings are its own, check them by hand."""
+    if is_cluster(client):
+        nodes: Any = client
+        return [dataclasses.replace(f, setting=f"{node.name} {f.setting}")
+                for node in nodes.get_primaries()
+                for f in _examine_one(nodes.get_redis_connection(node))]
+    return _examine_one(client)
+
+
+def _examine_one(client: redis.Redis) -> list[Finding]:
     out: list[Finding] = []
     info = client.info("server")
     version = str(info.get("redis_version", "?"))
@@ -103,8 +117,16 @@ def _from_info(client: redis.Redis) -> dict[str, str]:
 
 
 def persistent(findings: list[Finding]) -> bool:
-    """AOF on, and fsync not known to be off (it cannot be read without CONFIG)."""
-    seen = {f.setting: f for f in findings}
+    """AOF on, and fsync not known to be off (it cannot be read without CONFIG); on
+    a cluster, on every node."""
+    by_node: dict[str, dict[str, Finding]] = {}
+    for f in findings:
+        node, _, setting = f.setting.rpartition(" ")
+        by_node.setdefault(node, {})[setting] = f
+    return all(_persistent(seen) for seen in by_node.values())
+
+
+def _persistent(seen: dict[str, Finding]) -> bool:
     aof, fsync = seen.get("appendonly"), seen.get("appendfsync")
     return (aof is not None and aof.ok and fsync is not None
             and (fsync.ok or fsync.value == UNKNOWN))

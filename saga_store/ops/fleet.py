@@ -63,10 +63,11 @@ class WorkerInfo:
 
 
 def registered(client: Any, queue: str | None = None, *, work: bool = True,
-               ) -> list[WorkerInfo]:
+               log: Any = None) -> list[WorkerInfo]:
     """Every worker RQ has registered (on ``queue`` only, if given), by name, read
-    from RQ's keys in two round trips and never written to (RQ's own listing
-    deletes stale registrations). ``work``: also read what each one holds."""
+    from RQ's keys on ``client`` (RQ's Redis) in two round trips and never written
+    to (RQ's own listing deletes stale registrations). ``work``: also read what
+    each one holds, from the leases on ``log`` (default: ``client``)."""
     index = WORKERS_BY_QUEUE_KEY % queue if queue else Worker.redis_workers_keys
     names = sorted(k.decode() for k in client.smembers(index))
     pipe = client.pipeline(transaction=False)
@@ -74,7 +75,7 @@ def registered(client: Any, queue: str | None = None, *, work: bool = True,
         pipe.hmget(key, "hostname", "pid", "state", "queues", "last_heartbeat", BEAT_FIELD)
     pipe.time()
     *rows, (secs, micros) = pipe.execute()
-    held = holding(client) if work and names else {}
+    held = holding(client if log is None else log) if work and names else {}
     now = dt.datetime.now(dt.UTC)
     server_ms = int(secs) * 1000 + int(micros) // 1000
     out = []
@@ -127,12 +128,12 @@ def holding(client: Any) -> dict[str, str]:
             for name, jobs in held.items()}
 
 
-def serving(client: Any, queue: str = jobs.STEP_QUEUE) -> list[WorkerInfo]:
-    """The live workers that take jobs from ``queue`` (the leases are read only if
-    no registered worker beats)."""
+def serving(client: Any, queue: str = jobs.STEP_QUEUE, log: Any = None) -> list[WorkerInfo]:
+    """The live workers that take jobs from ``queue`` (the leases, on ``log``, are
+    read only if no registered worker beats)."""
     found = registered(client, queue, work=False)
     if found and not any(w.live for w in found):
-        found = registered(client, queue)
+        found = registered(client, queue, log=log)
     return [w for w in found if w.live]
 
 

@@ -44,9 +44,11 @@ class RedisClusterServers:
         self.nodes = [RedisServer("--cluster-enabled", "yes",
                                   "--cluster-config-file", "nodes.conf",
                                   "--cluster-node-timeout", str(NODE_TIMEOUT_MS),
+                                  # a replica takes over however long since it last
+                                  # heard its master (an idle master pings every 10 s)
+                                  "--cluster-replica-validity-factor", "0",
+                                  "--repl-diskless-sync-delay", "0",  # replicas in sync now
                                   appendfsync=appendfsync) for _ in range(NODES)]
-        for node in self.nodes:
-            node.port = free_cluster_port()
         self.queue = RedisServer(appendfsync=appendfsync)
 
     @property
@@ -60,9 +62,10 @@ class RedisClusterServers:
         return self.queue.url
 
     def start(self) -> RedisClusterServers:
+        self.queue.start()  # first: a node's bus port (its port + 10000) cannot take its port
         for node in self.nodes:
+            node.port = free_cluster_port()
             node.start()
-        self.queue.start()
         cli = shutil.which("redis-cli")
         if cli is None:
             raise RuntimeError("redis-cli is not installed; apt-get install redis-tools")
@@ -74,12 +77,16 @@ class RedisClusterServers:
         return self
 
     def wait_ok(self, timeout: float = 30.0) -> None:
-        """Until every live node says the cluster is ok and agrees on three masters."""
+        """Until every live node says the cluster is ok, agrees on three masters, and
+        every live replica is in sync with its master."""
         def ok() -> bool:
             for node in self.live():
                 c = _client(node)
                 try:
                     if c.cluster("info")["cluster_state"] != "ok" or len(self.masters()) != 3:
+                        return False
+                    repl = c.info("replication")
+                    if repl["role"] == "slave" and repl.get("master_link_status") != "up":
                         return False
                 finally:
                     c.close()

@@ -35,6 +35,7 @@ def _waiting(store: SagaStore, sid: str) -> approvals.Pending:
 
 
 @pytest.mark.real_redis
+@pytest.mark.cluster
 def test_approve_and_deny_from_the_inbox(saga_store: SagaStore, worker_env: dict[str, str],
                                          ledger: Path, tmp_path: Path) -> None:
     policy = tmp_path / "policy.toml"
@@ -83,6 +84,7 @@ def test_approve_and_deny_from_the_inbox(saga_store: SagaStore, worker_env: dict
     assert Verifier(saga_store.events.log).verify().ok
 
 
+@pytest.mark.cluster
 def test_acknowledging_a_saga_that_needs_attention(saga_store: SagaStore,
                                                    client: redis.Redis) -> None:
     w = saga_store.events.open("agent-w")

@@ -396,9 +396,11 @@ def test_a_client_driven_commit_retires_its_secrets(saga_store: SagaStore,
     assert not any(CARD.encode() in repr(v).encode() for v in _contents(client).values())
 
 
-def test_plan_file_through_the_cli(redis_url: str, worker_env: dict[str, str], ledger: Path,
-                                   tmp_path: Path) -> None:
-    """saga run --wait --json prints saga_id and state; a bad plan writes nothing."""
+@pytest.mark.cluster
+def test_plan_file_through_the_cli(client: redis.Redis, worker_env: dict[str, str],
+                                   ledger: Path, tmp_path: Path) -> None:
+    """saga run --wait --json prints saga_id and state; saga workers lists who ran it;
+    a bad plan writes nothing."""
     import subprocess
     import sys
     plan = tmp_path / "plan.json"
@@ -408,16 +410,20 @@ def test_plan_file_through_the_cli(redis_url: str, worker_env: dict[str, str], l
            "--json"]
     with workers(worker_env, TOOLS):
         out = subprocess.run(cmd, env=worker_env, capture_output=True, timeout=60, check=False)
+        listed = subprocess.run([sys.executable, "-m", "saga_store.cli.main", "workers",
+                                 "--json"], env=worker_env, capture_output=True, timeout=60,
+                                check=False)
     assert out.returncode == 0, out.stderr
+    assert listed.returncode == 0, listed.stderr
+    assert orjson.loads(listed.stdout)["workers"], "the worker that ran it is registered"
     res = orjson.loads(out.stdout)
     assert res["state"] == "committed"
     assert res["saga_id"]
     plan.write_bytes(orjson.dumps({"agent_id": "x", "steps": [
         {"tool": "reserve_inventory", "args": {"sku": "A", "qty": 1}},
         {"tool": "reserve_inventory", "args": {"qty": "x"}}]}))
-    r = redis.Redis.from_url(worker_env["SAGA_REDIS_URL"])
-    before = r.dbsize()
+    before = client.dbsize()
     out = subprocess.run(cmd[:-2], env=worker_env, capture_output=True, timeout=60, check=False)
     assert out.returncode == 2
     assert b"steps[1]" in out.stderr
-    assert r.dbsize() == before
+    assert client.dbsize() == before

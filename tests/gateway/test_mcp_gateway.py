@@ -76,15 +76,19 @@ def _effects(ledger: Path) -> list[tuple[int, str, str]]:
 
 
 @pytest.fixture
-def gw(redis_url: str, client: redis.Redis, tmp_path: Path) -> dict[str, Any]:
+def gw(redis_url: str, client: redis.Redis, queues: redis.Redis, worker_env: dict[str, str],
+       tmp_path: Path) -> dict[str, Any]:
     (tmp_path / "tools.toml").write_text(TOOLS_MAP)
     (tmp_path / "policy.toml").write_text(POLICY)
     ledger = tmp_path / "ledger.db"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RECORDS_LEDGER": str(ledger),
            "SAGA_REDIS_URL": redis_url}
+    env.pop("SAGA_QUEUE_URL", None)
+    if "SAGA_QUEUE_URL" in worker_env:  # the log on a cluster: the queues apart
+        env["SAGA_QUEUE_URL"] = worker_env["SAGA_QUEUE_URL"]
     args = ["-m", "saga_store.cli.main", "mcp-guard", "--policy", str(tmp_path / "policy.toml"),
             "--tools-map", str(tmp_path / "tools.toml")]
-    store = SagaStore(client, Registry())
+    store = SagaStore(client, Registry(), queues=queues)
     return {"env": env, "args": args, "ledger": ledger, "store": store, "tmp": tmp_path}
 
 
@@ -204,6 +208,7 @@ def _next_gateway(gw: dict[str, Any]) -> None:
     _run(go)
 
 
+@pytest.mark.cluster
 def test_a_failure_after_two_compensable_calls_undoes_both_last_first(
         gw: dict[str, Any]) -> None:
     async def go() -> tuple[Any, Any, Any]:
@@ -230,6 +235,7 @@ def test_a_failure_after_two_compensable_calls_undoes_both_last_first(
     assert Verifier(gw["store"].events.log).verify().ok
 
 
+@pytest.mark.cluster
 def test_an_irreversible_call_waits_for_approval_and_a_denial_leaves_it_unexecuted(
         gw: dict[str, Any]) -> None:
     store: SagaStore = gw["store"]
@@ -319,6 +325,7 @@ def test_a_servers_read_only_claim_does_not_beat_local_policy(gw: dict[str, Any]
     assert not _effects(gw["ledger"])
 
 
+@pytest.mark.cluster
 def test_repeated_calls_are_answered_from_the_log(gw: dict[str, Any]) -> None:
     async def go() -> tuple[Any, Any, Any]:
         async with _session(gw) as s:

@@ -3,6 +3,9 @@ and the lean pipeline's batches per node, redirects included."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
+
 import pytest
 import redis
 
@@ -111,8 +114,10 @@ def test_the_lean_pipeline_sends_each_node_its_commands_in_order(
     assert lean(client).execute() == []
 
 
-def _move_slot(client: redis.Redis, servers: RedisClusterServers, key: str) -> None:
-    """Hand ``key``'s slot, keys and all, to another master behind the client's back."""
+def _move_slot(client: redis.Redis, servers: RedisClusterServers, key: str,
+               finish: Callable[[Callable[[], None]], None] = lambda done: done()) -> None:
+    """Hand ``key``'s slot, keys and all, to another master behind the client's back;
+    ``finish`` is handed what ends the migration (the slot's new owner made known)."""
     slot = redis.crc.key_slot(key.encode())
     owner = client.nodes_manager.get_node_from_slot(slot).port  # type: ignore[attr-defined]
     masters = {m.port: redis.Redis(port=m.port) for m in servers.masters()}
@@ -123,9 +128,12 @@ def _move_slot(client: redis.Redis, servers: RedisClusterServers, key: str) -> N
     src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[dst_port])
     for k in src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, 1000):
         src.execute_command("MIGRATE", "127.0.0.1", dst_port, k, 0, 5000)
-    for m in masters.values():
-        m.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[dst_port])
-        m.close()
+
+    def done() -> None:
+        for m in masters.values():
+            m.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[dst_port])
+            m.close()
+    finish(done)
 
 
 def test_an_append_after_a_reshard_follows_the_move(servers: RedisClusterServers,
@@ -140,6 +148,25 @@ def test_an_append_after_a_reshard_follows_the_move(servers: RedisClusterServers
     call.send(p)
     p.set(keys.saga_lease(w.saga_id), "x")
     w.applied(call, p.execute(raise_on_error=False)[0])
+    assert store.log.head(w.saga_id).seq == 1
+    assert Verifier(store.log).verify(w.saga_id).ok
+
+
+def test_an_append_during_its_slots_migration_lands_once_it_is_over(
+        servers: RedisClusterServers, client: redis.Redis) -> None:
+    """Mid-migration the old owner answers ASK and the new one TRYAGAIN (the saga's
+    keys are not all there yet): the append waits it out, then lands once."""
+    store = EventStore(client)
+    w = store.open("a")
+    timer: list[threading.Timer] = []
+    _move_slot(client, servers, keys.saga_log(w.saga_id),
+               finish=lambda done: timer.append(threading.Timer(0.5, done)))
+    timer[0].start()
+    call = w.prepare([(K.STEP_INTENT, {"step": 0, "tool": "t"})])
+    p = lean(client)
+    call.send(p)
+    w.applied(call, p.execute(raise_on_error=False)[0])
+    timer[0].join()
     assert store.log.head(w.saga_id).seq == 1
     assert Verifier(store.log).verify(w.saga_id).ok
 
@@ -181,3 +208,29 @@ def test_the_queue_gauges_read_the_queues_redis(servers: RedisClusterServers,
     registry.register(RedisCollector(client, rq_redis=queues))
     assert registry.get_sample_value("saga_queue_depth", {"queue": jobs.STEP_QUEUE}) == 1
     assert registry.get_sample_value("saga_redis_up") == 1
+
+
+def test_doctor_reads_every_master_of_a_cluster(servers: RedisClusterServers,
+                                              client: redis.Redis) -> None:
+    """Each master's persistence is reported under its name."""
+    from saga_store.ops.doctor import examine
+    found = examine(client)
+    aof = [f for f in found if f.setting.endswith(" appendonly")]
+    assert sorted(f.setting.split()[0] for f in aof) == sorted(
+        f"127.0.0.1:{n.port}" for n in servers.masters())
+    assert all(f.ok for f in found), found
+    from saga_store.ops.doctor import persistent
+    assert persistent(found)
+    node = aof[0].setting.split()[0]
+    assert not persistent([f for f in found if not f.setting.startswith(f"{node} appendf")])
+
+
+def test_a_watched_repair_of_the_cached_state_runs_on_a_cluster(
+        servers: RedisClusterServers, client: redis.Redis) -> None:
+    """rebuild_meta's WATCH/MULTI keeps to the saga's slot: a cache changed by hand
+    is put back to the fold of the log."""
+    store = EventStore(client)
+    w = store.open("a")
+    client.hset(keys.saga_meta(w.saga_id), "state", "committed")
+    assert store.rebuild_meta(w.saga_id)["state"] == "running"
+    assert store.meta(w.saga_id)["state"] == "running"
