@@ -64,6 +64,14 @@ def redis_server() -> Iterator[RedisServer | RedisClusterServers | None]:
 
 
 @pytest.fixture
+def servers(redis_server: object) -> RedisClusterServers:
+    """The private cluster of the cluster run (other runs skip the test)."""
+    if not isinstance(redis_server, RedisClusterServers):
+        pytest.skip("needs the cluster backend (SAGA_TEST_BACKEND=cluster)")
+    return redis_server
+
+
+@pytest.fixture
 def redis_url(redis_server: RedisServer | RedisClusterServers | None) -> str:
     if redis_server is None:
         pytest.skip("needs a real redis-server")

@@ -89,3 +89,25 @@ class LedgerKeys:
             self.chain = layout.ledger_of(saga_id)
         self.log, self.pending = keys.ledger_log(self.chain), keys.ledger_pending(self.chain)
         self.lease, self.rejected = keys.ledger_lease(self.chain), keys.ledger_rejected(self.chain)
+
+
+def commit_from_threads(client: redis.Redis, settings: Any, threads: int = 8,
+                        each: int = 30) -> list[str]:
+    """``threads`` threads, each with its own store on ``client``'s pool, commit
+    ``each`` one-step sagas at once; returns their ids."""
+    import threading
+    made: list[str] = []
+    lock = threading.Lock()
+
+    def work() -> None:
+        own = EventStore(redis.Redis(connection_pool=client.connection_pool), settings)
+        for _ in range(each):
+            w = committed_saga(own, steps=1)
+            with lock:
+                made.append(w.saga_id)
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return made

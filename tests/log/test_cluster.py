@@ -22,13 +22,6 @@ from saga_store.verify.checker import Verifier
 pytestmark = [pytest.mark.cluster, pytest.mark.real_redis]
 
 
-@pytest.fixture
-def servers(redis_server: object) -> RedisClusterServers:
-    if not isinstance(redis_server, RedisClusterServers):
-        pytest.skip("needs the cluster backend (SAGA_TEST_BACKEND=cluster)")
-    return redis_server
-
-
 def _saga_on_each_master(client: redis.Redis, n: int = 3) -> list[str]:
     """Saga ids whose logs are served by ``n`` different masters."""
     nodes = client.nodes_manager  # type: ignore[attr-defined]

@@ -28,13 +28,6 @@ from ..helpers import committed_saga
 pytestmark = [pytest.mark.cluster, pytest.mark.real_redis]
 
 
-@pytest.fixture
-def servers(redis_server: object) -> RedisClusterServers:
-    if not isinstance(redis_server, RedisClusterServers):
-        pytest.skip("needs the cluster backend (SAGA_TEST_BACKEND=cluster)")
-    return redis_server
-
-
 def test_a_store_of_the_old_layout_moves_onto_a_cluster_and_goes_on(
         servers: RedisClusterServers, client: redis.Redis) -> None:
     env = {"SAGA_HMAC_KEY": "", "SAGA_HMAC_KEY_FILE": ""}

@@ -3,8 +3,6 @@ nothing lost, nothing chained twice, whoever writes and whoever dies."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 import redis
 
@@ -15,7 +13,7 @@ from saga_store.log.store import EventStore
 from saga_store.settings import Settings
 from saga_store.verify.checker import Verifier
 
-from ..helpers import LedgerKeys, committed_saga
+from ..helpers import LedgerKeys, commit_from_threads, committed_saga
 
 pytestmark = pytest.mark.parity
 
@@ -68,20 +66,7 @@ def test_concurrent_writers_leave_nothing_pending_and_chain_each_entry_once(
     """8 threads open and close 40 sagas each, sealing at once: every entry ends in
     the chain exactly once, in no particular order, and none is left pending."""
     store = EventStore(client, ONE)
-    made: list[str] = []
-    lock = threading.Lock()
-
-    def work() -> None:
-        own = EventStore(redis.Redis(connection_pool=client.connection_pool), ONE)
-        for _ in range(40):
-            w = committed_saga(own, steps=1)
-            with lock:
-                made.append(w.saga_id)
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    made = commit_from_threads(client, ONE, threads=8, each=40)
     assert client.llen(LedgerKeys(store.log).pending) == 0
     chained = ledger_kinds(store)
     assert sorted(chained) == sorted([(K.LEDGER_OPENED, s) for s in made]

@@ -4,8 +4,6 @@ still verify and move over with 'saga migrate' without breaking a chain."""
 
 from __future__ import annotations
 
-import threading
-
 import orjson
 import pytest
 import redis
@@ -22,7 +20,7 @@ from saga_store.log.store import EventStore
 from saga_store.settings import Settings
 from saga_store.verify.checker import Verifier
 
-from ..helpers import LedgerKeys, committed_saga, ledger_entries
+from ..helpers import LedgerKeys, commit_from_threads, committed_saga, ledger_entries
 
 pytestmark = pytest.mark.parity
 
@@ -110,20 +108,7 @@ def test_concurrent_writers_over_many_buckets_chain_each_entry_once(
         client: redis.Redis) -> None:
     """8 threads open and close 30 sagas each, sealing at once in 1,024 buckets."""
     store = EventStore(client)
-    made: list[str] = []
-    lock = threading.Lock()
-
-    def work() -> None:
-        own = EventStore(redis.Redis(connection_pool=client.connection_pool))
-        for _ in range(30):
-            w = committed_saga(own, steps=1)
-            with lock:
-                made.append(w.saga_id)
-    threads = [threading.Thread(target=work) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    made = commit_from_threads(client, Settings(), threads=8, each=30)
     assert store.ledger.backlog() == {}
     chained = sorted((e["kind"], e["data"]["saga_id"]) for e in store.ledger.bodies())
     assert chained == sorted([(K.LEDGER_OPENED, s) for s in made]
