@@ -23,6 +23,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,10 @@ class Config:
     # started again (it rejoins as a replica) and slots are resharded under load
     cluster: bool = False
     reshard_at: float = 0.6
+    # SAGA_WAIT_REPLICAS for every process: an append counts as done only once a
+    # replica holds it, so a failover loses nothing the soak counted (the cluster
+    # soak's default: without it a master killed can take acknowledged appends)
+    wait_replicas: int = 0
 
     @property
     def slots(self) -> int:
@@ -117,6 +122,7 @@ class Report:
                              f"{c.workers_per_pool} {c.worker_kind} processes each, "
                              f"{c.slots} job(s) at once"),
             ("pool kills (SIGKILL)", f"{self.pool_kills} ({self.processes_killed} processes)"),
+            ("SAGA_WAIT_REPLICAS", str(c.wait_replicas)),
             *([] if c.cluster else [("Redis kill -9 + restart", str(self.redis_restarts))]),
             *([("master kill -9 (failover), reshard", f"{self.failovers}, {self.reshards}")]
               if c.cluster else []),
@@ -238,7 +244,10 @@ def run(cfg: Config, out: Any = sys.stdout) -> Report:
         if isinstance(srv, RedisClusterServers):
             env["SAGA_QUEUE_URL"] = srv.queue_url
             rq_redis = connect(srv.queue_url, retry_s=120)
-        store = SagaStore(client, registry, Settings(lease_ms=cfg.lease_ms), queues=rq_redis)
+        env["SAGA_WAIT_REPLICAS"] = str(cfg.wait_replicas)
+        store = SagaStore(client, registry, Settings(lease_ms=cfg.lease_ms,
+                                                     wait_replicas=cfg.wait_replicas),
+                          queues=rq_redis)
         faults = ClusterFaults(srv, rep) if isinstance(srv, RedisClusterServers) else None
         pools = Pools(cfg, env, work / "workers.log")
         ids: dict[str, str] = {}
@@ -323,13 +332,16 @@ def run(cfg: Config, out: Any = sys.stdout) -> Report:
 
 class ClusterFaults:
     """The cluster's faults, once each: a master SIGKILLed (its replica is promoted
-    within about the node timeout), then started again, and a reshard of 500 slots
-    between two masters while the sagas run (on a thread: the kills go on)."""
+    within about the node timeout) and started again as soon as that is done (it
+    rejoins as a replica: with SAGA_WAIT_REPLICAS=1, its slots take appends again
+    once it holds them), then a reshard of 500 slots between two masters while the
+    sagas run (on threads: the kills go on)."""
 
     def __init__(self, servers: RedisClusterServers, rep: Report) -> None:
         self.servers, self.rep = servers, rep
         self.victim: RedisServer | None = None
-        self.thread: threading.Thread | None = None
+        self.threads: list[threading.Thread] = []
+        self.rejoined = threading.Event()
         self.errors: list[BaseException] = []
 
     def step(self, done: float, cfg: Config) -> None:
@@ -338,23 +350,35 @@ class ClusterFaults:
         if self.rep.failovers == 0 and done >= cfg.redis_restart_at:
             self.victim = self.servers.kill_master()
             self.rep.failovers += 1
-        elif self.thread is None and self.victim is not None and done >= cfg.reshard_at:
-            self.thread = threading.Thread(target=self._rejoin_and_reshard, daemon=True)
-            self.thread.start()
+            self._start(self._rejoin)
+        elif len(self.threads) == 1 and self.rejoined.is_set() and done >= cfg.reshard_at:
+            self._start(self._reshard)
 
-    def _rejoin_and_reshard(self) -> None:
+    def _start(self, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def _rejoin(self) -> None:
         try:
             assert self.victim is not None
+            self.servers.wait_ok(timeout=60)  # its replica took over
             self.victim.start()  # its nodes.conf: back as a replica of its successor
             self.servers.wait_ok(timeout=60)
-            self.servers.reshard(500)
-            self.rep.reshards += 1
+            self.rejoined.set()
         except BaseException as exc:  # reported by the main loop, or after it
             self.errors.append(exc)
 
+    def _reshard(self) -> None:
+        try:
+            self.servers.reshard(500)
+            self.rep.reshards += 1
+        except BaseException as exc:
+            self.errors.append(exc)
+
     def join(self) -> None:
-        if self.thread is not None:
-            self.thread.join(timeout=120)
+        for thread in self.threads:
+            thread.join(timeout=120)
         for exc in self.errors:
             self.rep.fail(f"cluster fault failed: {exc!r}")
 
@@ -500,11 +524,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker-kind", choices=("rq", "async"), default=Config.worker_kind)
     p.add_argument("--cluster", action="store_true",
                    help="the log on a six-node Redis Cluster (a master killed, slots resharded)")
+    p.add_argument("--wait-replicas", type=int, default=None,
+                   help="SAGA_WAIT_REPLICAS for every process (default: 1 with --cluster, else 0)")
     a = p.parse_args(argv)
     cfg = Config(sagas=a.sagas, step_pools=a.step_pools, compensator_pools=a.compensator_pools,
                  workers_per_pool=a.workers_per_pool, kill_every_s=a.kill_every,
                  in_flight=a.in_flight, seed=a.seed, worker_kind=a.worker_kind,
-                 cluster=a.cluster)
+                 cluster=a.cluster, wait_replicas=a.wait_replicas if a.wait_replicas is not None
+                 else int(a.cluster))
     print(f"chaos soak: {cfg.sagas} sagas, a pool SIGKILLed every ~{cfg.kill_every_s} s, "
           + ("a cluster master SIGKILLed, slots resharded" if cfg.cluster
              else "Redis restarted once"), flush=True)

@@ -40,7 +40,9 @@ def test_chaos_soak_on_a_cluster() -> None:
     if os.environ.get("SAGA_TEST_BACKEND") != "cluster":
         pytest.skip("the cluster run only (SAGA_TEST_BACKEND=cluster): it starts its own")
     out = io.StringIO()
-    rep = run(Config(sagas=200, kill_every_s=1.5, seed=3, cluster=True), out=out)
+    # every process waits for a replica: the master killed takes no acknowledged append
+    rep = run(Config(sagas=200, kill_every_s=1.5, seed=3, cluster=True, wait_replicas=1),
+              out=out)
     print(rep.table())
     assert rep.ok, "\n".join(rep.failures)
     assert (rep.failovers, rep.reshards) == (1, 1)
