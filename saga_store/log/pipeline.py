@@ -63,6 +63,10 @@ class LeanPipeline(Pipeline):
 
     def _send_and_read(self, conn: Any, stack: list[Any], raise_on_error: bool) -> list[Any]:
         try:
+            # connect() first, not the lazy connect of a send: a Sentinel-managed
+            # connection asks the sentinels for the primary in connect() only, and
+            # a lazy one would go to the default address (localhost:6379)
+            conn.connect()
             conn.send_packed_command(conn.pack_commands([args for args, _ in stack]))
             out = self._read(conn, stack)
         except BaseException:
@@ -143,6 +147,7 @@ class GroupCommit:
     def _round(self, taken: list[_Batch]) -> None:
         conn = _group_connection(self.pool)
         try:
+            conn.connect()  # see LeanPipeline._send_and_read
             conn.send_packed_command([chunk for b in taken for chunk in b.packed])
             for i, b in enumerate(taken):
                 try:

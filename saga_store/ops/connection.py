@@ -13,6 +13,7 @@ from redis.exceptions import RedisClusterException
 from saga_store.errors import StoreUnavailable
 from saga_store.ops.backoff import OutageRetry
 from saga_store.ops.cluster import ClusterClient, connect_cluster, is_cluster_url
+from saga_store.ops.sentinel import connect_sentinel, is_sentinel_url
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 DEFAULT_RETRY_S = 30.0
@@ -40,7 +41,8 @@ def connect(url: str, *, check: bool = True, timeout_s: float = 5.0,
     """A client for ``url`` (``redis://``, ``rediss://`` or ``unix://``, with a
     password or ACL user in the URL if needed; ``redis+cluster://host:port[,...]``
     or ``rediss+cluster://`` for a Redis Cluster, which holds the log only: see
-    :func:`queue_url`).
+    :func:`queue_url`; ``redis+sentinel://host:port[,...]/<service>`` for the
+    primary Sentinel names, see :mod:`saga_store.ops.sentinel`).
 
     The first ping fails fast (a wrong address is an error now, not in 30 s);
     after that, a lost connection is retried with capped, jittered backoff for
@@ -49,6 +51,8 @@ def connect(url: str, *, check: bool = True, timeout_s: float = 5.0,
     try:
         if is_cluster_url(url):  # the slot map is fetched at once: its own first check
             client: Any = connect_cluster(url, timeout_s)
+        elif is_sentinel_url(url):
+            client = connect_sentinel(url, timeout_s)
         else:
             client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s,
                                           health_check_interval=30, retry=OutageRetry(0))
@@ -71,7 +75,8 @@ def queue_url(log_url: str | None, queue: str | None = None) -> str | None:
         if is_cluster_url(queue):
             raise StoreUnavailable(
                 f"SAGA_QUEUE_URL={redact(queue)} names a Redis Cluster; RQ's queues need a "
-                "standalone Redis (or a Sentinel-managed primary): give its redis:// URL")
+                "standalone Redis (or a Sentinel-managed primary): give its redis:// or "
+                "redis+sentinel:// URL")
         return queue
     if log_url and is_cluster_url(log_url):
         raise StoreUnavailable(
