@@ -128,7 +128,8 @@ class Ledger:
         chain = self.log.layout.ledger_of(saga_id)
         at_push = len(pipe)
         pipe.rpush(keys.ledger_pending(chain), orjson.dumps(
-            {"kind": kind, "data": {"saga_id": saga_id, **data}}))
+            {"kind": kind, "ts": time.time_ns() // 1_000_000,
+             "data": {"saga_id": saga_id, **data}}))
         pipe.hset(keys.saga_meta(saga_id), flag, 1)  # the debt is paid: after the push
         at_lease = len(pipe)
         if not defer:  # try the sealer's lease in the same round trip
@@ -525,7 +526,12 @@ def _entry(chain: str, raw: bytes) -> dict[str, Any] | None:
     data = doc.get("data")
     if not isinstance(data, dict) or not isinstance(data.get("saga_id"), str):
         return None
-    return body_dict(chain, 0, doc["kind"], data=data)
+    # the time it was written (not sealed), so lists merged from many buckets, which
+    # are sealed in no particular order, show sagas in the order they opened; it
+    # orders lists only, and a time that is not one is replaced by the sealing's
+    ts = doc.get("ts")
+    good = isinstance(ts, int) and not isinstance(ts, bool) and 0 < ts < 1 << 53
+    return body_dict(chain, 0, doc["kind"], ts=ts if good else None, data=data)
 
 
 def migrate(ledger: Ledger, buckets: int, *, dry_run: bool = False) -> dict[str, Any]:

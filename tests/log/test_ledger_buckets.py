@@ -232,3 +232,25 @@ def test_sagas_opened_in_one_millisecond_list_in_the_order_they_were_opened(
     store = EventStore(client)
     opened = [store.open("agent-1").saga_id for _ in range(200)]
     assert store.saga_ids() == opened[::-1]
+
+
+def test_sagas_list_in_the_order_they_opened_whatever_order_their_buckets_seal(
+        client: redis.Redis) -> None:
+    """A ledger entry keeps the time it was written, not the time a sealer chained
+    it: buckets are sealed in no particular order."""
+    import time
+    store = EventStore(client, Settings(buckets=64))
+    store.ledger.deferred = True
+    first = store.open("agent-1").saga_id
+    second = next(w.saga_id for w in iter(lambda: store.open("agent-2"), None)
+                  if store.log.layout.ledger_of(w.saga_id)
+                  != store.log.layout.ledger_of(first))
+    time.sleep(0.005)  # the sealings below come later, and apart, by the ms clock
+    assert store.ledger.seal(store.log.layout.ledger_of(second)) >= 1
+    time.sleep(0.005)
+    assert store.ledger.seal(store.log.layout.ledger_of(first)) >= 1
+    both = (first, second)  # of the sagas opened (the loop may open more)
+    assert [s for s in store.saga_ids() if s in both] == [second, first]
+    from saga_store.console.listing import Filters, list_page
+    rows = list_page(store, Filters(), None, 50).rows
+    assert [r.saga_id for r in rows if r.saga_id in both] == [second, first]
