@@ -224,16 +224,19 @@ def migrate(ctx: Context, buckets: int | None, dry_run: bool, as_json: bool) -> 
         done = run_migration(store.ledger, n, dry_run=dry_run)
         if as_json:
             emit_json(done)
-        elif done["dry_run"]:
-            click.echo(f"would move layout {done['from'] or '(new store)'} to {done['to']} "
-                       "(layout version, buckets); nothing changed")
-        elif done["changed"]:
-            click.echo(f"migrated: layout {done['from'] or '(new store)'} -> {done['to']}; the "
-                       f"old ledger chain is kept (head seq {done['legacy_head']}) and the root "
-                       f"chain records it (root seq {done['root_seq']}); restart workers so "
-                       "they write to the buckets, and take a new anchor ('saga anchor')")
-        else:
+        elif done["from"] is None:
+            click.echo("no store here (no ledger, no layout): nothing to migrate; a new store "
+                       "records its layout when it is first written (check SAGA_REDIS_URL)")
+        elif done["dry_run"] and done["to"] != done["from"]:
+            click.echo(f"would move layout {done['from']} to {done['to']} (layout version, "
+                       "buckets); nothing changed")
+        elif not done["changed"]:
             click.echo(f"already layout {done['to']}: nothing to do")
+        else:
+            click.echo(f"migrated: layout {done['from']} -> {done['to']}; the old ledger "
+                       f"chain is kept (head seq {done['legacy_head']}) and the root chain "
+                       f"records it (root seq {done['root_seq']}); restart workers so they "
+                       "write to the buckets, and take a new anchor ('saga anchor')")
 
 
 COMMANDS = [verify, anchor, export, migrate]

@@ -547,7 +547,9 @@ def migrate(ledger: Ledger, buckets: int, *, dry_run: bool = False) -> dict[str,
     before = layout_of(raw) or (V1 if log_.redis.exists(keys.LEDGER_LOG)
                                 or log_.redis.exists(keys.LEDGER_PENDING) else None)
     out: dict[str, Any] = {"from": before.record() if before else None, "dry_run": dry_run}
-    if before is not None and before.version >= 2:
+    if before is None:  # no store here: nothing to move (a new one records its own)
+        return {**out, "to": None, "changed": False}
+    if before.version >= 2:
         return {**out, "to": before.record(), "changed": False}
     target = Layout(2, buckets)
     if dry_run:

@@ -28,7 +28,7 @@ from redis.exceptions import (
 )
 from redis.retry import Retry
 
-from saga_store.errors import StoreUnavailable
+from saga_store.errors import InvalidInput
 from saga_store.ops.backoff import OutageRetry
 
 SCHEMES = {"redis+cluster": False, "rediss+cluster": True}  # scheme -> TLS
@@ -55,11 +55,11 @@ def parse(url: str) -> dict[str, Any]:
     hosts = where.split("/", 1)[0].split("?", 1)[0]
     db = where.split("/", 1)[1].split("?", 1)[0] if "/" in where else ""
     if db not in ("", "0"):
-        raise StoreUnavailable(f"{redact(url)}: Redis Cluster has database 0 only; drop "
+        raise InvalidInput(f"{redact(url)}: Redis Cluster has database 0 only; drop "
                                f"the /{db} from SAGA_REDIS_URL")
     nodes = [_node(url, h) for h in hosts.split(",") if h.strip()]
     if not nodes:
-        raise StoreUnavailable(f"{redact(url)} names no node; write "
+        raise InvalidInput(f"{redact(url)} names no node; write "
                                "redis+cluster://host:port[,host:port...]")
     kwargs: dict[str, Any] = {"startup_nodes": nodes, "ssl": SCHEMES[scheme.lower()]}
     if creds:
@@ -72,7 +72,7 @@ def parse(url: str) -> dict[str, Any]:
 def _node(url: str, hostport: str) -> ClusterNode:
     host, _, port = hostport.strip().rpartition(":")
     if not host or not port.isdigit():
-        raise StoreUnavailable(f"{redact(url)}: {hostport.strip()!r} is not host:port; "
+        raise InvalidInput(f"{redact(url)}: {hostport.strip()!r} is not host:port; "
                                "write redis+cluster://host:port[,host:port...]")
     return ClusterNode(host.strip("[]"), int(port))  # type: ignore[no-untyped-call]
 

@@ -10,7 +10,7 @@ from typing import Any
 import redis
 from redis.exceptions import RedisClusterException
 
-from saga_store.errors import StoreUnavailable
+from saga_store.errors import InvalidInput, StoreUnavailable
 from saga_store.ops.backoff import OutageRetry
 from saga_store.ops.cluster import ClusterClient, connect_cluster, is_cluster_url
 from saga_store.ops.sentinel import connect_sentinel, is_sentinel_url
@@ -58,12 +58,33 @@ def connect(url: str, *, check: bool = True, timeout_s: float = 5.0,
                                           health_check_interval=30, retry=OutageRetry(0))
         if check:
             client.ping()
+            if not is_cluster_url(url):
+                _refuse_cluster_node(client, url, what)
     except (redis.RedisError, RedisClusterException) as exc:
         raise StoreUnavailable(
             f"cannot reach Redis at {redact(url)}: {exc}; check {what} and the server"
         ) from exc
     set_retry_window(client, window)  # type: ignore[arg-type]  # checked at run time
     return client  # type: ignore[no-any-return]  # a Redis, or a cluster standing in
+
+
+def _refuse_cluster_node(client: redis.Redis, url: str, what: str) -> None:
+    """A plain URL that reaches a node of a Redis Cluster would write some keys and
+    get MOVED for the rest; say how to write the URL instead, before anything is
+    written (a user who may not read INFO is not checked)."""
+    try:
+        enabled = client.info("cluster").get("cluster_enabled")
+    except redis.exceptions.NoPermissionError:
+        return
+    if str(enabled) != "1":
+        return
+    if what == "SAGA_QUEUE_URL":
+        raise InvalidInput(f"SAGA_QUEUE_URL={redact(url)} is a node of a Redis Cluster; RQ's "
+                           "queues need a standalone Redis (or a Sentinel-managed primary)",
+                           field=what)
+    raise InvalidInput(f"{what}={redact(url)} is a node of a Redis Cluster: write "
+                       "redis+cluster://host:port[,host:port...] (and SAGA_QUEUE_URL for RQ's "
+                       "queues on a standalone Redis)", field=what)
 
 
 def queue_url(log_url: str | None, queue: str | None = None) -> str | None:
@@ -73,13 +94,13 @@ def queue_url(log_url: str | None, queue: str | None = None) -> str | None:
     queue = (queue if queue is not None else os.environ.get("SAGA_QUEUE_URL", "")).strip()
     if queue:
         if is_cluster_url(queue):
-            raise StoreUnavailable(
+            raise InvalidInput(
                 f"SAGA_QUEUE_URL={redact(queue)} names a Redis Cluster; RQ's queues need a "
                 "standalone Redis (or a Sentinel-managed primary): give its redis:// or "
                 "redis+sentinel:// URL")
         return queue
     if log_url and is_cluster_url(log_url):
-        raise StoreUnavailable(
+        raise InvalidInput(
             f"SAGA_REDIS_URL={redact(log_url)} is a Redis Cluster, which holds the log only; "
             "set SAGA_QUEUE_URL to a standalone Redis (redis://host:port/0) for RQ's queues")
     return log_url

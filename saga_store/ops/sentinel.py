@@ -19,7 +19,7 @@ from urllib.parse import unquote
 import redis
 from redis.sentinel import Sentinel
 
-from saga_store.errors import StoreUnavailable
+from saga_store.errors import InvalidInput
 from saga_store.ops.backoff import OutageRetry
 
 SCHEMES = {"redis+sentinel": False, "rediss+sentinel": True}  # scheme -> TLS to Redis
@@ -38,19 +38,19 @@ def parse(url: str) -> dict[str, Any]:
     hosts, _, path = where.partition("/")
     parts = [p for p in path.split("?", 1)[0].split("/") if p]
     if not parts:
-        raise StoreUnavailable(f"{redact(url)} names no service (the name the sentinels "
+        raise InvalidInput(f"{redact(url)} names no service (the name the sentinels "
                                f"monitor the primary by); {USAGE}")
     if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
-        raise StoreUnavailable(f"{redact(url)}: after the service only a database number "
+        raise InvalidInput(f"{redact(url)}: after the service only a database number "
                                f"may follow; {USAGE}")
     sentinels = []
     for hostport in (h.strip() for h in hosts.split(",") if h.strip()):
         host, _, port = hostport.rpartition(":")
         if not host or not port.isdigit():
-            raise StoreUnavailable(f"{redact(url)}: {hostport!r} is not host:port; {USAGE}")
+            raise InvalidInput(f"{redact(url)}: {hostport!r} is not host:port; {USAGE}")
         sentinels.append((host.strip("[]"), int(port)))
     if not sentinels:
-        raise StoreUnavailable(f"{redact(url)} names no sentinel; {USAGE}")
+        raise InvalidInput(f"{redact(url)} names no sentinel; {USAGE}")
     user, _, password = creds.partition(":")
     return {"sentinels": sentinels, "service": unquote(parts[0]),
             "db": int(parts[1]) if len(parts) == 2 else 0,

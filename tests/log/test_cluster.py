@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from saga_store import Registry, SagaStore, keys
-from saga_store.errors import StoreUnavailable
+from saga_store.errors import InvalidInput, StoreUnavailable
 from saga_store.log.events import EventKind as K
 from saga_store.log.pipeline import group_commit, lean
 from saga_store.log.store import EventStore
@@ -50,15 +50,15 @@ def test_cluster_urls_name_every_node_and_their_credentials() -> None:
     ("redis+cluster://h:1/3", "database 0 only"),
 ])
 def test_a_bad_cluster_url_says_how_to_write_it(url: str, says: str) -> None:
-    with pytest.raises(StoreUnavailable, match=says):
+    with pytest.raises(InvalidInput, match=says):  # a usage error: exit 2
         clusters.parse(url)
 
 
 def test_a_cluster_needs_a_queue_url_of_a_standalone_redis() -> None:
     """RQ cannot run on a cluster: the error names SAGA_QUEUE_URL and what to give it."""
-    with pytest.raises(StoreUnavailable, match="set SAGA_QUEUE_URL"):
+    with pytest.raises(InvalidInput, match="set SAGA_QUEUE_URL"):
         queue_url("redis+cluster://h:1", "")
-    with pytest.raises(StoreUnavailable, match="need a standalone Redis"):
+    with pytest.raises(InvalidInput, match="need a standalone Redis"):
         queue_url("redis://h:1/0", "redis+cluster://h:2")
     assert queue_url("redis://h:1/0", "") == "redis://h:1/0"
     assert queue_url("redis+cluster://h:1", "redis://q:2/0") == "redis://q:2/0"
@@ -68,6 +68,18 @@ def test_a_store_on_a_cluster_without_queues_is_refused(servers: RedisClusterSer
                                                         client: redis.Redis) -> None:
     with pytest.raises(StoreUnavailable, match="SAGA_QUEUE_URL"):
         SagaStore(client, Registry())
+
+
+def test_a_plain_url_to_a_cluster_node_is_refused_before_anything_is_written(
+        servers: RedisClusterServers, client: redis.Redis) -> None:
+    """redis:// to a node of a cluster would write some keys and get MOVED for the
+    rest: refused at connect, for the log and for the queues, saying what to write."""
+    node = f"redis://127.0.0.1:{servers.masters()[0].port}/0"
+    with pytest.raises(InvalidInput, match=r"write redis\+cluster://"):
+        connect(node)
+    with pytest.raises(InvalidInput, match=r"SAGA_QUEUE_URL=.* is a node of a Redis Cluster"):
+        connect(node, what="SAGA_QUEUE_URL")
+    assert client.dbsize() == 0
 
 
 def test_an_unreachable_cluster_fails_fast() -> None:

@@ -150,6 +150,8 @@ def test_migrate_moves_an_old_store_to_buckets_without_breaking_a_chain(
     again = CliRunner().invoke(cli, ["migrate"], env=env)
     assert again.exit_code == 0
     assert "nothing to do" in again.output
+    dry = CliRunner().invoke(cli, ["migrate", "--dry-run"], env=env)
+    assert "already layout 2 16: nothing to do" in dry.output
     new = EventStore(client)
     assert new.log.layout == Layout(2, 16)
     assert new.ledger.root_heads()[LEGACY][0] == 2  # the old chain's 3 entries, as left
@@ -254,3 +256,13 @@ def test_sagas_list_in_the_order_they_opened_whatever_order_their_buckets_seal(
     from saga_store.console.listing import Filters, list_page
     rows = list_page(store, Filters(), None, 50).rows
     assert [r.saga_id for r in rows if r.saga_id in both] == [second, first]
+
+
+def test_migrate_on_a_redis_with_no_store_writes_nothing_and_says_so(
+        client: redis.Redis, redis_url: str) -> None:
+    env = {"SAGA_REDIS_URL": redis_url, "SAGA_HMAC_KEY": "", "SAGA_HMAC_KEY_FILE": ""}
+    for args in (["migrate"], ["migrate", "--dry-run", "--buckets", "8"]):
+        res = CliRunner().invoke(cli, args, env=env)
+        assert res.exit_code == 0, res.output
+        assert "no store here" in res.output
+    assert client.dbsize() == 0

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from saga_store import Registry, SagaStore, Settings, keys
-from saga_store.errors import StoreUnavailable
+from saga_store.errors import InvalidInput, StoreUnavailable
 from saga_store.ops.connection import connect, connect_queue, queue_url
 from saga_store.ops.sentinel import parse
 from saga_store.protocol.state import Status
@@ -74,7 +74,7 @@ def test_sentinel_urls_name_the_sentinels_the_service_and_the_redis_login() -> N
                       ("redis+sentinel:///svc", "names no sentinel"),
                       ("redis+sentinel://h/svc", "is not host:port"),
                       ("redis+sentinel://h:1/svc/x", "only a database number")):
-        with pytest.raises(StoreUnavailable, match=says):
+        with pytest.raises(InvalidInput, match=says):  # a usage error: exit 2
             parse(bad)
     # a sentinel-managed Redis may hold the queues
     assert queue_url("redis://log:6379/0", "redis+sentinel://h:1/svc") == \
