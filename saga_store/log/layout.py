@@ -63,12 +63,6 @@ def bucket_chain(bucket: int) -> str:
     return f"ledger:{bucket}"
 
 
-def bucket_of_chain(chain_id: str) -> int | None:
-    """The bucket a ledger chain id names (None: the legacy chain or the root)."""
-    _, _, n = chain_id.partition(":")
-    return int(n) if chain_id.startswith("ledger:") and n.isdigit() else None
-
-
 def check_buckets(value: Any, var: str = "SAGA_BUCKETS") -> int:
     try:
         n = int(value)
