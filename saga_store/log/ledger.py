@@ -165,7 +165,7 @@ class Ledger:
         if not self.may_seal:
             return 0
         if chain is None:
-            return sum(self.seal(c) for c in self.backlog())
+            return self.seal_many(list(self.backlog()))
         token = os.urandom(8).hex()
         try:
             if not self.log.redis.set(keys.ledger_lease(chain), token, nx=True,
@@ -192,8 +192,75 @@ class Ledger:
         every = self.chains()
         count = min(count, len(every))
         window = [every[(start + i) % len(every)] for i in range(count)]
-        sealed = sum(self.seal(c) for c in self.backlog(window))
+        sealed = self.seal_many(list(self.backlog(window)))
         return sealed, (start + count) % len(every)
+
+    def seal_many(self, chains: list[str]) -> int:
+        """Seal the pending entries of ``chains`` together, in three round trips for
+        all of them (take each chain's lease and read its pending entries and head;
+        read the saga events the entries name; append each chain's batch), where
+        :meth:`seal` takes four for each chain. A chain whose lease another sealer
+        holds is left to it. One with more than a batch pending, an entry to reject
+        or a lost race is finished on its own, still under the lease taken here
+        (:meth:`_seal`); one that took more entries meanwhile is sealed again."""
+        if not self.may_seal or not chains:
+            return 0
+        token = os.urandom(8).hex()
+        pipe: Any = self.log.raw.pipeline(transaction=False)
+        for c in chains:  # reads after the SET: valid under the lease when it is taken
+            pipe.execute_command("SET", keys.ledger_lease(c), token, "NX", "PX",
+                                 SEAL_LEASE_MS)
+            pipe.execute_command("LRANGE", keys.ledger_pending(c), 0, SEAL_BATCH - 1)
+            pipe.execute_command("XREVRANGE", keys.ledger_log(c), "+", "-", "COUNT", 1)
+        replies = pipe.execute(raise_on_error=False)
+        held: dict[str, tuple[list[bytes], Head]] = {}
+        alone: list[str] = []  # under the lease, sealed one chain at a time
+        for i, c in enumerate(chains):
+            took, rows, last = replies[3 * i:3 * i + 3]
+            if isinstance(took, redis.exceptions.NoPermissionError):
+                self.may_seal = False  # an agent user: the workers' sweepers seal
+                return 0
+            if isinstance(took, Exception):
+                raise StoreUnavailable(f"ledger {c}: the sealer's lease: {took}")
+            if took is None:
+                continue  # another sealer at work on it
+            if isinstance(rows, Exception) or isinstance(last, Exception) \
+                    or len(rows) >= SEAL_BATCH:
+                alone.append(c)
+                continue
+            held[c] = (rows, head_of(last[0]) if last else EMPTY)
+        parsed = {c: [_entry(c, raw) for raw in rows] for c, (rows, _) in held.items()}
+        whys = self._underived_many(parsed)
+        pipe = self.log.redis.pipeline(transaction=False)
+        sent: list[tuple[str, Any, Any, int, int]] = []  # chain, call, its reply, n, LLEN's
+        for c, (rows, head) in held.items():
+            if not rows:  # sealed meanwhile by a sealer whose lease had just lapsed
+                release_lease(pipe, keys.ledger_lease(c), token)
+                continue
+            if any(whys[c]):
+                alone.append(c)  # _drain sets the rejected entries aside
+                continue
+            call = self.log.prepare(c, [b for b in parsed[c] if b is not None], head,
+                                    lease=Lease(token, LeaseMode.RELEASE),
+                                    side=[SideWrite("trim", keys.ledger_pending(c))])
+            queued = call.queue(pipe)
+            sent.append((c, call, queued, len(rows), len(pipe)))
+            pipe.llen(keys.ledger_pending(c))
+        replies = pipe.execute(raise_on_error=False) if len(pipe) else []
+        sealed, again = 0, []
+        for c, call, queued, n, left_at in sent:
+            try:
+                call.result(queued(replies))
+            except FencedOff:
+                continue  # the lease lapsed: another sealer carries on
+            except ConflictError:
+                alone.append(c)  # still ours: a refused append writes nothing
+                continue
+            sealed += n
+            if replies[left_at]:
+                again.append(c)  # pushed to while it was held
+        sealed += sum(self._seal(c, token) for c in alone)
+        return sealed + sum(self.seal(c) for c in again)
 
     def flush(self, timeout_s: float = 2.0) -> int:
         """Seal until nothing is pending (another sealer may be at work: wait for it,
@@ -203,8 +270,7 @@ class Ledger:
         left = self.backlog()
         while True:
             with contextlib.suppress(redis.ResponseError):  # e.g. a read-only user
-                for chain in left:
-                    self.seal(chain)
+                self.seal_many(list(left))
             left = self.backlog(list(left))
             if not left or time.monotonic() >= deadline:
                 return sum(left.values())
@@ -324,24 +390,31 @@ class Ledger:
         """For each pending entry, why its saga's chain does not bear it out (None: it
         does). One pipelined read of the events the entries name. An entry pushed
         onto another bucket's list than its saga's is not borne out either."""
+        return self._underived_many({chain: parsed})[chain]
+
+    def _underived_many(self, batches: dict[str, list[dict[str, Any] | None]],
+                        ) -> dict[str, list[str | None]]:
+        """:meth:`_underived` of several chains' entries, in one round trip."""
         pipe: Any = self.log.raw.pipeline(transaction=False)
-        named = [b for b in parsed if b is not None]
+        named = [b for parsed in batches.values() for b in parsed if b is not None]
         for body in named:
             data = body["data"]
             seq = 0 if body["kind"] == EventKind.LEDGER_OPENED else _int(data.get("seq"))
             eid = keys.entry_id(max(seq, 0))
             pipe.execute_command("XRANGE", keys.saga_log(data["saga_id"]), eid, eid)
         found = iter(pipe.execute() if named else [])
-        out: list[str | None] = []
-        for entry in parsed:
-            if entry is None:
-                out.append("not a ledger entry")
-                continue
-            rows = next(found)
-            mine = self.log.layout.ledger_of(entry["data"]["saga_id"])
-            out.append(f"its saga's ledger chain is {mine}, not {chain}"
-                       if chain not in (mine, LEGACY) else
-                       underived(entry, rows[0] if rows else None))
+        out: dict[str, list[str | None]] = {}
+        for chain, parsed in batches.items():
+            why = out[chain] = []
+            for entry in parsed:
+                if entry is None:
+                    why.append("not a ledger entry")
+                    continue
+                rows = next(found)
+                mine = self.log.layout.ledger_of(entry["data"]["saga_id"])
+                why.append(f"its saga's ledger chain is {mine}, not {chain}"
+                           if chain not in (mine, LEGACY) else
+                           underived(entry, rows[0] if rows else None))
         return out
 
     def _reject(self, chain: str, rows: list[bytes], why: list[str | None]) -> None:
