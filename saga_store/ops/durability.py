@@ -12,17 +12,22 @@ gauge.
 Durable means: AOF on, and ``appendfsync`` ``everysec`` or ``always``, or
 unknown. Unknown is what a user without CONFIG sees (``INFO`` shows whether
 AOF is on, not how often it syncs); AOF on is then taken as durable, and
-``saga doctor`` says to check the fsync setting by hand.
+``saga doctor`` says to check the fsync setting by hand. On a Redis Cluster
+every master is read (one round trip each), and the answer is durable only if
+each of them is; a finding names its node (``host:port appendonly``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
+from saga_store.ops.cluster import is_cluster
 from saga_store.ops.doctor import UNKNOWN, Finding, aof_findings, aof_settings, persistent
 
 DEFAULT_CHECK_S = 30.0
@@ -49,15 +54,28 @@ class DurabilityWatch:
         """Read the settings now; raises RedisError if Redis does not answer (the
         next read is then a period away, like any other)."""
         self._next = self.clock() + self.period_s
-        conf = aof_settings(self.client, config=self._config)
-        self._config = conf.get("appendfsync") != UNKNOWN
-        findings = aof_findings(conf)
+        findings = self._read()
         durable = persistent(findings)
         if self.log is not None and durable != self.durable and (
                 self.durable is not None or not durable):
             self.log.warning("%s", describe(durable, findings, again=self.durable is not None))
         self.durable, self.findings = durable, findings
         return durable
+
+    def _read(self) -> list[Finding]:
+        """The AOF findings of the log's Redis: of each master, on a cluster."""
+        if not is_cluster(self.client):
+            conf = aof_settings(self.client, config=self._config)
+            self._config = conf.get("appendfsync") != UNKNOWN
+            return aof_findings(conf)
+        nodes: Any = self.client
+        out: list[Finding] = []
+        for node in nodes.get_primaries():
+            conf = aof_settings(nodes.get_redis_connection(node), config=self._config)
+            self._config = self._config and conf.get("appendfsync") != UNKNOWN
+            out += [dataclasses.replace(f, setting=f"{node.name} {f.setting}")
+                    for f in aof_findings(conf)]
+        return out
 
     def poll(self) -> bool | None:
         """The last known answer, read again first if a period has passed."""

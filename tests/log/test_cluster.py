@@ -230,6 +230,26 @@ def test_doctor_reads_every_master_of_a_cluster(servers: RedisClusterServers,
     assert not persistent([f for f in found if not f.setting.startswith(f"{node} appendf")])
 
 
+def test_the_durability_watch_reads_every_master_of_a_cluster(
+        servers: RedisClusterServers, client: redis.Redis) -> None:
+    """One master of three turning AOF off makes the log not durable, and the
+    finding names that master (the watch read one node only)."""
+    from saga_store.ops.durability import DurabilityWatch
+    watch = DurabilityWatch(client)
+    assert watch.check()
+    for victim in servers.masters():
+        node = redis.Redis(port=victim.port)
+        node.config_set("appendonly", "no")
+        try:
+            assert not watch.check()
+            bad = [f.setting for f in watch.findings if not f.ok]
+            assert bad == [f"127.0.0.1:{victim.port} appendonly"]
+        finally:
+            node.config_set("appendonly", "yes")
+            node.close()
+        assert watch.check()
+
+
 def test_a_watched_repair_of_the_cached_state_runs_on_a_cluster(
         servers: RedisClusterServers, client: redis.Redis) -> None:
     """rebuild_meta's WATCH/MULTI keeps to the saga's slot: a cache changed by hand
