@@ -110,6 +110,20 @@ def kill_my_worker() -> dict[str, Any]:
     return {}
 
 
+@tool
+def unbook_slot(slot: str, ctx: StepContext) -> dict[str, Any]:
+    effect("unbook", ctx.idempotency_key, slot)
+    return {"unbooked": slot}
+
+
+@tool(compensation=unbook_slot, mapping={"slot": "$.input.slot"}, timeout=2)
+def book_then_kill_my_worker(slot: str, ctx: StepContext) -> dict[str, Any]:
+    """Books (once per key, as a real API honouring it would), then its worker dies."""
+    effect("book", ctx.idempotency_key, slot)
+    os.kill(os.getpid(), signal.SIGKILL)
+    return {}
+
+
 @tool(reversibility=Reversibility.READONLY)
 async def async_echo(x: int) -> dict[str, Any]:
     await asyncio.sleep(0.001)

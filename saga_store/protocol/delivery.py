@@ -83,9 +83,12 @@ def on_delivery(view: StepView, tool: ToolFacts | None, tool_error: str = "") ->
     if tool is None:
         return Decided(Act.FAIL, Outcome.failed(f"{tool_error} (in this worker)"))
     if view.started >= tool.max_deliveries:
-        return Decided(Act.FAIL, Outcome.failed(
+        # in doubt, not failed: any of those attempts may have had its effect before
+        # its worker died, and a failed step is never undone (the unwind probes or
+        # compensates an in-doubt one)
+        return Decided(Act.FAIL, Outcome(OutcomeKind.IN_DOUBT, error=(
             f"dead-lettered: {view.started} deliveries never finished (the step keeps "
-            "killing its worker)"))
+            "killing its worker); whether any of them took effect is unknown")))
     if not view.started:  # a step that started once had passed its gate
         gated = _gate(view, tool)
         if gated is not None:

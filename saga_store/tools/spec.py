@@ -40,7 +40,8 @@ class RetryPolicy:
     (same idempotency key; right for tools that honour it) or ``"in_doubt"``
     (record the step in doubt and unwind). The default is ``"retry"`` except
     for irreversible tools. After ``max_deliveries`` unfinished attempts the
-    step is dead-lettered and the saga fails.
+    step is dead-lettered: recorded in doubt (any attempt may have taken
+    effect), and the saga unwinds it with the rest.
     """
 
     max_attempts: int = 3

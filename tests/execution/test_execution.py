@@ -142,6 +142,23 @@ def test_a_step_that_keeps_killing_its_worker_is_dead_lettered(
     assert len(effects("release")) == 1
 
 
+def test_a_dead_lettered_step_whose_attempts_took_effect_is_undone(
+        saga_store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """Each delivery books, then kills its worker: after 3 the step is dead-lettered
+    in doubt, and the unwind cancels the booking (dead-lettered as failed, it stood:
+    a failed step is never undone)."""
+    sid = saga_store.submit([ORDER[0], {"tool": "book_then_kill_my_worker",
+                                        "args": {"slot": "s-1"}}], agent_id="agent-dl")
+    with workers(worker_env, TOOLS, "-n", "2"):  # the pool respawns killed workers
+        state = saga_store.wait(sid, timeout=90)
+    assert state.status is Status.COMPENSATED
+    assert kinds(saga_store, sid, 1).count(K.STEP_STARTED) == 3
+    assert kinds(saga_store, sid, 1)[-1] == K.COMPENSATION_SUCCEEDED
+    assert [d for _, _, d in effects("book")] == ["s-1"]
+    assert [d for _, _, d in effects("unbook")] == ["s-1"]
+    assert len(effects("release")) == 1
+
+
 def test_a_timeout_is_in_doubt_not_failed(saga_store: SagaStore, worker_env: dict[str, str],
                                           ledger: Path) -> None:
     sid = saga_store.submit([ORDER[0], {"tool": "update_crm", "args": {"note": "slow"}}],

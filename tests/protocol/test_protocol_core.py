@@ -215,6 +215,15 @@ def test_on_delivery(view: StepView, tool: ToolFacts | None, act: Act) -> None:
     assert on_delivery(view, tool, "no tool named x").act is act
 
 
+def test_a_dead_lettered_step_is_in_doubt_not_failed() -> None:
+    """Its attempts died mid-call: any of them may have had its effect, and a failed
+    step is never undone."""
+    decided = on_delivery(StepView(intent={}, started=3), facts())
+    assert decided.outcome is not None
+    assert decided.outcome.kind is OutcomeKind.IN_DOUBT
+    assert "dead-lettered" in (decided.outcome.error or "")
+
+
 def test_a_denial_names_who_and_why() -> None:
     got = on_delivery(StepView(intent={}, approval=(K.APPROVAL_DENIED,
                                                     {"by": "bo", "reason": "no"})), facts())
