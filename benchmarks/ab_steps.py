@@ -39,6 +39,13 @@ def main() -> None:
     summary = []
     for i, runs in enumerate(rows):
         rt = statistics.median(r["round_trip_ms"]["durable"]["p50"] for r in runs)
+        if all("durable_async_worker" in r["round_trip_ms"] for r in runs):
+            on_async = statistics.median(r["round_trip_ms"]["durable_async_worker"]["p50"]
+                                         for r in runs)
+            print(f"{'AB'[i]} {a.checkouts[i]}: no-op step round trip p50, asyncio worker "
+                  f"{on_async:.3f} ms (runs " + ", ".join(
+                      f"{r['round_trip_ms']['durable_async_worker']['p50']:.3f}"
+                      for r in runs) + ")")
         tp = {w: statistics.median(r["throughput"][w]["durable_steps_per_s"] for r in runs)
               for w in runs[0]["throughput"]}
         summary.append((rt, tp))

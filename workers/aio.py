@@ -1,14 +1,16 @@
 """The asyncio worker: one process runs up to N steps (and unwinds) at once.
 
-It is a :class:`StepWorker` with another main loop. Jobs come off RQ's queues
-through RQ's own ``Queue.dequeue_any`` (one queue: BLMOVE onto the queue's
-intermediate list; several: BLPOP, as RQ's worker does), with the same job
-class, so the intermediate list, RQ's registries and ``rq info`` see what they
-see for any RQ worker, and the worker registers, beats and dies as RQ's do.
-Each job runs on one of N threads through :meth:`StepWorker.run_job`: the same
-refusal rules, acknowledgement, drivers and metrics as the RQ worker, with a
-:class:`StepRunner` per thread (a runner carries the plan's next step between
-calls, so it is never shared).
+It is a :class:`StepWorker` with another main loop: N step threads, each of
+which takes jobs off RQ's queues itself, through RQ's own
+``Queue.dequeue_any`` (one queue: BLMOVE onto the queue's intermediate list;
+several: BLPOP, as RQ's worker does), with the same job class, so the
+intermediate list, RQ's registries and ``rq info`` see what they see for any
+RQ worker, and the worker registers, beats and dies as RQ's do. A thread runs
+its job through :meth:`StepWorker.run_job`: the same refusal rules,
+acknowledgement, drivers and metrics as the RQ worker, with a
+:class:`StepRunner` of its own (a runner carries the plan's next step between
+calls, so it is never shared). A job never changes threads between the
+dequeue's reply and the tool.
 
 Async tools run on an event loop of the step thread's own: the thread would
 wait for the call anyway, and handing each call to the process's loop and back
@@ -80,6 +82,8 @@ class AsyncWorker(StepWorker):
             # not shown a gain here, benchmarks/RESULTS.md "Group commit")
             group_commit(log_client)
         self._local = threading.local()
+        self._count = threading.Lock()  # guards the counts and the back-off below
+        self._said_at = 0.0
         self._in_flight = 0
         self._suspended = False
         self._stop_at = 0.0
@@ -104,69 +108,91 @@ class AsyncWorker(StepWorker):
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        steps = ThreadPoolExecutor(self.concurrency, thread_name_prefix="saga-step")
-        dequeuer = ThreadPoolExecutor(1, thread_name_prefix="saga-dequeue")
         chores = asyncio.create_task(self._chores())
-        slots = asyncio.Semaphore(self.concurrency)
-        running: set[asyncio.Future[None]] = set()
+        all_done = asyncio.Event()
+        left = [self.concurrency]
 
-        def done(fut: asyncio.Future[None]) -> None:
-            running.discard(fut)
-            self._in_flight -= 1
-            self.completed += 1
-            slots.release()
+        def slot_ended() -> None:
+            left[0] -= 1
+            if not left[0]:
+                all_done.set()
 
+        def slot(n: int) -> None:
+            try:
+                self._slot(burst)
+            except BaseException:  # never a reason for the process to stop serving
+                log.exception("Worker %s: step thread %d failed", self.name, n)
+            finally:
+                loop.call_soon_threadsafe(slot_ended)
+
+        threads = [threading.Thread(target=slot, args=(n,), name=f"saga-step-{n}",
+                                    daemon=True) for n in range(self.concurrency)]
         try:
-            while not self._stop_requested:
-                await slots.acquire()
-                got = await self._next_job(loop, dequeuer, burst, bool(running))
-                if got is None:
-                    slots.release()
-                    if burst and not running:  # suspended in burst mode too, as RQ
-                        break
-                    continue
-                self._in_flight += 1
-                fut = loop.run_in_executor(steps, self._run, *got)
-                running.add(fut)
-                fut.add_done_callback(done)
-            if running:
-                log.info("Worker %s: stopping; %d job(s) in flight finish first", self.name,
-                         len(running))
-                await asyncio.wait(running)
+            for t in threads:
+                t.start()
+            await all_done.wait()
         finally:
             chores.cancel()
-            steps.shutdown(wait=True)
-            dequeuer.shutdown(wait=True)
         log.info("Worker %s: stopped", self.name)
 
-    async def _next_job(self, loop: asyncio.AbstractEventLoop, dequeuer: ThreadPoolExecutor,
-                        burst: bool, busy: bool) -> tuple[Any, Queue] | None:
+    def _slot(self, burst: bool) -> None:
+        """One step thread: it takes a job off the queues itself and runs it, until
+        asked to stop (or, in burst mode, until nothing is queued or in flight). A
+        job goes from the dequeue's reply to the tool on this thread, with no hand
+        over between threads: each hand over cost a wake-up of the loop and of the
+        next thread, about a third of the no-op round trip."""
+        while not self._stop_requested:
+            got = self._next_job(burst)
+            if got is None:
+                if burst and not self._busy():
+                    return
+                continue
+            with self._count:
+                self._in_flight += 1
+            try:
+                self._run(*got)
+            finally:
+                with self._count:
+                    self._in_flight -= 1
+                    self.completed += 1
+                    if self._stop_requested and not self._in_flight:
+                        log.info("Worker %s: the jobs in flight are done", self.name)
+
+    def _busy(self) -> bool:
+        with self._count:
+            return self._in_flight > 0
+
+    def _next_job(self, burst: bool) -> tuple[Any, Queue] | None:
         """One job off the queues, or None: none came within the dequeue timeout
         (at once, in burst mode), suspended, stopping, or Redis unreachable (after
         backing off)."""
         if self._suspended or self._stop_requested:
-            await asyncio.sleep(SUSPENSION_CHECK_EVERY_S / 2)
+            time.sleep(SUSPENSION_CHECK_EVERY_S / 2)
             return None
         timeout = None if burst else self.dequeue_timeout
         try:
-            got = await loop.run_in_executor(dequeuer, self._dequeue, timeout)
+            got = self._dequeue(timeout)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            self._connection_wait = min(self._connection_wait * 2,
-                                        self.max_connection_wait_time)
-            log.error("Worker %s: could not reach Redis to dequeue (%s); again in %.0f s",
-                      self.name, exc, self._connection_wait)
-            await asyncio.sleep(self._connection_wait)
+            with self._count:  # one line per back-off for the whole process
+                wait = self._connection_wait = min(self._connection_wait * 2,
+                                                   self.max_connection_wait_time)
+                now = time.monotonic()
+                say, self._said_at = now - self._said_at >= wait, now
+            if say:
+                log.error("Worker %s: could not reach Redis to dequeue (%s); again in %.0f s",
+                          self.name, exc, wait)
+            time.sleep(wait)
             return None
         except Exception:  # a job hash of the wrong type, say: never the end of the worker
             log.exception("Worker %s: dequeue failed; going on", self.name)
-            await asyncio.sleep(SUSPENSION_CHECK_EVERY_S)
+            time.sleep(SUSPENSION_CHECK_EVERY_S)
             return None
         self._connection_wait = 0.5
         if got is not None and self._stop_requested:  # asked to stop while it waited
-            await loop.run_in_executor(dequeuer, self._give_back, *got)
+            self._give_back(*got)
             return None
-        if got is None and burst and busy:
-            await asyncio.sleep(0.02)  # what is in flight may still queue more
+        if got is None and burst and self._busy():
+            time.sleep(0.02)  # what is in flight may still queue more
         return got
 
     def _dequeue(self, timeout: int | None) -> tuple[Any, Queue] | None:
@@ -247,10 +273,10 @@ class AsyncWorker(StepWorker):
 
 
 def connections_for(concurrency: int) -> int:
-    """Redis connections a worker running ``concurrency`` jobs may hold at once: two
-    per step thread (its lean pipeline's and one checked out of the pool), and a
-    few for the dequeue, the chores (sweeper included) and RQ's pubsub."""
-    return 2 * concurrency + 16
+    """Redis connections a worker running ``concurrency`` jobs may hold at once: three
+    per step thread (its blocking dequeue's, its lean pipeline's and one checked out
+    of the pool), and a few for the chores (sweeper included) and RQ's pubsub."""
+    return 3 * concurrency + 16
 
 
 def configured(base: type[StepWorker], concurrency: int) -> type[AsyncWorker]:
