@@ -105,7 +105,10 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool, use_async:
             ctx.settings = dataclasses.replace(ctx.settings, policy_file=policy_file)
         store = ctx.store()
         from saga_store.ops.doctor import examine, persistent
-        findings = examine(store.redis)
+        findings = examine(store.redis, store.settings.wait_replicas)
+        for f in findings:  # too few replicas: every append waits, then is not confirmed
+            if f.setting.endswith("wait_replicas") and not f.ok:
+                click.echo(f"WARNING: {f.setting}={f.value}: {f.advice}", err=True)
         if not persistent(findings):
             for f in findings:
                 if not f.ok:
@@ -356,7 +359,8 @@ def doctor(ctx: Context, as_json: bool) -> None:
     """
     from saga_store.ops.doctor import examine
     with errors_to_exit():
-        findings = examine(ctx.store().redis)
+        store = ctx.store()
+        findings = examine(store.redis, store.settings.wait_replicas)
         if as_json:
             emit_json([f.to_dict() for f in findings])
         else:

@@ -35,20 +35,40 @@ class Finding:
 UNKNOWN = "unknown"
 
 
-def examine(client: redis.Redis) -> list[Finding]:
+def examine(client: redis.Redis, wait_replicas: int = 0) -> list[Finding]:
     """What matters for durability, read from the server; unreadable settings
     (an ACL without CONFIG) are reported as unknown, never as fine. On a Redis
     Cluster, from every master, each setting named after its node (``host:port
-    appendonly``); a replica's settings are its own, check them by hand."""
+    appendonly``); a replica's settings are its own, check them by hand. With
+    ``wait_replicas`` (``SAGA_WAIT_REPLICAS``), whether each master has that
+    many replicas connected."""
     if is_cluster(client):
         nodes: Any = client
         return [dataclasses.replace(f, setting=f"{node.name} {f.setting}")
                 for node in nodes.get_primaries()
-                for f in _examine_one(nodes.get_redis_connection(node))]
-    return _examine_one(client)
+                for f in _examine_one(nodes.get_redis_connection(node), wait_replicas)]
+    return _examine_one(client, wait_replicas)
 
 
-def _examine_one(client: redis.Redis) -> list[Finding]:
+def replica_finding(client: redis.Redis, wait_replicas: int) -> Finding:
+    """Whether ``client``'s Redis has the ``wait_replicas`` replicas an append waits
+    for: with fewer, every append waits its whole ``SAGA_WAIT_TIMEOUT_MS`` and is
+    then reported not confirmed."""
+    try:
+        connected = int(client.info("replication").get("connected_slaves", 0))
+    except redis.ResponseError:
+        return Finding("wait_replicas", f"{wait_replicas} (replicas connected: {UNKNOWN})",
+                       False, "this user may not run INFO; check by hand that the master "
+                       f"has at least {wait_replicas} replicas connected")
+    ok = connected >= wait_replicas
+    return Finding("wait_replicas", f"{wait_replicas} (replicas connected: {connected})", ok,
+                   "" if ok else
+                   f"SAGA_WAIT_REPLICAS={wait_replicas} but only {connected} connected: every "
+                   "append waits SAGA_WAIT_TIMEOUT_MS and is then reported not confirmed; "
+                   "attach replicas (replicaof) or lower SAGA_WAIT_REPLICAS")
+
+
+def _examine_one(client: redis.Redis, wait_replicas: int = 0) -> list[Finding]:
     out: list[Finding] = []
     info = client.info("server")
     version = str(info.get("redis_version", "?"))
@@ -65,6 +85,8 @@ def _examine_one(client: redis.Redis) -> list[Finding]:
     out.append(Finding("maxmemory-policy", policy, fine,
                        "" if fine else
                        "set 'maxmemory-policy noeviction': an evicting policy can drop log keys"))
+    if wait_replicas:
+        out.append(replica_finding(client, wait_replicas))
     return out
 
 

@@ -350,3 +350,26 @@ def test_wait_settings_are_read_from_the_environment() -> None:
         (0, 1000)
     s = Settings.from_env({"SAGA_WAIT_REPLICAS": "2", "SAGA_WAIT_TIMEOUT_MS": "250"})
     assert (s.wait_replicas, s.wait_timeout_ms) == (2, 250)
+
+
+def test_doctor_and_a_worker_say_when_the_replicas_waited_for_are_missing() -> None:
+    """SAGA_WAIT_REPLICAS=2 against a master with one replica: `saga doctor` exits 1
+    naming it, a worker starting warns; with 1 it is fine."""
+    from click.testing import CliRunner
+    from saga_store.cli.main import cli
+
+    def run(n: int, *args: str) -> Any:
+        return CliRunner().invoke(cli, list(args), env={
+            "SAGA_REDIS_URL": master.url, "SAGA_WAIT_REPLICAS": str(n), "SAGA_HMAC_KEY": "",
+            "SAGA_HMAC_KEY_FILE": ""})
+
+    with master_and_replica() as (master, _replica):
+        res = run(1, "doctor")
+        assert res.exit_code == 0, res.output
+        assert "ok   wait_replicas = 1 (replicas connected: 1)" in res.output
+        res = run(2, "doctor")
+        assert res.exit_code == 1, res.output
+        assert "FIX  wait_replicas = 2 (replicas connected: 1): SAGA_WAIT_REPLICAS=2 but " \
+               "only 1 connected" in res.output
+        res = run(2, "worker", "--tools", "tests.ledger_tools", "--burst")
+        assert "WARNING: wait_replicas=2 (replicas connected: 1)" in res.output
