@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from saga_store import keys
 from saga_store.errors import StoreUnavailable
 from saga_store.settings import Settings
 
@@ -34,9 +35,12 @@ def shortfall(chain_id: str, acked: Any, settings: Settings) -> StoreUnavailable
             "have it), or unset SAGA_WAIT_REPLICAS")
     if int(acked) >= settings.wait_replicas:
         return None
+    look = "the sealer sends it again" if keys.is_ledger(chain_id) else (
+        f"read the saga ('saga show {chain_id}') before doing it again: an append sent "
+        "again finds itself, but a saga submitted again is a second saga")
     return StoreUnavailable(
         f"append to {chain_id} is on the master but not confirmed: {acked} of "
         f"{settings.wait_replicas} replicas (SAGA_WAIT_REPLICAS) acknowledged it within "
         f"{settings.wait_timeout_ms} ms (SAGA_WAIT_TIMEOUT_MS), so a failover could lose "
-        "it; check the replicas (INFO replication: connected_slaves, lag) and retry, "
-        "which finds it if it stayed")
+        f"it; check the replicas (INFO replication: connected_slaves, lag). It may stand: "
+        f"{look}")
