@@ -227,6 +227,14 @@ def migrate(ctx: Context, buckets: int | None, dry_run: bool, as_json: bool) -> 
         elif done["from"] is None:
             click.echo("no store here (no ledger, no layout): nothing to migrate; a new store "
                        "records its layout when it is first written (check SAGA_REDIS_URL)")
+        elif done.get("unfinished"):
+            click.echo(f"layout {done['to']}, but an earlier migration stopped before the "
+                       "root chain recorded the old ledger chain; run 'saga migrate' to "
+                       "finish it; nothing changed")
+        elif done.get("finished"):
+            click.echo(f"finished an earlier migration to layout {done['to']}: the root chain "
+                       f"now records the old ledger chain (head seq {done['legacy_head']}, "
+                       f"root seq {done['root_seq']}); take a new anchor ('saga anchor')")
         elif done["dry_run"] and done["to"] != done["from"]:
             click.echo(f"would move layout {done['from']} to {done['to']} (layout version, "
                        "buckets); nothing changed")

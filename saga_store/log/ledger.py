@@ -51,6 +51,7 @@ from saga_store.errors import (
     InvalidInput,
     StoreUnavailable,
 )
+from saga_store.faults import fault
 from saga_store.log.canonical import canonical
 from saga_store.log.events import EventKind, body_dict
 from saga_store.log.layout import LEGACY, ROOT, V1, Layout
@@ -623,6 +624,13 @@ def migrate(ledger: Ledger, buckets: int, *, dry_run: bool = False) -> dict[str,
     if before is None:  # no store here: nothing to move (a new one records its own)
         return {**out, "to": None, "changed": False}
     if before.version >= 2:
+        if before.version == 2 and log_.redis.exists(keys.LEDGER_LOG) \
+                and not log_.redis.exists(keys.ledger_log(ROOT)):
+            # a migration killed between recording the layout and the root's first entry
+            if dry_run:
+                return {**out, "to": before.record(), "changed": False, "unfinished": True}
+            return {**out, **_root_over_legacy(ledger), "to": before.record(), "changed": True,
+                    "finished": True}
         return {**out, "to": before.record(), "changed": False}
     target = Layout(2, buckets)
     if dry_run:
@@ -636,6 +644,11 @@ def migrate(ledger: Ledger, buckets: int, *, dry_run: bool = False) -> dict[str,
         log_.forget_layout()
         return {**out, "to": log_.layout.record(), "changed": False}  # someone else did
     log_.forget_layout()
+    fault("migrate_after_layout")
+    return {**out, **_root_over_legacy(ledger), "to": target.record(), "changed": True}
+
+
+def _root_over_legacy(ledger: Ledger) -> dict[str, int]:
+    """The root's entry over the old chain's head (a migration's last write)."""
     root = ledger.record_root()
-    return {**out, "to": target.record(), "changed": True, "root_seq": root.seq,
-            "legacy_head": ledger.heads().get(LEGACY, EMPTY).seq}
+    return {"root_seq": root.seq, "legacy_head": ledger.heads().get(LEGACY, EMPTY).seq}
