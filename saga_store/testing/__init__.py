@@ -9,6 +9,7 @@ several simulated hosts (Linux network namespaces) that share one such server.
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -20,6 +21,13 @@ from typing import Any, TypeVar
 import redis
 
 T = TypeVar("T")
+
+
+def ctrl_c_reaches_it() -> None:
+    """``preexec_fn`` for a child that a test stops with SIGINT, as Ctrl-C at a
+    terminal would: a shell runs background jobs with SIGINT ignored, the child
+    inherits that, and Python then installs no handler for it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def free_port() -> int:

@@ -20,7 +20,7 @@ from saga_store.cli.main import cli
 from saga_store import keys
 from saga_store.log.events import EventKind as K
 from saga_store.log.store import EventStore
-from saga_store.testing import assert_eventually
+from saga_store.testing import assert_eventually, ctrl_c_reaches_it
 
 from ..helpers import committed_saga, tamper
 
@@ -95,7 +95,7 @@ def _spawn(redis_url: str, *args: str) -> tuple[subprocess.Popen[bytes], list[st
            "SAGA_HMAC_KEY_FILE": "", "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(  # our own argv, no shell
         [sys.executable, "-m", "saga_store.cli.main", *args], env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=ctrl_c_reaches_it)
     lines: list[str] = []
     out = proc.stdout
     assert out is not None

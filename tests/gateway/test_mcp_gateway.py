@@ -28,7 +28,7 @@ from saga_store.errors import InvalidInput
 from saga_store.execution.idempotency import args_digest, explicit_key
 from saga_store.log.events import EventKind as K
 from saga_store.protocol.state import Status
-from saga_store.testing import assert_eventually
+from saga_store.testing import assert_eventually, ctrl_c_reaches_it
 from saga_store.verify.checker import Verifier
 from tests.npm import reference_server
 
@@ -930,8 +930,8 @@ def test_a_terminal_user_answers_approvals_as_they_come(gw: dict[str, Any]) -> N
     watcher = subprocess.Popen(
         [sys.executable, "-m", "saga_store.cli.main", "approvals", "--approve-interactively"],
         cwd=ROOT, env={**gw["env"], "SAGA_OPERATOR": "carol"}, stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=ctrl_c_reaches_it)
     assert watcher.stdin is not None
     raw = RawGateway(gw)
     try:
