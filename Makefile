@@ -32,16 +32,23 @@ example-langgraph: $(STAMP)
 example-anthropic: $(STAMP)
 	$(BIN)/python -m examples.anthropic_shop
 
-# three runs: everything on one Redis; the log tests on the embedded store; the
-# tests marked cluster with the log on a private six-node Redis Cluster and RQ's
-# queues on a standalone Redis (about a minute)
+# three runs: everything on one Redis, with every script and transaction checked to
+# keep to one hash slot; the log tests on the embedded store; the tests marked cluster
+# with the log on a private six-node Redis Cluster and RQ's queues on a standalone
+# Redis. Each run spreads its tests over TEST_PROCS processes (pytest-xdist), each with
+# its own servers: most tests wait on processes and timeouts, not on the CPU.
+# TEST_PROCS=0 runs them one at a time.
+TEST_PROCS ?= 4
+SLOT_LOG := $(abspath $(VENV))/slots.log
+XDIST = $(if $(filter 0,$(TEST_PROCS)),,-n $(TEST_PROCS) --dist worksteal)
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -rfs -p no:cacheprovider
-	SAGA_TEST_BACKEND=fakeredis $(BIN)/python -m pytest -q -rfs -p no:cacheprovider -m parity
-	SAGA_TEST_BACKEND=cluster $(BIN)/python -m pytest -q -rfs -p no:cacheprovider -m cluster
+	rm -f $(SLOT_LOG)*
+	SAGA_TEST_SLOT_LOG=$(SLOT_LOG) $(BIN)/python -m pytest -q -rfs -p no:cacheprovider $(XDIST)
+	SAGA_TEST_BACKEND=fakeredis $(BIN)/python -m pytest -q -rfs -p no:cacheprovider -m parity $(XDIST)
+	SAGA_TEST_BACKEND=cluster $(BIN)/python -m pytest -q -rfs -p no:cacheprovider -m cluster $(XDIST)
 
 test-cluster: $(STAMP)
-	SAGA_TEST_BACKEND=cluster $(BIN)/python -m pytest -q -rfs -p no:cacheprovider -m cluster
+	SAGA_TEST_BACKEND=cluster $(BIN)/python -m pytest -q -rfs -p no:cacheprovider -m cluster $(XDIST)
 
 lint: $(STAMP)
 	$(BIN)/ruff check saga_store workers cli tests benchmarks examples

@@ -4,6 +4,7 @@ and skipped with the reason where npm or node is missing."""
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,11 +25,16 @@ def installed(name: str) -> Path:
         pytest.skip("npm and node are needed for the reference-server tests (apt install npm)")
     cache = CACHES.get(name, ROOT / ".cache" / "npm")
     folder = cache / "node_modules" / "@modelcontextprotocol" / name
-    if not (folder / "package.json").exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix", str(cache),
-                        f"@modelcontextprotocol/{name}@{PINNED[name]}"], check=True,
-                       capture_output=True, timeout=300)
+    if (folder / "package.json").exists():
+        return folder
+    cache.mkdir(parents=True, exist_ok=True)
+    # test processes run side by side (pytest -n): one installs, the others wait for it
+    with (cache / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "package.json").exists():
+            subprocess.run(["npm", "install", "--no-audit", "--no-fund", "--prefix",
+                            str(cache), f"@modelcontextprotocol/{name}@{PINNED[name]}"],
+                           check=True, capture_output=True, timeout=300)
     return folder
 
 

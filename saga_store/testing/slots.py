@@ -115,6 +115,7 @@ class _CheckingPacker:
 
 
 _PLAIN = AbstractConnection._construct_command_packer
+_BEFORE: list[Any] = []  # the packer makers that installs replaced, innermost last
 
 
 def install(path: str | Path) -> SlotLog:
@@ -124,16 +125,27 @@ def install(path: str | Path) -> SlotLog:
     def checked(self: Any, packer: Any) -> Any:
         return _CheckingPacker(_PLAIN(self, packer), log)  # type: ignore[no-untyped-call]
 
+    _BEFORE.append(AbstractConnection._construct_command_packer)
     AbstractConnection._construct_command_packer = checked  # type: ignore[method-assign]
     return log
 
 
 def uninstall() -> None:
-    """Connections made from now on are not checked (those made before still are)."""
-    AbstractConnection._construct_command_packer = _PLAIN  # type: ignore[method-assign]
+    """Connections made from now on are checked as before the last :func:`install`
+    (those made since are still checked by it): a test of the check itself leaves
+    the check of a slot-checked run in place."""
+    AbstractConnection._construct_command_packer = (  # type: ignore[method-assign]
+        _BEFORE.pop() if _BEFORE else _PLAIN)
 
 
 def install_from_env() -> SlotLog | None:
-    """:func:`install` when ``SAGA_TEST_SLOT_LOG`` names a file."""
+    """:func:`install` when ``SAGA_TEST_SLOT_LOG`` names a file. Under pytest-xdist
+    each test process takes a file of its own (``<file>.<worker id>``, passed on to
+    the processes it starts), so a violation is charged to the test that made it."""
     path = os.environ.get(LOG_VAR)
-    return install(path) if path else None
+    if not path:
+        return None
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker and not path.endswith(f".{worker}"):
+        path = os.environ[LOG_VAR] = f"{path}.{worker}"
+    return install(path)
