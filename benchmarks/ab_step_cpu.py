@@ -14,7 +14,8 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
+
+from benchmarks.common import python_of
 
 CHILD = r'''
 import json, sys, time
@@ -54,7 +55,7 @@ def one(spec: str, plans: int, steps: int) -> float:
     """One round on ``spec``: a checkout, or ``DIR:PYTHON`` for one with its own
     virtual environment (an editable install maps packages to its own tree)."""
     checkout, _, python = spec.partition(":")
-    out = subprocess.run([python or sys.executable, "-c", CHILD, str(plans), str(steps)],
+    out = subprocess.run([python or python_of(checkout), "-c", CHILD, str(plans), str(steps)],
                          cwd=checkout, capture_output=True, text=True, check=True, timeout=600)
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["committed"] == plans, res

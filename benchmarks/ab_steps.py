@@ -5,7 +5,9 @@ runs interleaved A, B, B, A, ... so both see the same machine.
     python -m benchmarks.ab_steps /tmp/before . --reps 4
 
 Each run is ``python -m benchmarks.bench_steps --quick`` in the checkout's own
-folder (its own Redis and workers); reports medians and the ratio B/A.
+folder (its own Redis and workers), with the checkout's own ``.venv`` if it has
+one (``common.python_of``: give the other checkout one, ``python3 -m venv .venv
+&& .venv/bin/pip install -e .``). Reports medians and the ratio B/A.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 from typing import Any
+
+from .common import python_of
 
 
 def one(checkout: str) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_steps", "--quick"],
+    out = subprocess.run([python_of(checkout), "-m", "benchmarks.bench_steps", "--quick"],
                          cwd=checkout, capture_output=True, text=True, check=True,
                          timeout=900)
     res: dict[str, Any] = json.loads(out.stdout[out.stdout.index("{"):])

@@ -24,6 +24,8 @@ import statistics
 import subprocess
 import sys
 
+from benchmarks.common import python_of
+
 FAIL_RATIOS = (0.0, 0.2)
 # AB_BATCH=1: submit with one submit_many (unset: the checkout's own default,
 # one plan after another; checkouts older than submit_many know no other)
@@ -45,7 +47,7 @@ def child(n: int, workers: int) -> None:
 
 def spawn(spec: str, n: int, workers: int) -> subprocess.Popen[str]:
     path, w, python = ([*spec.split(":"), "", ""])[:3]
-    cmd = [python or sys.executable, "-m", "benchmarks.ab_workflows", "--child",
+    cmd = [python or python_of(path), "-m", "benchmarks.ab_workflows", "--child",
            "--n", str(n), "--workers", w or str(workers)]
     proc = subprocess.Popen(cmd, cwd=path, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)

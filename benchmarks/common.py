@@ -5,11 +5,22 @@ from __future__ import annotations
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from saga_store.testing import RedisServer
+
+
+def python_of(checkout: str) -> str:
+    """The interpreter to run a checkout with in an A/B benchmark: its own ``.venv``
+    if it has one, else this one. Two checkouts must not share an editable install:
+    it maps ``saga_store.workers`` and ``saga_store.cli`` to one checkout's
+    ``workers/`` and ``cli/``, so both sides would run the same workers."""
+    own = Path(checkout) / ".venv" / "bin" / "python"
+    return str(own) if own.exists() else sys.executable
 
 
 def bench_redis() -> RedisServer:

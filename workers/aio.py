@@ -47,7 +47,7 @@ from rq.worker import WorkerStatus
 
 from saga_store.log.pipeline import group_commit
 
-from .invoke import Invoker
+from .invoke import Invoker, Watchdog
 from .step import StepRunner
 from .worker import SUSPENSION_CHECK_EVERY_S, StepWorker
 
@@ -82,6 +82,7 @@ class AsyncWorker(StepWorker):
             # not shown a gain here, benchmarks/RESULTS.md "Group commit")
             group_commit(log_client)
         self._local = threading.local()
+        self._watchdog = Watchdog()  # one for the sync tool calls of every step thread
         self._count = threading.Lock()  # guards the counts and the back-off below
         self._said_at = 0.0
         self._in_flight = 0
@@ -225,7 +226,7 @@ class AsyncWorker(StepWorker):
         if runner is None:
             runner = self._local.runner = StepRunner(
                 self.saga_store, self.name, keep_going=lambda: not self._stop_requested,
-                invoker=Invoker())
+                invoker=Invoker(self._watchdog))
         return runner
 
     # -- beside the jobs ------------------------------------------------------
