@@ -4,6 +4,10 @@ still verify and move over with 'saga migrate' without breaking a chain."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import orjson
 import pytest
 import redis
@@ -18,6 +22,7 @@ from saga_store.log.events import body_dict
 from saga_store.log.layout import LEGACY, ROOT, V1, Layout
 from saga_store.log.store import EventStore
 from saga_store.settings import Settings
+from saga_store.testing import assert_eventually
 from saga_store.verify.checker import Verifier
 
 from ..helpers import LedgerKeys, commit_from_threads, committed_saga, ledger_entries
@@ -266,3 +271,44 @@ def test_migrate_on_a_redis_with_no_store_writes_nothing_and_says_so(
         assert res.exit_code == 0, res.output
         assert "no store here" in res.output
     assert client.dbsize() == 0
+
+
+CREATOR = r'''
+import sys, redis
+from saga_store.log.store import EventStore
+from saga_store.settings import Settings
+from tests.helpers import committed_saga
+url, buckets = sys.argv[1], int(sys.argv[2])
+r = redis.Redis.from_url(url)
+r.rpush("test:ready", buckets)
+r.blpop(["test:go"], timeout=30)  # all of them start writing at once
+store = EventStore(r, Settings(buckets=buckets))  # the first write creates the store
+for _ in range(5):
+    print(committed_saga(store, steps=1).saga_id, flush=True)
+'''
+
+
+@pytest.mark.real_redis
+def test_processes_creating_one_store_at_once_all_take_the_first_ones_layout(
+        client: redis.Redis, redis_url: str) -> None:
+    """Six processes with six bucket counts open sagas on an empty Redis at the same
+    moment: one layout is recorded, every process writes by it (each saga's entries in
+    its bucket of that layout), and the ledger verifies."""
+    root = Path(__file__).resolve().parents[2]
+    counts = [8, 16, 32, 64, 128, 256]
+    procs = [subprocess.Popen([sys.executable, "-c", CREATOR, redis_url, str(n)], cwd=root,
+                              stdout=subprocess.PIPE, text=True) for n in counts]
+    assert_eventually(lambda: client.llen("test:ready") == len(counts), timeout=30,
+                      what="every process ready")
+    client.rpush("test:go", *["go"] * len(counts))
+    sagas = [line.strip() for p in procs for line in p.communicate(timeout=60)[0].split()]
+    assert [p.returncode for p in procs] == [0] * len(counts)
+    recorded = layout.parse(client.get(keys.LAYOUT))
+    assert recorded is not None
+    assert recorded.buckets in counts
+    store = EventStore(client)
+    assert len(sagas) == 5 * len(counts)
+    for sid in sagas:
+        mine = [e["data"]["saga_id"] for e in store.log.bodies(recorded.ledger_of(sid))]
+        assert mine.count(sid) == 2, (sid, recorded)
+    assert Verifier(store.log).verify().ok
