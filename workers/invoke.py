@@ -18,6 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from pydantic import BaseModel
@@ -136,8 +137,9 @@ class _Watch:
         self.deadline = now + spec.timeout
         self.renew_at = now + self.every_s
         self.warned = False
+        self.renewing = False  # a renewal is queued or under way
         self.done = False
-        self.lock = threading.Lock()  # a renewal in progress finishes before end() returns
+        self.lock = threading.Lock()  # a renewal under way finishes before end() returns
 
     def end(self) -> bool:
         """The call returned: no renewal from now on. Whether it ran past its timeout."""
@@ -146,28 +148,40 @@ class _Watch:
         self.watchdog.forget(self)
         return time.monotonic() > self.deadline
 
-    def check(self, now: float) -> None:
-        with self.lock:
-            if self.done:
-                return
-            if now > self.deadline and not self.warned:
-                self.warned = True
-                log.warning("tool %s ran past its %g s timeout on a thread, where it cannot "
-                            "be stopped; its step is recorded in doubt once the call returns "
-                            "(make the tool async def, or run it on RQ workers, to stop it at "
-                            "its timeout)", self.name, self.timeout)
-            if self.renew is not None and now >= self.renew_at:
-                self.renew_at = now + self.every_s
-                self.renew()  # never after end(): the outcome's append released the lease
+    def due(self, now: float) -> bool:
+        """Whether its lease is due for a renewal (none being under way); says once
+        that the call ran past its timeout."""
+        if now > self.deadline and not self.warned:
+            self.warned = True
+            log.warning("tool %s ran past its %g s timeout on a thread, where it cannot be "
+                        "stopped; its step is recorded in doubt once the call returns (make "
+                        "the tool async def, or run it on RQ workers, to stop it at its "
+                        "timeout)", self.name, self.timeout)
+        if self.renew is None or self.renewing or now < self.renew_at:
+            return False
+        self.renewing, self.renew_at = True, now + self.every_s
+        return True
+
+    def renew_lease(self) -> None:
+        """On a renewal thread. Never after end(): the outcome's append has released
+        the lease by then, and a renewal would take it back for a stale token."""
+        try:
+            with self.lock:
+                if not self.done and self.renew is not None:
+                    self.renew()
+        finally:
+            self.renewing = False
 
 
 class Watchdog:
     """A thread (one per asyncio worker, shared by its step threads) that renews the
     leases of sync calls running off the main thread and says when one runs past
     its timeout, a tick every :data:`TICK_S`. A call registers and leaves without
-    waking it."""
+    waking it. The renewals themselves run on a pool of threads: one stuck on an
+    unreachable Redis (a cluster master failing over) holds up no other call's."""
 
     TICK_S = 0.05
+    RENEWERS = 32  # made as needed: one or two while Redis answers at once
 
     def __init__(self) -> None:
         self._watches: dict[int, _Watch] = {}
@@ -189,16 +203,15 @@ class Watchdog:
             self._watches.pop(id(w), None)
 
     def _run(self) -> None:
+        renewers = ThreadPoolExecutor(self.RENEWERS, thread_name_prefix="saga-renew")
         while True:
             time.sleep(self.TICK_S)
             with self._lock:
                 watches = list(self._watches.values())
             now = time.monotonic()
             for w in watches:
-                try:
-                    w.check(now)
-                except Exception:  # a renewal's own errors are logged by it
-                    log.exception("watchdog: tool %s could not be checked", w.name)
+                if w.due(now):
+                    renewers.submit(w.renew_lease)  # a renewal logs its own errors
 
 
 _alarm = {"armed": False}

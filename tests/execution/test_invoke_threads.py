@@ -88,3 +88,28 @@ def test_a_sync_call_runs_on_the_calling_thread_with_no_thread_made_for_it() -> 
     for ident, outcome in results:
         assert outcome.kind is OutcomeKind.SUCCEEDED
         assert outcome.result == {"thread": ident}
+
+
+def test_a_renewal_stuck_on_an_unreachable_redis_holds_up_no_other_calls() -> None:
+    """Two calls share a worker's watchdog; the first one's renewal hangs (its saga's
+    master is failing over); the second call's lease is still renewed on time."""
+    watchdog = Watchdog()
+    hanging, stuck, renewed = threading.Event(), threading.Event(), []
+
+    def hang() -> None:
+        hanging.set()
+        stuck.wait(5)
+
+    def call(renew: Any, seconds: float) -> None:
+        Invoker(watchdog).invoke(REGISTRY.get("slow"), {"seconds": seconds}, CTX,
+                                 keepalive=(renew, 0.1))
+
+    first = threading.Thread(target=call, args=(hang, 1.0))
+    first.start()
+    assert hanging.wait(5)
+    second = threading.Thread(target=call, args=(lambda: renewed.append(1), 0.6))
+    second.start()
+    second.join(10)
+    stuck.set()
+    first.join(10)
+    assert len(renewed) >= 3, renewed
