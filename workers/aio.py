@@ -15,8 +15,9 @@ dequeue's reply and the tool.
 Async tools run on an event loop of the step thread's own: the thread would
 wait for the call anyway, and handing each call to the process's loop and back
 cost the workers 8-22% more CPU per workflow, measured side by side
-(benchmarks/RESULTS.md). Sync tools run on a thread of their own beside the
-step's (timed out there, as everywhere off the main thread).
+(benchmarks/RESULTS.md). Sync tools run on the step thread itself, where they
+cannot be stopped at their timeout; the process's watchdog keeps their lease
+(see :mod:`.watchdog`).
 
 The sweeper, the durability check, RQ's maintenance, the heartbeat and the
 suspension check run on a thread of their own every :data:`CHORES_EVERY_S`, so
@@ -47,7 +48,7 @@ from rq.worker import WorkerStatus
 
 from saga_store.log.pipeline import group_commit
 
-from .invoke import Invoker, Watchdog
+from .invoke import Invoker
 from .step import StepRunner
 from .worker import SUSPENSION_CHECK_EVERY_S, StepWorker
 
@@ -82,7 +83,6 @@ class AsyncWorker(StepWorker):
             # not shown a gain here, benchmarks/RESULTS.md "Group commit")
             group_commit(log_client)
         self._local = threading.local()
-        self._watchdog = Watchdog()  # one for the sync tool calls of every step thread
         self._count = threading.Lock()  # guards the counts and the back-off below
         self._said_at = 0.0
         self._in_flight = 0
@@ -226,7 +226,7 @@ class AsyncWorker(StepWorker):
         if runner is None:
             runner = self._local.runner = StepRunner(
                 self.saga_store, self.name, keep_going=lambda: not self._stop_requested,
-                invoker=Invoker(self._watchdog))
+                invoker=Invoker())
         return runner
 
     # -- beside the jobs ------------------------------------------------------

@@ -51,7 +51,8 @@ from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.vocab import Follow, LeaseMode, OutcomeKind, Phase
 from saga_store.tools.spec import StepContext, ToolSpec
 
-from .invoke import Invoker, Keepalive
+from .invoke import Invoker
+from .watchdog import Keepalive
 
 log = logging.getLogger("saga_store.worker")
 _APPROVAL_KINDS = frozenset({K.APPROVAL_REQUESTED, K.APPROVAL_GRANTED, K.APPROVAL_DENIED})
