@@ -61,8 +61,9 @@ def test_hosts_have_their_own_names_pids_and_network_and_reach_only_the_bridge()
                 assert not reaches(net, 0, ip, srv.port), f"host A reached {ip}"
         a.partition()
         assert not reaches(net, 0, net.gateway_ip, srv.port)
-        a.heal()
-        assert reaches(net, 0, net.gateway_ip, srv.port)
+        a.heal()  # the link is up at once; the first packets may wait on ARP again
+        assert_eventually(lambda: reaches(net, 0, net.gateway_ip, srv.port), timeout=15,
+                          what="host A to reach the Redis again once healed")
 
 
 def test_a_host_killed_whole_leaves_no_process() -> None:
