@@ -44,7 +44,10 @@ def timed_sleep(seconds: float, ctx: StepContext) -> dict[str, Any]:
     return {"slept": seconds}
 
 
-@tool(reversibility=Reversibility.READONLY, timeout=4)
+# a hundred of these start at once in one test: the first write to the test's own
+# ledger can then wait up to 2 s on the others (SQLite takes one writer at a time),
+# so a 4 s timeout put a 2 s sleep in doubt on a loaded machine
+@tool(reversibility=Reversibility.READONLY, timeout=30)
 async def timed_async_sleep(seconds: float, ctx: StepContext) -> dict[str, Any]:
     started = time.time()
     effect("started", f"{ctx.idempotency_key}:{ctx.attempt}")
