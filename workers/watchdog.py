@@ -115,11 +115,11 @@ class Watchdog:
     def watch(self, name: str, keepalive: Keepalive | None) -> Watch:
         w = Watch(self, name, keepalive)
         with self._lock:
+            if self._thread is None:  # kept only once started: a refusal is tried again,
+                thread = threading.Thread(target=self._run, name="saga-watchdog", daemon=True)
+                thread.start()  # and the call, refused with it, is never watched
+                self._thread = thread
             self._watches[id(w)] = w
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="saga-watchdog",
-                                                daemon=True)
-                self._thread.start()
         return w
 
     def forget(self, w: Watch) -> None:
