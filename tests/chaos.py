@@ -208,18 +208,19 @@ def worker_names(r: redis.Redis, pids: set[int]) -> set[str]:
 
 
 def held_by(r: redis.Redis, names: set[str]) -> dict[str, int]:
-    """Active sagas whose lease one of ``names`` holds, with their head seq."""
+    """Active sagas whose lease one of ``names`` holds, with their head seq (read
+    from the log itself, not the cached meta)."""
     active = in_flight(r)
     pipe = r.pipeline(transaction=False)
     for sid in active:
         pipe.get(keys.saga_lease(sid))
-        pipe.hget(keys.saga_meta(sid), "seq")
+        pipe.xrevrange(keys.saga_log(sid), count=1)
     replies = pipe.execute()
     out = {}
     for i, sid in enumerate(active):
-        holder, seq = replies[2 * i], replies[2 * i + 1]
-        if holder and holder.decode().split(":", 1)[0] in names and seq is not None:
-            out[sid] = int(seq)
+        holder, last = replies[2 * i], replies[2 * i + 1]
+        if holder and holder.decode().split(":", 1)[0] in names and last:
+            out[sid] = keys.seq_of_entry_id(last[0][0])
     return out
 
 
@@ -391,17 +392,24 @@ def rng_for(cfg: Config, n: int) -> random.Random:
 
 def _track_recovery(client: redis.Redis, pending: dict[str, tuple[int, float]],
                     rep: Report) -> None:
-    """A saga recovers from a kill when its log moves past where the kill left it."""
+    """A saga recovers from a kill when its log moves past where the kill left it.
+    One whose log ends, closed, where the kill found it was not caught mid-step:
+    its last append landed between reading its lease and the kill."""
     if not pending:
         return
     sids = list(pending)
     pipe = client.pipeline(transaction=False)
     for sid in sids:
-        pipe.hget(keys.saga_meta(sid), "seq")
+        pipe.xrevrange(keys.saga_log(sid), count=1)
     now = time.monotonic()
-    for sid, seq in zip(sids, pipe.execute(), strict=True):
-        if seq is not None and int(seq) > pending[sid][0]:
+    for sid, last in zip(sids, pipe.execute(), strict=True):
+        if not last:
+            continue
+        eid, fields = last[0]
+        if keys.seq_of_entry_id(eid) > pending[sid][0]:
             rep.recoveries_s.append(now - pending[sid][1])
+            del pending[sid]
+        elif fields.get(b"p") == b"closed":
             del pending[sid]
 
 
