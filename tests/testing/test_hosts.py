@@ -72,8 +72,9 @@ def test_a_host_killed_whole_leaves_no_process() -> None:
     with Network(2) as net:
         a, b = net.hosts
         a.spawn(["sh", "-c", "setsid sleep 300 & sleep 300"])
-        b.spawn(["sleep", "300"])
-        assert len(a.pids()) >= 3
+        b.spawn(["sleep", "300"])  # spawn returns before the process is on its host
+        assert_eventually(lambda: len(a.pids()) >= 3, timeout=15, what="host A's processes")
+        assert_eventually(lambda: len(b.pids()) >= 2, timeout=15, what="host B's process")
         a.kill()
         assert a.pids() == set()
         assert len(b.pids()) >= 2
