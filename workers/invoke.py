@@ -13,7 +13,6 @@ so one per worker thread).
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
 import threading
 import time
@@ -30,8 +29,6 @@ from saga_store.tools.secrets import scrub
 from saga_store.tools.spec import StepContext, ToolSpec
 
 from .watchdog import Keepalive, Watch, Watchdog, process_watchdog
-
-log = logging.getLogger("saga_store.worker")
 
 
 class StepTimeout(BaseException):
