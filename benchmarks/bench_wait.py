@@ -18,7 +18,6 @@ from typing import Any
 
 import redis
 
-from saga_store import keys
 from saga_store.log.events import EventKind as K
 from saga_store.log.store import ChainWriter, EventStore
 from saga_store.settings import Settings
@@ -51,7 +50,7 @@ def _single(w: ChainWriter, i: int) -> None:
 
 def _riding(w: ChainWriter, i: int) -> None:
     def rider(pipe: Any) -> None:
-        pipe.hset(keys.saga_meta(w.saga_id), "ctx_seq", i)
+        pipe.hset(w.store.keys.meta(w.saga_id), "ctx_seq", i)
     w.append_riding([(K.STEP_INTENT, {"step": i, "data": PAYLOAD_300})], rider)
 
 

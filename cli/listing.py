@@ -209,7 +209,7 @@ def _pulse(store: EventStore, ids: list[str]) -> list[Any]:
     state and seq, and the ledger's pending length (one round trip)."""
     pipe = store.redis.pipeline(transaction=False)
     for sid in ids:
-        pipe.hmget(keys.saga_meta(sid), "state", "seq")
+        pipe.hmget(store.keys.meta(sid), "state", "seq")
     replies = list(pipe.execute())
     return [*replies, store.ledger.backlog(), store.ledger.heads()]
 

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import click
 
-from saga_store import keys
 from saga_store.errors import AnchorMismatch
 from saga_store.ids import check_saga_id
 from saga_store.log.chain import Chain
@@ -118,7 +117,7 @@ def _count_events(store: EventStore, saga_id: str | None) -> int:
     ids = [saga_id] if saga_id else list(store.log.chain_ids())
     pipe = store.redis.pipeline(transaction=False)
     for sid in [*ids, *store.ledger.chains()]:
-        pipe.xlen(keys.log_key_for(sid))
+        pipe.xlen(store.keys.chain_log(sid))
     return sum(pipe.execute())
 
 

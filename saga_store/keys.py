@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import os
 import re
+import zlib
 
 from saga_store.errors import InvalidInput
 from saga_store.ids import agent_of
@@ -166,6 +167,136 @@ ACTIVE = f"{PREFIX}:active"
 NEEDS_ATTENTION = f"{PREFIX}:needs_attention"
 APPROVALS = f"{PREFIX}:approvals"
 ATTENTION_ACKS = f"{PREFIX}:attention:acks"
+
+
+class SagaKeys:
+    """The names of a saga's keys and of the indexes it is listed in, by the
+    store's layout (``log/layout.py``): every key user asks the store's
+    ``keys`` (``EventStore.keys``, ``SagaLog.keys``), never builds a name itself.
+
+    Of layouts 1 and 2 a saga's keys carry the saga's own hash tag
+    (``ss:{S}:log``) and the indexes are global (``ss:active``, ``ss:approvals``,
+    ``ss:needs_attention``). Of layout 3 a saga's keys and its bucket's indexes
+    carry the bucket's hash tag, the one its ledger chain's keys carry, so one
+    script writes a saga, the indexes it is in and its ledger entry together:
+
+        ss:{b<n>}:<S>:log (:meta, :lease, :driver, :secrets, :blob:<sha256>)
+        ss:{b<n>}:active            bucket n's sagas in flight (of no agent's namespace)
+        ss:{b<n>}:<A>_:active       those of agent A (an agent user writes its own)
+        ss:{b<n>}:approvals         gated steps awaiting a decision
+        ss:{b<n>}:needs_attention   sagas that ended needing a person
+    """
+
+    __slots__ = ("buckets", "version")
+
+    def __init__(self, version: int = 2, buckets: int = 1) -> None:
+        self.version = version
+        self.buckets = buckets
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether a saga's keys, its indexes and its ledger entries share a slot."""
+        return self.version >= 3
+
+    def bucket_of(self, saga_id: str) -> int:
+        """The saga's bucket: CRC-32 of its id, modulo the number of buckets."""
+        return zlib.crc32(saga_id.encode()) % self.buckets
+
+    def bucket_tag(self, bucket: int) -> str:
+        return f"{PREFIX}:{{b{bucket}}}"
+
+    def base(self, saga_id: str) -> str:
+        if self.version < 3:
+            return f"{PREFIX}:{{{saga_id}}}"
+        return f"{self.bucket_tag(self.bucket_of(saga_id))}:{saga_id}"
+
+    def log(self, saga_id: str) -> str:
+        return f"{self.base(saga_id)}:log"
+
+    def meta(self, saga_id: str) -> str:
+        return f"{self.base(saga_id)}:meta"
+
+    def lease(self, saga_id: str) -> str:
+        return f"{self.base(saga_id)}:lease"
+
+    def driver(self, saga_id: str) -> str:
+        """The lease of a client-driven saga's caller (see ``Saga.keepalive``)."""
+        return f"{self.base(saga_id)}:driver"
+
+    def secrets(self, saga_id: str) -> str:
+        return f"{self.base(saga_id)}:secrets"
+
+    def blob(self, saga_id: str, digest_hex: str) -> str:
+        return f"{self.base(saga_id)}:blob:{digest_hex}"
+
+    def chain_log(self, chain_id: str) -> str:
+        """The stream that holds the chain ``chain_id`` (a saga id, or a ledger chain)."""
+        return ledger_log(chain_id) if is_ledger(chain_id) else self.log(chain_id)
+
+    def saga_of_log(self, key: str) -> str | None:
+        """The saga id whose log ``key`` is (None for any other key)."""
+        if self.version < 3:
+            return saga_id_from_log_key(key)
+        m = _BUCKETED_LOG.fullmatch(key)
+        return m[1] if m and key.startswith(f"{PREFIX}:") else None
+
+    def log_pattern(self) -> str:
+        """A SCAN pattern that matches every saga's log (and may match more: check
+        each with :meth:`saga_of_log`)."""
+        return f"{PREFIX}:{{*}}:log" if self.version < 3 else f"{PREFIX}:{{b*}}:*:log"
+
+    def active(self, saga_id: str) -> str:
+        """The index of sagas in flight that ``saga_id`` belongs in: its agent's own
+        for an id in an agent's namespace (an agent user writes no index but its own)."""
+        if self.version < 3:
+            return active_for(saga_id)
+        agent = agent_of(saga_id)
+        tag = self.bucket_tag(self.bucket_of(saga_id))
+        return f"{tag}:active" if agent is None else f"{tag}:{agent}_:active"
+
+    def approvals(self, saga_id: str) -> str:
+        """The index of gated steps awaiting a decision that ``saga_id``'s go in."""
+        if self.version < 3:
+            return APPROVALS
+        return f"{self.bucket_tag(self.bucket_of(saga_id))}:approvals"
+
+    def needs_attention(self, saga_id: str) -> str:
+        """The set of ended sagas needing a person that ``saga_id`` goes in."""
+        if self.version < 3:
+            return NEEDS_ATTENTION
+        return f"{self.bucket_tag(self.bucket_of(saga_id))}:needs_attention"
+
+    def all_buckets(self) -> range:
+        """Every bucket whose indexes may hold something (one, of layouts 1 and 2)."""
+        return range(self.buckets if self.version >= 3 else 1)
+
+    def all_approvals(self) -> list[str]:
+        """Every index of gated steps awaiting a decision."""
+        if self.version < 3:
+            return [APPROVALS]
+        return [f"{self.bucket_tag(b)}:approvals" for b in self.all_buckets()]
+
+    def all_needs_attention(self) -> list[str]:
+        """Every set of sagas that ended needing a person."""
+        if self.version < 3:
+            return [NEEDS_ATTENTION]
+        return [f"{self.bucket_tag(b)}:needs_attention" for b in self.all_buckets()]
+
+    def all_active(self, agents: list[str]) -> list[tuple[str, str | None]]:
+        """Every index of sagas in flight, with the agent it is of (None: the
+        shared one), given the agents listed in ``ss:agents``."""
+        return [pair for b in self.all_buckets() for pair in self.bucket_active(b, agents)]
+
+    def bucket_active(self, bucket: int, agents: list[str]) -> list[tuple[str, str | None]]:
+        """The indexes of sagas in flight of one bucket (of layouts 1 and 2, the only
+        ones), with the agent each is of."""
+        if self.version < 3:
+            return [(ACTIVE, None), *((agent_active(a), a) for a in agents)]
+        tag = self.bucket_tag(bucket)
+        return [(f"{tag}:active", None), *((f"{tag}:{a}_:active", a) for a in agents)]
+
+
+_BUCKETED_LOG = re.compile(r"[a-z][a-z0-9-]*:\{b\d+\}:([^{}:]+):log")
 
 
 def idem(key: str) -> str:

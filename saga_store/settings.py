@@ -8,7 +8,7 @@ from typing import Self
 
 from saga_store.errors import InvalidInput
 from saga_store.log import chain
-from saga_store.log.layout import DEFAULT_BUCKETS, check_buckets
+from saga_store.log.layout import DEFAULT_BUCKETS, DEFAULT_VERSION, check_buckets, check_version
 
 
 @dataclass(frozen=True)
@@ -37,6 +37,9 @@ class Settings:
     # how many ledger buckets a store gets when it is created (then recorded in
     # Redis: see saga_store.log.layout; later settings do not change it)
     buckets: int = DEFAULT_BUCKETS
+    # the layout a store gets when it is created (SAGA_LAYOUT; recorded with the
+    # buckets): 3 puts a saga's keys and its bucket's indexes under one hash tag
+    layout: int = DEFAULT_VERSION
     # an append counts as done only once this many replicas hold it (Redis WAIT
     # right after it, on its connection); 0: when the master has it, as Redis
     # replicates asynchronously, so a failover can lose acknowledged appends
@@ -70,6 +73,8 @@ class Settings:
                                                      "SAGA_APPROVAL_PROGRESS_S")
         if e.get("SAGA_BUCKETS"):
             values["buckets"] = check_buckets(e["SAGA_BUCKETS"])
+        if e.get("SAGA_LAYOUT"):
+            values["layout"] = check_version(e["SAGA_LAYOUT"])
         if e.get("SAGA_WAIT_REPLICAS"):
             values["wait_replicas"] = _count(e["SAGA_WAIT_REPLICAS"], "SAGA_WAIT_REPLICAS",
                                              least=0, example=1)

@@ -13,6 +13,7 @@ import os
 import sys
 import time
 
+from saga_store.log.layout import names_of
 from saga_store.mcp.holders import holder_gone
 from saga_store.mcp.leases import Leases
 from saga_store.ops.connection import connect
@@ -22,7 +23,8 @@ TTL_MS = 60_000
 
 def main(argv: list[str]) -> None:
     what, url, saga_id, *rest = argv
-    leases = Leases(connect(url), "gateway", TTL_MS)
+    client = connect(url)
+    leases = Leases(client, "gateway", TTL_MS, names_of(client))
     if what == "hold":
         print(leases.claim(saga_id), leases.token, flush=True)
         time.sleep(TTL_MS / 1000)

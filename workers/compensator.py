@@ -17,13 +17,13 @@ import random
 import time
 from typing import Any
 
-from saga_store import keys
 from saga_store.approval import notify
 from saga_store.client.api import SagaStore
 from saga_store.client.context import project, tell
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.execution.enqueue import schedule, unschedule
 from saga_store.faults import fault
+from saga_store.keys import SagaKeys
 from saga_store.log.pipeline import execute, lean
 from saga_store.log.store import ChainWriter
 from saga_store.log.stream import Lease, release_lease
@@ -99,15 +99,15 @@ class Compensator:
         r, lease_ms = self.store.redis, self.store.settings.lease_ms
         token = f"{self.worker}:comp:{os.urandom(6).hex()}"
         pipe = lean(r)
-        pipe.set(keys.saga_lease(saga_id), token, nx=True, px=lease_ms)
+        pipe.set(self.store.events.keys.lease(saga_id), token, nx=True, px=lease_ms)
         [got] = pipe.execute()
         if not got:
             return "busy"  # a step or another compensator holds the saga; swept later
         # should this process die, the sweeper looks as soon as the lease can lapse;
         # the agent's context cursor comes back in the same round trip
         pipe = lean(r)
-        schedule(pipe, saga_id, lease_ms + 100)
-        _context_of(pipe, saga_id)
+        schedule(pipe, self.store.events.keys, saga_id, lease_ms + 100)
+        _context_of(pipe, self.store.events.keys, saga_id)
         ctx: list[Any] | None = pipe.execute()[-1]
         self._released = False
         try:
@@ -121,7 +121,7 @@ class Compensator:
             return "conflict"
         finally:
             if not self._released:  # the closing append gives it up itself
-                release_lease(r, keys.saga_lease(saga_id), token)
+                release_lease(r, self.store.events.keys.lease(saga_id), token)
 
     def _unwind(self, saga_id: str, token: str, ctx: list[Any] | None) -> str:
         bodies, head, verdict = read_verified(self.store.events.log, saga_id)
@@ -138,7 +138,7 @@ class Compensator:
             return str(state.status)
         if ctx is None:
             pipe = lean(self.store.redis)
-            _context_of(pipe, saga_id)
+            _context_of(pipe, self.store.events.keys, saga_id)
             ctx = pipe.execute()[0]
         writer = Writer(ChainWriter(self.store.events, saga_id, head), bodies, ctx, state)
         lease = Lease(token, LeaseMode.ACQUIRE, self.store.settings.lease_ms)
@@ -185,7 +185,8 @@ class Compensator:
     def _close(self, writer: Writer, state: SagaState, act: unwind.Close, token: str) -> str:
         fault("comp_before_close")
         if act.attention:  # listed before the close is visible: whoever sees it can ack it
-            self.store.redis.sadd(keys.NEEDS_ATTENTION, state.saga_id)
+            self.store.redis.sadd(self.store.events.keys.needs_attention(state.saga_id),
+                                  state.saga_id)
         writer.append([act.item], Lease(token, LeaseMode.RELEASE))
         self._released = True
         fault("comp_after_close")
@@ -198,7 +199,7 @@ class Compensator:
         pipe = lean(self.store.redis)
         writer.tell(pipe)  # the saga's close, before it leaves ss:active: the sweeper's cue
         settle = writer.chain.close_on(pipe)  # the ledger's closing entry, in the same trip
-        unschedule(pipe, state.saga_id)
+        unschedule(pipe, self.store.events.keys, state.saga_id)
         execute(pipe, settle)
         notify.needs_attention(state.saga_id, state.agent_id, act.attention)
         return ended
@@ -251,9 +252,9 @@ class Writer:
         later = [e for e in self.known if e["seq"] > self.cursor]
         if self.agent is None or not later:
             return
-        tell(pipe, self.chain.saga_id, self.agent, self.conversation, later)
+        tell(pipe, self.chain.store.keys, self.chain.saga_id, self.agent, self.conversation, later)
         self.cursor = later[-1]["seq"]
 
 
-def _context_of(pipe: Any, saga_id: str) -> None:
-    pipe.hmget(keys.saga_meta(saga_id), "ctx_seq")
+def _context_of(pipe: Any, names: SagaKeys, saga_id: str) -> None:
+    pipe.hmget(names.meta(saga_id), "ctx_seq")

@@ -37,6 +37,7 @@ from saga_store.execution.enqueue import (
 from saga_store.execution.trip import Trip
 from saga_store.faults import fault
 from saga_store.ids import check_saga_id
+from saga_store.keys import SagaKeys
 from saga_store.log.events import EventKind as K
 from saga_store.log.pipeline import execute, lean
 from saga_store.log.scripts import RENEW_LEASE
@@ -118,7 +119,7 @@ class StepRunner:
     def read(self, saga_id: str, step: int, intent_seq: int, reads: Any = None) -> StepView:
         if reads is None:
             pipe: Any = lean(self.store.events.log.raw)
-            queue_reads(pipe, saga_id, intent_seq)
+            queue_reads(pipe, self.store.events.keys, saga_id, intent_seq)
             reads = pipe.execute()
         rows, first, ctx_seq = reads
         view = StepView(ctx_seq=int(ctx_seq) if ctx_seq is not None else -1)
@@ -322,7 +323,7 @@ class StepRunner:
         else:
             raise ConflictError(f"saga {saga_id}: could not record the outcome of step {step}")
         if acquire:  # dead letter / in doubt took the lease to write; hand it on
-            self.store.redis.pexpire(keys.saga_lease(saga_id), 0)
+            self.store.redis.pexpire(self.store.events.keys.lease(saga_id), 0)
         fault("after_outcome")
         metrics = self.store.metrics
         if metrics is not None:
@@ -363,9 +364,8 @@ class StepRunner:
             child = self._children[key] = metric.labels(*labels)
         return child
 
-    @staticmethod
-    def _closed(pipe: Any, saga_id: str) -> None:
-        unschedule(pipe, saga_id)
+    def _closed(self, pipe: Any, saga_id: str) -> None:
+        unschedule(pipe, self.store.events.keys, saga_id)
 
     def _claimable(self, step: int, view: StepView, follow: Follow,
                    ) -> tuple[ToolSpec, int] | None:
@@ -459,7 +459,7 @@ class StepRunner:
         known = {e["seq"] for e in view.events} | {e["seq"] for e in events}
         if any(s not in known for s in range(view.ctx_seq + 1, later[-1]["seq"] + 1)):
             return False
-        tell(pipe, saga_id, view.agent_id, view.conversation_id,
+        tell(pipe, self.store.events.keys, saga_id, view.agent_id, view.conversation_id,
              sorted({e["seq"]: e for e in [*view.events, *events]
                      if e["seq"] > view.ctx_seq}.values(), key=lambda e: e["seq"]))
         view.ctx_seq = later[-1]["seq"]
@@ -481,7 +481,7 @@ def keep_lease(store: SagaStore, saga_id: str, token: str) -> Keepalive:
 
     def renew() -> None:
         try:
-            store.redis.eval(RENEW_LEASE, 1, keys.saga_lease(saga_id), token, ttl)
+            store.redis.eval(RENEW_LEASE, 1, store.events.keys.lease(saga_id), token, ttl)
         except Exception:  # an outage: the lease may lapse, and the append is fenced
             log.warning("saga %s: could not renew the lease of a running tool call",
                         saga_id, exc_info=True)
@@ -494,14 +494,14 @@ def _verdict(policy: Policy, spec: ToolSpec, args: dict[str, Any]) -> Verdict:
                          Decision(spec.approval) if spec.approval else None)
 
 
-def queue_reads(pipe: Any, saga_id: str, intent_seq: int) -> None:
+def queue_reads(pipe: Any, names: SagaKeys, saga_id: str, intent_seq: int) -> None:
     """Queue what a step delivery reads: the log from one event before the intent
     (the previous step's outcome, still to be projected), the saga's first event
     (plan, agent) and the projection cursor."""
-    log_key = keys.saga_log(saga_id)
+    log_key = names.log(saga_id)
     pipe.execute_command("XRANGE", log_key, keys.entry_id(max(0, intent_seq - 1)), "+")
     pipe.execute_command("XRANGE", log_key, "0-1", "0-1")
-    pipe.execute_command("HGET", keys.saga_meta(saga_id), "ctx_seq")
+    pipe.execute_command("HGET", names.meta(saga_id), "ctx_seq")
 
 
 def run_step(store: SagaStore, worker: str, saga_id: str, step: int, intent_seq: int) -> str:

@@ -14,7 +14,6 @@ import random
 import time
 from typing import Any
 
-from saga_store import keys
 from saga_store.approval import requests as approvals
 from saga_store.client.api import SagaStore
 from saga_store.client.context import project
@@ -66,7 +65,7 @@ class Sweeper:
         r = self.store.redis
         now_ms = server_ms(r)  # the hosts' own clocks need not agree
         # the shared index, and each agent's own (agents write no index but theirs)
-        looked = indexes(r) if self.here is None else [self._own_index()]
+        looked = indexes(r, self.store.events.keys) if self.here is None else [self._own_index()]
         pipe = r.pipeline(transaction=False)
         for index, _ in looked:
             pipe.zrangebyscore(index, "-inf", now_ms, start=0, num=BATCH)
@@ -112,7 +111,8 @@ class Sweeper:
                 self.store.redis.zrem(index, raw)
                 return 0
             queued = self._look_at(sid, now_ms)
-            if index != keys.active_for(sid):  # written there before agents had indexes
+            # written there before agents had indexes of their own
+            if index != self.store.events.keys.active(sid):
                 self.store.redis.zrem(index, raw)
             return queued
         except Exception:
@@ -123,8 +123,8 @@ class Sweeper:
         """The index the sagas of ``self.agent`` are in (the shared one for an agent
         without a namespace of its own)."""
         scoped = self.agent is not None and SCOPED_AGENT.fullmatch(self.agent)
-        return (keys.agent_active(str(self.agent)), self.agent) if scoped else \
-            (keys.ACTIVE, None)
+        shared, *own = self.store.events.keys.all_active([str(self.agent)] if scoped else [])
+        return own[0] if own else shared
 
     def _look_at(self, sid: str, now_ms: int) -> int:
         r, lease_ms = self.store.redis, self.store.settings.lease_ms
@@ -141,9 +141,9 @@ class Sweeper:
         if state.seq >= 0:
             self._repair_projection(sid, state)
         live = state.seq >= 0 and not state.final
-        left_ms = r.pttl(keys.saga_lease(sid)) if live else 0
+        left_ms = r.pttl(self.store.events.keys.lease(sid)) if live else 0
         driven = live and client_driven(state)
-        driver_ms = r.pttl(keys.saga_driver(sid)) if driven else None
+        driver_ms = r.pttl(self.store.events.keys.driver(sid)) if driven else None
         swept = on_sweep(state, left_ms, driver_ms)
         if swept.what is Sweep.ABANDON:
             return self._abandon(sid, now_ms)
@@ -154,11 +154,11 @@ class Sweeper:
                           sid, sid)
                 if self.store.metrics is not None:
                     self.store.metrics.verify_failures.inc()
-            r.zrem(keys.active_for(sid), sid)
+            r.zrem(self.store.events.keys.active(sid), sid)
             return 0
         trip = self.store.trip()
         pipe: Any = trip.log
-        index = keys.active_for(sid)
+        index = self.store.events.keys.active(sid)
         if swept.what is Sweep.WAIT:  # someone is working on it: look when the lease ends
             pipe.zadd(index, {sid: now_ms + left_ms + LOOK_AFTER_MS})
         elif swept.what is Sweep.IDLE and driver_ms is not None:  # when its caller's lease ends
@@ -188,21 +188,22 @@ class Sweeper:
         call and no keepalive) and queue its unwind. Decided again on a fresh read,
         by compare-and-set: a caller that came back and called first wins."""
         state, writer = self.store.events.read_for_write(sid)
-        lapsed = self.store.redis.pttl(keys.saga_driver(sid)) <= 0
+        lapsed = self.store.redis.pttl(self.store.events.keys.driver(sid)) <= 0
         if not (lapsed and on_sweep(state, 0, 0).what is Sweep.ABANDON):
-            self.store.redis.zadd(keys.active_for(sid), {sid: now_ms + LOOK_AFTER_MS})
+            self.store.redis.zadd(self.store.events.keys.active(sid), {sid: now_ms + LOOK_AFTER_MS})
             return 0
         lease_s = (state.client_lease_ms or 0) / 1000
         try:  # refused if the caller's lease came back since it was read (a keepalive)
             writer.append_many([build.saga_failed(
                 f"abandoned: its caller made no call and no keepalive for {lease_s:g} s "
                 "(SAGA_CLIENT_LEASE_S)")], phase=Phase.FORWARD,
-                side=[SideWrite("absent", keys.saga_driver(sid))])
+                side=[SideWrite("absent", self.store.events.keys.driver(sid))])
         except (ConflictError, FencedOff):
-            self.store.redis.zadd(keys.active_for(sid), {sid: now_ms + LOOK_AFTER_MS})
+            self.store.redis.zadd(self.store.events.keys.active(sid), {sid: now_ms + LOOK_AFTER_MS})
             return 0  # its caller (or someone) wrote meanwhile: look again
         trip = self.store.trip()
-        trip.log.zadd(keys.active_for(sid), {sid: now_ms + self.store.settings.lease_ms})
+        look_at = now_ms + self.store.settings.lease_ms
+        trip.log.zadd(self.store.events.keys.active(sid), {sid: look_at})
         if self.here is None:
             enqueue_compensation(trip.queue, sid)
         trip.execute()
@@ -215,7 +216,8 @@ class Sweeper:
     def _repair_projection(self, sid: str, state: Any) -> None:
         """Put the cached state back to the fold of the log if someone changed it (no
         decision rests on it, but 'saga ls', the console and the metrics show it)."""
-        cached: list[Any] = self.store.redis.hmget(keys.saga_meta(sid), "state", "phase")
+        meta = self.store.events.keys.meta(sid)
+        cached: list[Any] = self.store.redis.hmget(meta, "state", "phase")
         if cached != [str(state.status).encode(), str(phase_of(state.status)).encode()]:
             self.store.events.rebuild_meta(sid)
             shown = "/".join((c or b"-").decode(errors="replace") for c in cached)

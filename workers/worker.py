@@ -30,6 +30,7 @@ from saga_store.client.api import SagaStore
 from saga_store.errors import StoreUnavailable
 from saga_store.execution import jobs
 from saga_store.ids import valid_id
+from saga_store.keys import SagaKeys
 from saga_store.log.pipeline import lean
 from saga_store.log.scripts import HEARTBEAT
 from saga_store.ops import fleet
@@ -51,17 +52,18 @@ class StepJob(Job):
     so the worker reads that one field instead of parsing the whole hash."""
 
     prefetched: Any = None
+    names: ClassVar[SagaKeys | None] = None  # the log's key names (set per worker)
 
     def refresh(self) -> None:
         """Fetch ``data``; for a step job, read the log in the same round trip (the
         reads are only used if ``data`` then proves to be one of our jobs)."""
         ids = jobs.parse_step_job_id(self.id)
-        if ids is None or not valid_id(ids[0]):
+        if ids is None or not valid_id(ids[0]) or self.names is None:
             data = self.connection.hget(self.key, "data")
         else:
             pipe = lean(self.connection)
             pipe.hget(self.key, "data")
-            queue_reads(pipe, *ids)
+            queue_reads(pipe, self.names, *ids)
             data, *reads = pipe.execute()
             self.prefetched = (ids, reads)
         if data is None:
@@ -108,6 +110,8 @@ class StepWorker(SimpleWorker):
             connect(self.log_url, retry_s=None)
         self.saga_store = SagaStore(log_client, registry, self.settings,
                                     metrics=self.metrics, queues=self.connection)
+        if self.job_class is StepJob:  # its reads name the log's keys, by its layout
+            self.job_class = type("StepJob", (StepJob,), {"names": self.saga_store.events.keys})
         # closing entries wait for a batch: this worker's sweeper chains them
         self.saga_store.events.ledger.deferred = True
         self.runner = StepRunner(self.saga_store, self.name,

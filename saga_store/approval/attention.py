@@ -44,7 +44,10 @@ class Attention:
 def needing_attention(log: SagaLog) -> list[Attention]:
     """Sagas waiting for a person, by id."""
     # assignment: redis-py types the reply loosely
-    members: set[bytes] = log.redis.smembers(keys.NEEDS_ATTENTION)  # type: ignore[assignment]
+    pipe = log.redis.pipeline(transaction=False)
+    for key in log.keys.all_needs_attention():
+        pipe.smembers(key)
+    members = {m for got in pipe.execute() for m in got}
     rows: list[Attention] = []
     for sid in sorted(m.decode() for m in members):
         st = fold(sid, log.bodies(sid))
@@ -69,17 +72,18 @@ def acknowledge(client: redis.Redis, saga_id: str, by: str, note: str = "") -> N
     if not by or len(by) > MAX_NAME or any(c in by for c in "\n\r"):
         raise InvalidInput(f"--by must name who acts (1-{MAX_NAME} characters, one line)",
                            field="by")
-    if not client.exists(keys.saga_log(saga_id)):
+    log = SagaLog(client)
+    if not client.exists(log.keys.log(saga_id)):
         raise NoSuchSaga(no_such_saga(saga_id))
-    state = fold(saga_id, SagaLog(client).bodies(saga_id))
+    state = fold(saga_id, log.bodies(saga_id))
     if state.status is not Status.NEEDS_ATTENTION:  # the log decides, not the set
         raise InvalidInput(f"saga {saga_id} is {state.status}, not waiting for attention; "
                            "'saga attention' lists those that are")
-    if not client.sismember(keys.NEEDS_ATTENTION, saga_id):
+    if not client.sismember(log.keys.needs_attention(saga_id), saga_id):
         raise InvalidInput(f"saga {saga_id} is not waiting for attention; "
                            "'saga attention' lists those that are")
     pipe = lean(client)
     pipe.xadd(keys.ATTENTION_ACKS, {"saga_id": saga_id, "by": by, "note": note[:MAX_NOTE],
                                     "at_ms": str(int(time.time() * 1000))})
-    pipe.srem(keys.NEEDS_ATTENTION, saga_id)
+    pipe.srem(log.keys.needs_attention(saga_id), saga_id)
     pipe.execute()

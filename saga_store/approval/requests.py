@@ -16,12 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from saga_store import keys
 from saga_store.errors import ConflictError, FencedOff, InvalidInput, NoSuchSaga, no_such_saga
 from saga_store.execution.enqueue import enqueue_step, server_ms
 from saga_store.ids import check_saga_id
 from saga_store.log.pipeline import lean
-from saga_store.log.stream import command
 from saga_store.protocol import build
 from saga_store.protocol.delivery import denial
 from saga_store.protocol.state import Status
@@ -87,7 +85,7 @@ def request(writer: ChainWriter, step: int, tool: str, preview_data: dict[str, A
     due = deadline(writer.store.redis, timeout_s)
     pipe = lean(writer.store.redis)
     queued = call.queue(pipe)
-    pipe.zadd(keys.APPROVALS, {member(writer.saga_id, step): due})
+    pipe.zadd(writer.store.keys.approvals(writer.saga_id), {member(writer.saga_id, step): due})
     writer.applied(call, queued(pipe.execute(raise_on_error=False)))
 
 
@@ -104,9 +102,12 @@ def deadline(client: Any, timeout_s: float) -> int:
 def pending(store: SagaStore, limit: int = 1000) -> list[Pending]:
     """Approvals waiting for a decision, oldest deadline first."""
     out = []
-    rows: list[tuple[bytes, float]] = command(store.redis, "ZRANGE", keys.APPROVALS, 0,
-                                              limit - 1, "WITHSCORES")
-    for raw, score in _pairs(rows):
+    pipe: Any = store.redis.pipeline(transaction=False)
+    for key in store.events.keys.all_approvals():
+        pipe.execute_command("ZRANGE", key, 0, limit - 1, "WITHSCORES")
+    rows = sorted((pair for got in pipe.execute() for pair in _pairs(got)),
+                  key=lambda pair: pair[1])[:limit]
+    for raw, score in rows:
         saga_id, _, step_s = raw.decode().rpartition(":")
         st = store.state(saga_id)
         step = st.steps.get(int(step_s))
@@ -159,7 +160,7 @@ def decide(store: SagaStore, saga_id: str, step: int, *, grant: bool, by: str,
         except ConflictError:
             continue  # the log moved: read again and decide again
         trip = store.trip()
-        trip.log.zrem(keys.APPROVALS, member(saga_id, step))
+        trip.log.zrem(store.events.keys.approvals(saga_id), member(saga_id, step))
         # a worker's step: queue it again; a gateway, or an inline caller, watches the log
         if st.executor is None and not st.inline:
             enqueue_step(trip.queue, store.queue, saga_id, step, s.intent_seq,
@@ -190,8 +191,10 @@ def expire_due(store: SagaStore, limit: int = 100, now_ms: int | None = None) ->
     """Deny approvals past their deadline (``by: timeout``) by Redis's clock
     (``now_ms``, if the caller has just read it); returns how many."""
     now = server_ms(store.redis) if now_ms is None else now_ms
-    due: list[bytes] = command(store.redis, "ZRANGEBYSCORE", keys.APPROVALS, "-inf", now,
-                               "LIMIT", 0, limit)
+    pipe: Any = store.redis.pipeline(transaction=False)
+    for key in store.events.keys.all_approvals():
+        pipe.execute_command("ZRANGEBYSCORE", key, "-inf", now, "LIMIT", 0, limit)
+    due: list[bytes] = [raw for got in pipe.execute() for raw in got][:limit]
     n = 0
     for raw in due:
         saga_id, _, step_s = raw.decode().rpartition(":")
@@ -200,5 +203,6 @@ def expire_due(store: SagaStore, limit: int = 100, now_ms: int | None = None) ->
                    reason="no decision before the approval deadline")
             n += 1
         except InvalidInput:
-            store.redis.zrem(keys.APPROVALS, raw)  # already decided, or unwinding
+            # already decided, or unwinding
+            store.redis.zrem(store.events.keys.approvals(saga_id), raw)
     return n

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING, Any, Self
 import orjson
 import redis
 
-from saga_store import keys
 from saga_store.approval.policy import Policy
 from saga_store.client.saga import AsyncSaga, Saga
 from saga_store.errors import (
@@ -94,7 +93,7 @@ class SagaStore:
         self.redis = client
         self.queue = queue
         self.invalid_call_limit = invalid_call_limit
-        self.secrets = Secrets(client, self.settings.dedupe_ttl_s)
+        self.secrets = Secrets(client, self.settings.dedupe_ttl_s, self.events.log)
         self.dedupe = DedupeRecords(client, self.settings.dedupe_ttl_s)
         if policy is None:
             policy = (Policy.load(self.settings.policy_file) if self.settings.policy_file
@@ -150,13 +149,13 @@ class SagaStore:
         # in ss:active from its first event: should the caller die at once, the
         # sweeper still finds it when the client lease lapses
         pipe = lean(self.redis)
-        schedule(pipe, sid, self.client_lease_ms + 1000, nx=True)
+        schedule(pipe, self.events.keys, sid, self.client_lease_ms + 1000, nx=True)
         queued = opening.call.queue(pipe)
         replies = pipe.execute(raise_on_error=False)
         added, reply = replies[0], queued(replies)
         if opening.refused(reply):
             if added:
-                self.redis.zrem(keys.active_for(sid), sid)
+                self.redis.zrem(self.events.keys.active(sid), sid)
             raise InvalidInput(f"saga {sid} already exists; choose another id or omit it",
                                field="saga_id")
         writer = opening.applied(reply)
@@ -197,7 +196,7 @@ class SagaStore:
     def driver_lease(self, saga_id: str) -> list[SideWrite]:
         """The writes that (re)start a client-driven saga's caller lease, made with
         the append they ride on."""
-        key = keys.saga_driver(saga_id)
+        key = self.events.keys.driver(saga_id)
         return [SideWrite("set", key, ("1",)),
                 SideWrite("pexpire", key, (self.client_lease_ms,))]
 
@@ -278,7 +277,7 @@ class SagaStore:
         added_at = []
         for p in planned:
             added_at.append(len(ahead))
-            schedule(ahead, p.saga_id, look_after, nx=True)
+            schedule(ahead, self.events.keys, p.saga_id, look_after, nx=True)
         queued = [p.opening.call.queue(ahead) for p in planned]
         replies = ahead.execute(raise_on_error=False)
         for got in replies[:queued[0].at if queued else None]:  # the schedules'
@@ -289,7 +288,7 @@ class SagaStore:
         if taken:  # only ids a caller chose can be taken: submit, one plan
             for p, k in zip(planned, added_at, strict=True):
                 if p in taken and replies[k]:
-                    self.redis.zrem(keys.active_for(p.saga_id), p.saga_id)
+                    self.redis.zrem(self.events.keys.active(p.saga_id), p.saga_id)
             raise InvalidInput(f"saga {taken[0].saga_id} already exists; choose another id or "
                                "omit it (nothing was written)", field="saga_id")
         fault("submit_between")
@@ -386,7 +385,7 @@ class SagaStore:
         else:
             raise ConflictError(f"saga {saga_id} kept changing; try again")
         trip = self.trip()
-        schedule(trip.log, saga_id, 2 * self.settings.lease_ms)
+        schedule(trip.log, self.events.keys, saga_id, 2 * self.settings.lease_ms)
         enqueue_compensation(trip.queue, saga_id)
         trip.execute()
         return True
@@ -412,7 +411,7 @@ class SagaStore:
                 continue  # the log moved (a late duplicate's note): decide again
             if state.executor is None:  # a gateway finishes its own unwinds
                 trip = self.trip()
-                schedule(trip.log, saga_id, 2 * self.settings.lease_ms)
+                schedule(trip.log, self.events.keys, saga_id, 2 * self.settings.lease_ms)
                 enqueue_compensation(trip.queue, saga_id)
                 trip.execute()
             return

@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from saga_store import keys
+from saga_store.keys import SagaKeys
 from saga_store.log.events import EventKind as K
 from saga_store.protocol.state import SagaState, Status, StepState, paused_gc
 from saga_store.protocol.vocab import CompStatus, StepStatus
@@ -37,7 +38,7 @@ def project(store: Any, saga_id: str) -> int:
     """Emit the context events of every log event after the saga's cursor; returns
     how many. Safe to call from anywhere, any number of times."""
     r = store.redis
-    cur = r.hget(keys.saga_meta(saga_id), "ctx_seq")
+    cur = r.hget(store.keys.meta(saga_id), "ctx_seq")
     start = int(cur) + 1 if cur is not None else 0
     # whose context it is comes from the log's first event, never from the cache
     events = store.log.bodies(saga_id)
@@ -49,13 +50,13 @@ def project(store: Any, saga_id: str) -> int:
     if not agent or not events:
         return 0
     pipe = r.pipeline(transaction=False)
-    n = tell(pipe, saga_id, agent, conv, events)
+    n = tell(pipe, store.keys, saga_id, agent, conv, events)
     pipe.execute()
     return n
 
 
-def tell(pipe: Any, saga_id: str, agent_id: str, conversation_id: str | None,
-         events: list[dict[str, Any]]) -> int:
+def tell(pipe: Any, names: SagaKeys, saga_id: str, agent_id: str,
+         conversation_id: str | None, events: list[dict[str, Any]]) -> int:
     """Queue on ``pipe`` the context events of ``events`` (every event past the
     cursor, in seq order, all already in the log) and move the cursor past them;
     returns how many context events that makes. Whoever knows what it appended
@@ -70,7 +71,7 @@ def tell(pipe: Any, saga_id: str, agent_id: str, conversation_id: str | None,
         if out is not None:
             pipe.xadd(keys.agent_ctx(agent_id), {"e": orjson.dumps(out)})
             n += 1
-    pipe.hset(keys.saga_meta(saga_id), "ctx_seq", events[-1]["seq"])
+    pipe.hset(names.meta(saga_id), "ctx_seq", events[-1]["seq"])
     return n
 
 

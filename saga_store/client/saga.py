@@ -8,7 +8,6 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from saga_store import keys
 from saga_store.client.context import project
 from saga_store.errors import (
     ConflictError,
@@ -160,7 +159,7 @@ class Saga:
         while True:
             trip = self.store.trip()
             pipe = trip.log
-            schedule(pipe, self.saga_id, 2 * self.store.settings.lease_ms)
+            schedule(pipe, self.store.events.keys, self.saga_id, 2 * self.store.settings.lease_ms)
             # the secret values go with the intent: a lost race leaves none behind
             side = self.store.secrets.writes(self.saga_id, {n: secret_values}) \
                 if secret_values else []
@@ -211,7 +210,7 @@ class Saga:
         (or waits on a person) longer than ``SAGA_CLIENT_LEASE_S`` between calls.
         False if it had lapsed already (it is not brought back: the next call
         renews it, unless the sweeper has aborted the saga meanwhile)."""
-        held = self.store.redis.set(keys.saga_driver(self.saga_id), "1",
+        held = self.store.redis.set(self.store.events.keys.driver(self.saga_id), "1",
                                     px=self.store.client_lease_ms, xx=True)
         self._renewed = time.monotonic()
         return bool(held)
@@ -284,7 +283,7 @@ class Saga:
                     raise SagaAborted(f"saga {self.saga_id} changed while committing") from None
         self.state.status = Status.COMMITTED
         project(self.store.events, self.saga_id)
-        self.store.redis.zrem(keys.active_for(self.saga_id), self.saga_id)
+        self.store.redis.zrem(self.store.events.keys.active(self.saga_id), self.saga_id)
 
     def abort(self, reason: str = "aborted by the caller") -> None:
         """Stop going forward and unwind what ran (compensations, in reverse order);

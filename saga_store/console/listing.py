@@ -101,7 +101,7 @@ def _chunk(store: EventStore, below: int | None) -> tuple[list[Opening], int | N
 def _states(store: EventStore, openings: list[Opening]) -> list[str | None]:
     pipe = store.redis.pipeline(transaction=False)
     for o in openings:
-        pipe.hget(keys.saga_meta(o.saga_id), "state")
+        pipe.hget(store.keys.meta(o.saga_id), "state")
     return [v.decode() if isinstance(v, bytes) else v for v in pipe.execute()]
 
 

@@ -12,6 +12,8 @@ from saga_store.errors import InvalidInput
 from saga_store.execution import jobs
 from saga_store.execution.idempotency import step_key
 from saga_store.ids import SCOPED_AGENT, agent_of, check_saga_id
+from saga_store.keys import SagaKeys
+from saga_store.log.layout import names_of
 from saga_store.log.scripts import SCHEDULE
 from saga_store.ops import tracing
 from saga_store.protocol import build
@@ -40,31 +42,31 @@ def enqueue_compensation(pipe: Any, saga_id: str) -> None:
               jobs.COMPENSATE_FUNC, [saga_id])
 
 
-def schedule(pipe: Any, saga_id: str, after_ms: int, *, nx: bool = False) -> None:
+def schedule(pipe: Any, names: SagaKeys, saga_id: str, after_ms: int, *,
+             nx: bool = False) -> None:
     """Queue on ``pipe``: look at the saga ``after_ms`` from now by Redis's clock,
     as the sweepers do (in its index of sagas in flight: its agent's own, see
-    :func:`keys.active_for`; the agent is listed for the sweeper in the same trip).
+    :meth:`SagaKeys.active`; the agent is listed for the sweeper in the same trip).
     A time from this host's clock would put the look off by as much as it runs
     ahead. Two commands for an agent's saga, else one; the first replies 1 if the
     saga was added."""
-    index = keys.active_for(saga_id)
+    index = names.active(saga_id)
     pipe.eval(SCHEDULE, 1, index, saga_id, int(after_ms), "nx" if nx else "")
-    if index != keys.ACTIVE:
+    if agent_of(saga_id) is not None:
         pipe.sadd(keys.AGENTS, str(agent_of(saga_id)))
 
 
-def unschedule(pipe: Any, saga_id: str) -> None:
+def unschedule(pipe: Any, names: SagaKeys, saga_id: str) -> None:
     """Queue on ``pipe``: the saga has no work in flight any more."""
-    pipe.zrem(keys.active_for(saga_id), saga_id)
+    pipe.zrem(names.active(saga_id), saga_id)
 
 
-def indexes(client: Any) -> list[tuple[str, str | None]]:
+def indexes(client: Any, names: SagaKeys) -> list[tuple[str, str | None]]:
     """Every index of sagas in flight, with the agent it is of: the shared one
     (None), then each listed agent's. ``ss:agents`` takes any string from an agent
     user: only names an agent can own are read, the rest are ignored."""
     agents = sorted({a.decode("utf-8", "replace") for a in client.smembers(keys.AGENTS)})
-    return [(keys.ACTIVE, None), *((keys.agent_active(a), a) for a in agents
-                                   if SCOPED_AGENT.fullmatch(a))]
+    return names.all_active([a for a in agents if SCOPED_AGENT.fullmatch(a)])
 
 
 def belongs(saga_id: str, agent: str | None) -> bool:
@@ -78,10 +80,11 @@ def belongs(saga_id: str, agent: str | None) -> bool:
     return agent is None or agent_of(saga_id) == agent
 
 
-def in_flight(client: Any) -> list[str]:
+def in_flight(client: Any, names: SagaKeys | None = None) -> list[str]:
     """The ids of every saga with work in flight, from all indexes (entries that do
-    not belong where they are are left out)."""
-    found = indexes(client)
+    not belong where they are are left out); ``names``: the store's key names (read
+    from its layout if not given)."""
+    found = indexes(client, names or names_of(client))
     pipe = client.pipeline(transaction=False)
     for index, _ in found:
         pipe.zrange(index, 0, -1)

@@ -26,6 +26,8 @@ from saga_store import keys
 from saga_store.errors import InvalidInput
 
 DEFAULT_BUCKETS = 1024
+VERSIONS = (1, 2, 3)
+DEFAULT_VERSION = 2  # of a store created now (SAGA_LAYOUT)
 MAX_BUCKETS = 16384  # as many as Redis Cluster has slots: more would share them
 LEGACY = "ledger"  # the one ledger chain of layout 1 (kept, frozen, after a migration)
 ROOT = "ledger:root"
@@ -55,12 +57,31 @@ class Layout:
     def record(self) -> str:
         return f"{self.version} {self.buckets}"
 
+    def keys(self) -> keys.SagaKeys:
+        """The names of sagas' keys and indexes in this layout."""
+        return keys.SagaKeys(self.version, self.buckets)
+
 
 V1 = Layout(1, 1)
 
 
 def bucket_chain(bucket: int) -> str:
     return f"ledger:{bucket}"
+
+
+def names_of(client: Any) -> keys.SagaKeys:
+    """The key names of the store on ``client`` (one read of its layout; for tools
+    that have no :class:`~saga_store.log.stream.SagaLog` to ask)."""
+    return load(client, create=False).keys()
+
+
+def check_version(value: Any, var: str = "SAGA_LAYOUT") -> int:
+    """A layout a new store may be created with: 2 or 3."""
+    if str(value).strip() not in ("2", "3"):
+        raise InvalidInput(f"{var}={value!r}: use 2 or 3 (the layout a new store is created "
+                           "with; an existing store keeps its own: see 'saga migrate')",
+                           field=var)
+    return int(value)
 
 
 def check_buckets(value: Any, var: str = "SAGA_BUCKETS") -> int:
@@ -86,16 +107,17 @@ def parse(raw: bytes | str | None) -> Layout | None:
         raise InvalidInput(f"{keys.LAYOUT} holds {text[:40]!r}, not '<version> <buckets>'; "
                            "it was changed by hand: put back what 'saga migrate --status' "
                            "expects") from None
-    if version not in (1, 2) or not 1 <= buckets <= MAX_BUCKETS:
+    if version not in VERSIONS or not 1 <= buckets <= MAX_BUCKETS:
         raise InvalidInput(f"{keys.LAYOUT} holds layout {text[:40]!r}, which this release "
                            "does not know; upgrade Saga Store")
     return Layout(version, buckets)
 
 
-def load(client: Any, buckets: int = DEFAULT_BUCKETS, *, create: bool = True) -> Layout:
+def load(client: Any, buckets: int = DEFAULT_BUCKETS, *, create: bool = True,
+         version: int = DEFAULT_VERSION) -> Layout:
     """The store's layout: as recorded; else layout 1 if a ledger of that layout
-    exists; else (a new store) layout 2 with ``buckets``, recorded (SET NX: of two
-    processes creating the store at once, the first one's count holds) unless
+    exists; else (a new store) layout ``version`` with ``buckets``, recorded (SET NX:
+    of two processes creating the store at once, the first one's holds) unless
     ``create`` is False or this user may not write it."""
     raw = client.get(keys.LAYOUT)
     found = parse(raw)
@@ -103,13 +125,15 @@ def load(client: Any, buckets: int = DEFAULT_BUCKETS, *, create: bool = True) ->
         return found
     if client.exists(keys.LEDGER_LOG) or client.exists(keys.LEDGER_PENDING):  # two slots
         return V1
-    fresh = Layout(2, buckets)
+    fresh = Layout(version, buckets)
     if not create:
         return fresh
     try:
         client.set(keys.LAYOUT, fresh.record(), nx=True)
-    except Exception as exc:  # a read-only user: it reads what others create
-        if "NOPERM" not in str(exc) and "no permissions" not in str(exc).lower():
+    except Exception as exc:  # a read-only user or replica: it reads what others create
+        text = str(exc)
+        if not ("NOPERM" in text or "no permissions" in text.lower()
+                or "read only replica" in text or "READONLY" in text):
             raise
         return fresh
     return parse(client.get(keys.LAYOUT)) or fresh

@@ -131,7 +131,7 @@ class Ledger:
         pipe.rpush(keys.ledger_pending(chain), orjson.dumps(
             {"kind": kind, "ts": time.time_ns() // 1_000_000,
              "data": {"saga_id": saga_id, **data}}))
-        pipe.hset(keys.saga_meta(saga_id), flag, 1)  # the debt is paid: after the push
+        pipe.hset(self.log.keys.meta(saga_id), flag, 1)  # the debt is paid: after the push
         at_lease = len(pipe)
         if not defer:  # try the sealer's lease in the same round trip
             pipe.set(keys.ledger_lease(chain), token, nx=True, px=SEAL_LEASE_MS)
@@ -402,7 +402,7 @@ class Ledger:
             data = body["data"]
             seq = 0 if body["kind"] == EventKind.LEDGER_OPENED else _int(data.get("seq"))
             eid = keys.entry_id(max(seq, 0))
-            pipe.execute_command("XRANGE", keys.saga_log(data["saga_id"]), eid, eid)
+            pipe.execute_command("XRANGE", self.log.keys.log(data["saga_id"]), eid, eid)
         found = iter(pipe.execute() if named else [])
         out: dict[str, list[str | None]] = {}
         for chain, parsed in batches.items():

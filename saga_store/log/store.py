@@ -14,10 +14,10 @@ from typing import Any, Self
 
 import redis
 
-from saga_store import keys
 from saga_store.errors import ConflictError, IntegrityError, InvalidInput, NoSuchSaga, no_such_saga
 from saga_store.faults import fault
 from saga_store.ids import agent_of, check_id, check_saga_id, scoped_saga_id
+from saga_store.keys import SagaKeys
 from saga_store.log.events import TERMINAL_KINDS, body_dict
 from saga_store.log.events import EventKind as K
 from saga_store.log.ledger import CLOSE_FLAG, OPEN_FLAG, Ledger
@@ -58,6 +58,11 @@ class EventStore:
     @classmethod
     def from_url(cls, url: str, settings: Settings | None = None) -> Self:
         return cls(connect(url), settings)
+
+    @property
+    def keys(self) -> SagaKeys:
+        """The names of sagas' keys and indexes, by the store's layout."""
+        return self.log.keys
 
     def open(self, agent_id: str, *, saga_id: str | None = None,
              conversation_id: str | None = None, data: Mapping[str, Any] | None = None,
@@ -125,7 +130,7 @@ class EventStore:
     def exists(self, saga_id: str) -> bool:
         """Whether ``saga_id`` names a saga (its log exists); checks the id first."""
         check_saga_id(saga_id)
-        return bool(command(self.redis, "EXISTS", keys.saga_log(saga_id)))
+        return bool(command(self.redis, "EXISTS", self.log.keys.log(saga_id)))
 
     def require(self, saga_id: str) -> None:
         """Raise :class:`NoSuchSaga` unless ``saga_id`` names a saga; writes nothing."""
@@ -137,7 +142,7 @@ class EventStore:
         """Push the ledger entries a killed writer owed this saga (see
         :mod:`saga_store.ledger`), from its log, if ``trusted()`` says its chain
         verifies (a forged saga is never entered); returns which ("open", "close")."""
-        meta = command(self.redis, "HMGET", keys.saga_meta(saga_id), OPEN_FLAG, CLOSE_FLAG)
+        meta = command(self.redis, "HMGET", self.log.keys.meta(saga_id), OPEN_FLAG, CLOSE_FLAG)
         owed_open, owed_close = (v == b"0" for v in meta)
         owed_close = owed_close and state.final
         if not (owed_open or owed_close) or not trusted():
@@ -145,7 +150,7 @@ class EventStore:
         pipe = self.redis.pipeline(transaction=False)
         thens, paid = [], []
         if owed_open:
-            first = command(self.log.raw, "XRANGE", keys.saga_log(saga_id), "0-1", "0-1")
+            first = command(self.log.raw, "XRANGE", self.log.keys.log(saga_id), "0-1", "0-1")
             if first and state.agent_id:
                 thens.append(self.ledger.opened_on(pipe, saga_id, state.agent_id,
                                                    head_of(first[0]).hash))
@@ -171,7 +176,7 @@ class EventStore:
                 f"{saga_id}' to find it") from None
 
     def meta(self, saga_id: str) -> dict[str, str]:
-        raw: dict[bytes, bytes] = command(self.redis, "HGETALL", keys.saga_meta(saga_id))
+        raw: dict[bytes, bytes] = command(self.redis, "HGETALL", self.log.keys.meta(saga_id))
         if isinstance(raw, list):  # RESP2 without redis-py's callback
             raw = dict(zip(raw[::2], raw[1::2], strict=True))
         return {k.decode(): v.decode() for k, v in raw.items()}
@@ -182,12 +187,12 @@ class EventStore:
         never puts back a state an append just left."""
         for _ in range(20):
             with self.redis.pipeline() as pipe:
-                pipe.watch(keys.saga_log(saga_id))  # type: ignore[no-untyped-call]
+                pipe.watch(self.log.keys.log(saga_id))  # type: ignore[no-untyped-call]
                 st = self.state(saga_id)
                 meta = {"agent_id": st.agent_id or "", "state": str(st.status),
                         "phase": str(phase_of(st.status)), "seq": str(st.seq)}
                 pipe.multi()
-                pipe.hset(keys.saga_meta(saga_id),
+                pipe.hset(self.log.keys.meta(saga_id),
                           mapping=meta)  # type: ignore[arg-type]
                 try:
                     pipe.execute()
@@ -293,8 +298,8 @@ class ChainWriter:
             if status in FINAL:  # its ledger entry is owed until pushed
                 meta[CLOSE_FLAG] = 0
         if last in TERMINAL_KINDS:  # nothing of it runs again: its secrets and lease go
-            side = [*side, Secrets.retire(self.saga_id),
-                    SideWrite("pexpire", keys.saga_driver(self.saga_id), (0,))]
+            side = [*side, Secrets.retire(self.store.log.keys, self.saga_id),
+                    SideWrite("pexpire", self.store.log.keys.driver(self.saga_id), (0,))]
         call = self.store.log.prepare(self.saga_id, bodies, self.head,
                                       lease=lease if lease is not None else self.lease,
                                       phase=phase, meta=meta, side=side)

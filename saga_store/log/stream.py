@@ -222,7 +222,7 @@ class PreparedAppend:
     def _landed(self, reply: Any) -> bool:
         """Whether ``reply`` says the chain holds this append: appended now, or found
         at the head, sent before (its reply lost, or too few replicas confirmed it)."""
-        code, seq, extra = reply
+        code, seq, extra = reply[:3]
         return bool(code == 1 or (code == 0 and extra == self.last_hash
                                   and int(seq) == self.argv[0] + self.events))
 
@@ -233,7 +233,7 @@ class PreparedAppend:
             raise reply  # not confirmed by enough replicas (see confirmed)
         if isinstance(reply, Exception):
             raise StoreUnavailable(f"append failed: {reply}")
-        code, seq, extra = reply
+        code, seq, extra = reply[:3]
         metrics = self.log.metrics
         if code == 1:
             if metrics is not None:
@@ -307,17 +307,27 @@ class SagaLog:
         self.scripts = Scripts(client)
         self.metrics: Metrics | None = None  # set by whoever exports metrics
         self._layout: Layout | None = None
+        self._keys: keys.SagaKeys | None = None
 
     @property
     def layout(self) -> Layout:
         """The store's layout (read, or recorded for a new store, on first use)."""
         if self._layout is None:
-            self._layout = layout.load(self.redis, self.settings.buckets)
+            self._layout = layout.load(self.redis, self.settings.buckets,
+                                       version=self.settings.layout)
         return self._layout
+
+    @property
+    def keys(self) -> keys.SagaKeys:
+        """The names of sagas' keys and indexes, by the store's layout."""
+        if self._keys is None:
+            self._keys = self.layout.keys()
+        return self._keys
 
     def forget_layout(self) -> None:
         """Read the layout again on next use (after ``saga migrate``)."""
         self._layout = None
+        self._keys = None
 
     # -- writing ---------------------------------------------------------
 
@@ -383,7 +393,7 @@ class SagaLog:
         argv.append(len(meta or ()))
         for kv in (meta or {}).items():
             argv += kv
-        k = keys.log_key_for(chain_id)
+        k = self.keys.chain_log(chain_id)
         chain_keys = [k, k[:-4] + ":meta", k[:-4] + ":lease"]
         side = [*blobs, *side]
         argv.append(len(side))
@@ -401,12 +411,12 @@ class SagaLog:
                 f"payload of {len(raw)} bytes exceeds the {self.settings.max_event_bytes}-byte "
                 "limit; store it elsewhere and pass a reference, or raise SAGA_MAX_EVENT_BYTES")
         digest = hashlib.sha256(raw).hexdigest()
-        blobs.append(SideWrite("set", keys.saga_blob(chain_id, digest), (raw,)))
+        blobs.append(SideWrite("set", self.keys.blob(chain_id, digest), (raw,)))
         return {"$blob": f"sha256:{digest}", "bytes": len(raw)}
 
     def load_blob(self, chain_id: str, ref: Mapping[str, Any]) -> Any:
         digest = str(ref["$blob"]).removeprefix("sha256:")
-        raw = command(self.redis, "GET", keys.saga_blob(chain_id, digest))
+        raw = command(self.redis, "GET", self.keys.blob(chain_id, digest))
         if raw is None or hashlib.sha256(raw).hexdigest() != digest:
             return None
         return orjson.loads(raw)
@@ -419,7 +429,7 @@ class SagaLog:
     def head(self, chain_id: str) -> Head:
         try:
             last = command(
-                self.raw, "XREVRANGE", keys.log_key_for(chain_id), "+", "-", "COUNT", 1)
+                self.raw, "XREVRANGE", self.keys.chain_log(chain_id), "+", "-", "COUNT", 1)
         except redis.ConnectionError as exc:
             raise StoreUnavailable(f"Redis unreachable: {exc}") from exc
         return head_of(last[0]) if last else EMPTY
@@ -428,7 +438,7 @@ class SagaLog:
               ) -> Iterator[list[Any]]:
         """Stored rows ``[entry_id, [field, value, ...]]`` from ``start_seq`` on, a page
         at a time, untouched (the verifier's fast path)."""
-        key = keys.log_key_for(chain_id)
+        key = self.keys.chain_log(chain_id)
         start: str | bytes = keys.entry_id(start_seq) if start_seq > 0 else "-"
         while True:
             rows = command(self.raw, "XRANGE", key, start, "+", "COUNT", page)
@@ -442,7 +452,7 @@ class SagaLog:
         """Every stored entry from ``start_seq`` on (unverified)."""
         prev = self.chain.genesis(chain_id)
         if start_seq > 0:
-            before = command(self.raw, "XRANGE", keys.log_key_for(chain_id),
+            before = command(self.raw, "XRANGE", self.keys.chain_log(chain_id),
                              keys.entry_id(start_seq - 1), keys.entry_id(start_seq - 1))
             prev = body_and_hash(before[0][1])[1] if before else b""
         for rows in self.pages(chain_id, start_seq):
@@ -471,7 +481,7 @@ class SagaLog:
 
     def wait(self, chain_id: str, after_seq: int, block_ms: int) -> list[RawEntry]:
         """Block until entries after ``after_seq`` exist (XREAD BLOCK), or time out."""
-        key = keys.log_key_for(chain_id)
+        key = self.keys.chain_log(chain_id)
         after = keys.entry_id(after_seq) if after_seq >= 0 else "0-0"
         reply = command(self.raw, "XREAD", "BLOCK", block_ms, "STREAMS", key, after)
         if not reply:
@@ -485,7 +495,8 @@ class SagaLog:
 
     def chain_ids(self) -> Iterator[str]:
         """Saga ids that have a log in Redis (SCAN; for verification and repair)."""
-        for k in self.redis.scan_iter(match=f"{keys.PREFIX}:{{*}}:log", count=1000):
-            sid = keys.saga_id_from_log_key(k.decode() if isinstance(k, bytes) else k)
+        names = self.keys
+        for k in self.redis.scan_iter(match=names.log_pattern(), count=1000):
+            sid = names.saga_of_log(k.decode() if isinstance(k, bytes) else k)
             if sid is not None:
                 yield sid

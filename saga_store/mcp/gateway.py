@@ -158,7 +158,8 @@ class Gateway:
         self._seen: dict[str, Any] = {}  # every tool listed so far, on any page
         # every saga this gateway works on is leased to it: a second gateway for the
         # same downstream leaves them alone, and one that lost its lease writes nothing
-        self.leases = Leases(self.store.redis, EXECUTOR, saga_store.settings.lease_ms)
+        self.leases = Leases(self.store.redis, EXECUTOR, saga_store.settings.lease_ms,
+                             self.store.keys)
         self.recovered = False  # what was left at the start is done: keep looking
         # the client's side: where notifications to it go (none in-process), and
         # whether its session is closing (a call waiting for approval withdraws it)
@@ -271,7 +272,7 @@ class Gateway:
         s.told_at = time.monotonic()
         if s.told is None or not s.untold or s.writer is None:
             return
-        tell(pipe, s.writer.saga_id, s.agent_id, None, s.untold)
+        tell(pipe, self.store.keys, s.writer.saga_id, s.agent_id, None, s.untold)
         s.told, s.untold = s.untold[-1]["seq"], []
 
     def _project(self, writer: ChainWriter) -> None:
@@ -714,7 +715,8 @@ class Gateway:
                     await anyio.sleep(retry_in)
             elif isinstance(act, unwind.Close):
                 if act.attention:  # listed before the close is visible (see the compensator)
-                    self.store.redis.sadd(keys.NEEDS_ATTENTION, writer.saga_id)
+                    self.store.redis.sadd(self.store.keys.needs_attention(writer.saga_id),
+                                          writer.saga_id)
                 self._apply(writer, st, [act.item])
                 self._close(writer)
                 notify.needs_attention(writer.saga_id, st.agent_id, act.attention)

@@ -20,7 +20,7 @@ from typing import Any
 
 import redis
 
-from saga_store import keys
+from saga_store.keys import SagaKeys
 from saga_store.log.scripts import RENEW_LEASE, TAKE_OVER_LEASE
 from saga_store.log.stream import Lease, command, release_lease
 from saga_store.mcp.holders import holder_gone, holder_token
@@ -32,8 +32,8 @@ log = logging.getLogger("saga_store.gateway")
 class Leases:
     """What one gateway holds: a token of its own and the sagas leased to it."""
 
-    def __init__(self, client: Any, kind: str, ttl_ms: int) -> None:
-        self.redis, self.ttl_ms = client, ttl_ms
+    def __init__(self, client: Any, kind: str, ttl_ms: int, names: SagaKeys) -> None:
+        self.redis, self.ttl_ms, self.names = client, ttl_ms, names
         self.token = holder_token(kind)
         self.lease = Lease(self.token, LeaseMode.ACQUIRE, ttl_ms)  # what every append carries
         self.held: set[str] = set()
@@ -41,7 +41,7 @@ class Leases:
     def claim(self, saga_id: str) -> bool:
         """Lease a saga another gateway left: True if it is this gateway's now, False
         if a holder that may still be running has it."""
-        key = keys.saga_lease(saga_id)
+        key = self.names.lease(saga_id)
         taken = bool(self.redis.set(key, self.token, nx=True, px=self.ttl_ms))
         if not taken:
             holder = command(self.redis, "GET", key)
@@ -62,7 +62,7 @@ class Leases:
         pipe = self.redis.pipeline(transaction=False)
         held = sorted(self.held)
         for sid in held:
-            pipe.eval(RENEW_LEASE, 1, keys.saga_lease(sid), self.token, self.ttl_ms)
+            pipe.eval(RENEW_LEASE, 1, self.names.lease(sid), self.token, self.ttl_ms)
         kept = pipe.execute()
         for sid, ok in zip(held, kept, strict=True):
             if not ok:
@@ -71,19 +71,19 @@ class Leases:
 
     def close_on(self, pipe: Any, saga_id: str) -> None:
         """Queue on ``pipe`` the release of a saga that closed."""
-        release_lease(pipe, keys.saga_lease(saga_id), self.token)
+        release_lease(pipe, self.names.lease(saga_id), self.token)
         self.held.discard(saga_id)
 
     def lost(self, saga_id: str) -> bool:
         """Whether another holder has the saga's lease now."""
-        holder = command(self.redis, "GET", keys.saga_lease(saga_id))
+        holder = command(self.redis, "GET", self.names.lease(saga_id))
         return holder is not None and holder.decode() != self.token
 
     def release(self) -> None:
         """Give up every lease held (the next gateway takes those sagas at once)."""
         for sid in sorted(self.held):
             try:
-                release_lease(self.redis, keys.saga_lease(sid), self.token)
+                release_lease(self.redis, self.names.lease(sid), self.token)
             except redis.RedisError as exc:  # then the lease lapses on its own
                 log.warning("could not release the lease of saga %s: %s", sid, exc)
         self.held.clear()

@@ -59,6 +59,7 @@ def worker_rules() -> list[str]:
             f"~{P}:{{*}}:secrets", f"~{P}:{{*}}:active", f"~{P}:{{*}}:idem:*", f"~{P}:agents",
             f"~{P}:{{*}}:blob:*", f"~{P}:idem:*", f"~{P}:ctx:*", f"~{P}:active",
             f"~{P}:needs_attention", f"~{P}:approvals",
+            f"~{P}:{{*}}:needs_attention", f"~{P}:{{*}}:approvals",  # a bucket's (layout 3)
             f"~{P}:gateway:*",  # the MCP gateway runs calls like a worker: it uses this user
             f"~{P}:ledger:{{*}}:meta", f"~{P}:ledger:{{*}}:lease",
             f"~{P}:ledger:{{*}}:rejected",
@@ -83,21 +84,25 @@ def agent_rules(agent_id: str) -> list[str]:
         raise InvalidInput(f"agent id {agent_id[:40]!r} cannot own a namespace: an agent "
                            "with its own Redis user needs an id of 1-64 letters, digits and "
                            "'-' (no '_': it ends the namespace)", field="agent_id")
-    mine = f"{P}:{{{agent_id}_*}}"  # its sagas' keys, and its own ss:{A_}:... keys
+    # its sagas' keys, and its own keys: ss:{A_...}:... (layout 2), and under any
+    # bucket's tag, ss:{b<n>}:A_...:... (layout 3); the ':' after the tag and no '}'
+    # or ':' in a saga id keep another agent's keys out of either pattern
+    mine = (f"{P}:{{{agent_id}_*}}", f"{P}:{{b*}}:{agent_id}_*")
     jobs = (f"~rq:job:{STEP_JOB}{agent_id}_*", f"~rq:job:{COMP_JOB}{agent_id}_*")
+
+    def of(*suffixes: str, read: bool = False) -> list[str]:
+        return [f"{'%R' if read else ''}~{m}:{s}" for m in mine for s in suffixes]
     return [
         "resetchannels", "-@all", *CONNECTION,
-        _selector(f"%R~{mine}:*", f"%R~{P}:ledger:{{*}}:log", f"%R~{P}:ledger:{{*}}:pending",
-                  f"%R~{P}:layout",
+        _selector(*of("*", read=True), f"%R~{P}:ledger:{{*}}:log",
+                  f"%R~{P}:ledger:{{*}}:pending", f"%R~{P}:layout",
                   f"%R~{P}:ctx:{{{agent_id}}}", "+@read", "-keys", "-scan"),
-        _selector(f"~{mine}:*", *SCRIPTS),
-        _selector(f"~{mine}:log", f"~{P}:ctx:{{{agent_id}}}", "+xadd"),
+        _selector(*of("*"), *SCRIPTS),
+        _selector(*of("log"), f"~{P}:ctx:{{{agent_id}}}", "+xadd"),
         # each kind of key takes only the writes of its type (no SET over a log)
-        _selector(f"~{mine}:lease", f"~{mine}:driver", f"~{mine}:blob:*", "+set",
-                  "+pexpire"),
-        _selector(f"~{mine}:meta", f"~{mine}:secrets", f"~{mine}:idem:*", "+hset", "+hsetnx",
-                  "+pexpire", "+expire"),
-        _selector(f"~{mine}:active", "+zadd", "+zrem"),
+        _selector(*of("lease", "driver", "blob:*"), "+set", "+pexpire"),
+        _selector(*of("meta", "secrets", "idem:*"), "+hset", "+hsetnx", "+pexpire", "+expire"),
+        _selector(*of("active"), "+zadd", "+zrem"),
         _selector(f"~{P}:agents", "+sadd"),
         _selector(f"~{P}:ledger:{{*}}:pending", "+rpush"),
         # its steps' jobs: their hashes, and their ids pushed on the queues

@@ -33,9 +33,10 @@ from rq.utils import utcparse
 from rq.worker import Worker
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-from saga_store import keys
 from saga_store.execution import jobs
 from saga_store.execution.enqueue import in_flight
+from saga_store.keys import SagaKeys
+from saga_store.log.layout import names_of
 
 QUEUES = (jobs.STEP_QUEUE, jobs.COMPENSATION_QUEUE)
 STALE_S = 20.0  # no heartbeat for this long and no lease held: taken for gone
@@ -110,14 +111,15 @@ def _age(beat: bytes | None, now: dt.datetime) -> float | None:
     return max(0.0, (now - at).total_seconds())
 
 
-def holding(client: Any) -> dict[str, str]:
+def holding(client: Any, names: SagaKeys | None = None) -> dict[str, str]:
     """What each worker holds a saga's lease for, by worker name: ``step of <saga>``
     or ``unwind of <saga>``, and ``(+N more)`` for an asyncio worker holding several
     (one GET per saga in flight, pipelined)."""
-    sagas = in_flight(client)
+    names = names or names_of(client)
+    sagas = in_flight(client, names)
     pipe = client.pipeline(transaction=False)
     for sid in sagas:
-        pipe.get(keys.saga_lease(sid))
+        pipe.get(names.lease(sid))
     held: dict[str, list[str]] = {}
     for sid, token in zip(sagas, pipe.execute(), strict=True):
         m = _TOKEN.match(token.decode(errors="replace")) if token else None

@@ -18,9 +18,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from redis.exceptions import RedisError
 
-from saga_store import keys
 from saga_store.execution import jobs
 from saga_store.execution.enqueue import in_flight
+from saga_store.log.layout import names_of
 from saga_store.ops.durability import DurabilityWatch
 from saga_store.protocol.vocab import OutcomeKind
 from saga_store.tools.spec import ToolSpec
@@ -132,19 +132,26 @@ class RedisCollector:
 
     def _read(self) -> tuple[list[Any], list[bytes]]:
         r = self.redis
-        active = [sid.encode() for sid in in_flight(r)]
+        names = names_of(r)  # one read a scrape: a migration shows at once
+        active = [sid.encode() for sid in in_flight(r, names)]
         pipe = r.pipeline(transaction=False)
         for sid in active:
-            pipe.hget(keys.saga_meta(sid.decode()), "state")
+            pipe.hget(names.meta(sid.decode()), "state")
         queued = pipe if self.rq_redis is r else self.rq_redis.pipeline(transaction=False)
         for q in self.queues:
             queued.llen(jobs.queue_key(q))
             queued.lindex(jobs.queue_key(q), 0)
-        pipe.zcard(keys.APPROVALS)
-        pipe.scard(keys.NEEDS_ATTENTION)
+        approvals, attention = names.all_approvals(), names.all_needs_attention()
+        for key in approvals:
+            pipe.zcard(key)
+        for key in attention:
+            pipe.scard(key)
         replies = pipe.execute()
-        if queued is not pipe:  # laid out as if one pipeline: states, queues, the two counts
+        if queued is not pipe:  # laid out as if one pipeline: states, queues, the counts
             replies[len(active):len(active)] = queued.execute()
+        counts = replies[len(replies) - len(approvals) - len(attention):]
+        del replies[len(replies) - len(counts):]
+        replies += [sum(counts[:len(approvals)]), sum(counts[len(approvals):])]  # [-2], [-1]
         return replies, active
 
     def _families(self, replies: list[Any], active: list[bytes]) -> Iterator[Metric]:

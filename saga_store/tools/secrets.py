@@ -16,17 +16,17 @@ from typing import Any
 import orjson
 import redis
 
-from saga_store import keys
+from saga_store.keys import SagaKeys
 from saga_store.log.canonical import canonical
-from saga_store.log.stream import SideWrite
+from saga_store.log.stream import SagaLog, SideWrite
 
 
 class Secrets:
-    def __init__(self, client: redis.Redis, ttl_s: int) -> None:
-        self.redis, self.ttl_s = client, ttl_s
+    def __init__(self, client: redis.Redis, ttl_s: int, log: SagaLog) -> None:
+        self.redis, self.ttl_s, self.log = client, ttl_s, log
 
     def salt(self, saga_id: str) -> bytes:
-        k = keys.saga_secrets(saga_id)
+        k = self.log.keys.secrets(saga_id)
         pipe = self.redis.pipeline(transaction=False)
         pipe.hsetnx(k, "_salt", os.urandom(16))
         pipe.hget(k, "_salt")
@@ -55,22 +55,22 @@ class Secrets:
         pairs: list[Any] = [] if salt is None else ["_salt", salt]
         for step, vals in values.items():
             pairs += (str(step), canonical(dict(vals)))
-        key = keys.saga_secrets(saga_id)
+        key = self.log.keys.secrets(saga_id)
         return [SideWrite("hset", key, tuple(pairs)),
                 SideWrite("pexpire", key, (self.ttl_s * 1000,))]
 
     @staticmethod
-    def retire(saga_id: str) -> SideWrite:
+    def retire(names: SagaKeys, saga_id: str) -> SideWrite:
         """The write, with a saga's close, that drops its secret values and salt:
         once it is closed no step of it runs again, and without the salt the
         digests in the log cannot be brute-forced back to the values."""
-        return SideWrite("pexpire", keys.saga_secrets(saga_id), (0,))
+        return SideWrite("pexpire", names.secrets(saga_id), (0,))
 
     def restore(self, saga_id: str, step: int, logged: Mapping[str, Any]) -> dict[str, Any]:
         """The arguments with their secret values put back (for calling the tool)."""
         if not any(isinstance(v, dict) and "$secret" in v for v in logged.values()):
             return dict(logged)
-        raw = self.redis.hget(keys.saga_secrets(saga_id), str(step))
+        raw = self.redis.hget(self.log.keys.secrets(saga_id), str(step))
         values = orjson.loads(raw) if raw else {}
         out = dict(logged)
         for name, value in values.items():

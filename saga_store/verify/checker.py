@@ -503,7 +503,7 @@ class Verifier:
             batch = sound[i:i + 1000]
             pipe = self.log.redis.pipeline(transaction=False)
             for rep in batch:
-                pipe.hmget(keys.saga_meta(rep.chain_id), "state", "phase")
+                pipe.hmget(self.log.keys.meta(rep.chain_id), "state", "phase")
             for rep, (state, phase) in zip(batch, pipe.execute(), strict=True):
                 if state is None and phase is None:
                     rep.warnings.append("no cached state (a chain loaded from an export?); "
@@ -517,7 +517,7 @@ class Verifier:
                              "sweeper rebuilds it from the log")
 
     def _check_many(self, ids: list[str], progress: Progress | None) -> list[ChainReport]:
-        if not self._parallel(ids, keys.saga_log):
+        if not self._parallel(ids, self.log.keys.log):
             return [self.check(sid, progress) for sid in ids]
         by_id: dict[str, ChainReport] = {}
         for reports in self._fork(_check_chunk, ids):

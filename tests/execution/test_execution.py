@@ -393,6 +393,7 @@ def test_submit_many_refused_late_leaves_no_blob(saga_store: SagaStore,
     were): the earlier plans' payload blobs are not left behind."""
     big = [{"tool": "update_crm", "args": {"note": "x" * 20_000}}]
     too_big = [{"tool": "update_crm", "args": {"note": "y" * 300_000}}]
+    assert saga_store.events.keys  # the store's first use records its layout (ss:layout)
     before = _contents(client)
     with pytest.raises(InvalidInput, match="exceeds"):
         saga_store.submit_many([big, big, too_big], agent_id="agent-m")

@@ -260,3 +260,51 @@ def test_a_guard_refuses_the_append_and_writes_nothing(store: EventStore,
     client.delete(keys.saga_driver(w.saga_id))
     w.append_many([(K.SAGA_FAILED, {"data": {"reason": "gone"}})], side=guard)
     assert client.xlen(keys.saga_log(w.saga_id)) == before + 1
+
+
+@pytest.mark.cluster
+def test_index_writes_ride_on_the_append_and_a_refused_append_makes_none(
+        store: EventStore, client: redis.Redis) -> None:
+    """The append script writes the indexes a saga is in with its events (layout 3
+    keeps them under the saga's bucket's tag): a sorted set scored by Redis's clock
+    (or kept, with 'n'), a set, a list whose new length comes back; a refused
+    append (a stale head) writes none of them."""
+    from saga_store.log.stream import SideWrite
+    w = store.open("agent-x")
+    tag = store.keys.base(w.saga_id)
+    index, marks, queue = f"{tag}:t-index", f"{tag}:t-set", f"{tag}:t-list"
+    (now_s, now_us) = client.time()
+    stale = w.head
+    side = [SideWrite("zadd", index, (w.saga_id, 5000, "r")),
+            SideWrite("zadd", index, ("fixed", 7, "")),
+            SideWrite("sadd", marks, (w.saga_id,)),
+            SideWrite("rpush", queue, ("one",)), SideWrite("rpush", queue, ("two",))]
+    call = w.prepare([(K.STEP_INTENT, {"step": 0, "tool": "t", "data": {"args": {}}})],
+                     side=side)
+    reply = call.send(client)
+    w.applied(call, reply)
+    assert reply[3] == 2  # the list's length after the last push
+    due = client.zscore(index, w.saga_id)
+    assert now_s * 1000 + now_us // 1000 + 5000 <= due < now_s * 1000 + now_us // 1000 + 65_000
+    assert client.zscore(index, "fixed") == 7
+    assert client.smembers(marks) == {w.saga_id.encode()}
+    assert client.lrange(queue, 0, -1) == [b"one", b"two"]
+    # 'n' keeps a score already set; 'zrem' and 'srem' take a member out
+    w.append_many([(K.STEP_INTENT, {"step": 1, "tool": "t", "data": {"args": {}}})],
+                  side=[SideWrite("zadd", index, (w.saga_id, 1, "n")),
+                        SideWrite("zrem", index, ("fixed",)),
+                        SideWrite("srem", marks, (w.saga_id,))])
+    assert client.zscore(index, w.saga_id) == due
+    assert client.zscore(index, "fixed") is None
+    assert client.scard(marks) == 0
+    # a writer at a stale head is refused: nothing of its side writes lands
+    late = store.log.prepare(w.saga_id, [{"v": 1, "saga_id": w.saga_id, "kind": "step_intent",
+                                          "ts": 1, "step": 9}], stale,
+                             side=[SideWrite("zadd", index, ("late", 1, "")),
+                                   SideWrite("sadd", marks, ("late",)),
+                                   SideWrite("rpush", queue, ("late",))])
+    with pytest.raises(ConflictError):
+        late.result(late.send(client))
+    assert client.zscore(index, "late") is None
+    assert client.scard(marks) == 0
+    assert client.llen(queue) == 2

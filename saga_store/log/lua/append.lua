@@ -30,9 +30,14 @@
 --         args. ops: 'hset' (field/value pairs), 'set' (value), 'pexpire' (ms),
 --         'trim' (LTRIM the first n items off: the ledger's pending entries the
 --         events came from), 'absent' (no write: a guard, the append is refused
---         if the key exists). Side writes happen only when the append does, so
---         a refused append writes nothing at all.
--- returns {1, new head seq, ''}            appended
+--         if the key exists); and, for the indexes a saga is listed in (layout 3
+--         puts them under the saga's bucket's hash tag): 'zadd' (member, score,
+--         flags: 'r' the score is ms from now by Redis's clock, 'n' keep a score
+--         already set), 'zrem', 'sadd', 'srem' (a member) and 'rpush' (a value;
+--         the list's length after it is the reply's fourth item). Side writes
+--         happen only when the append does, so a refused append writes nothing.
+-- returns {1, new head seq, '', pushed}    appended (pushed: the length of the
+--                                          last 'rpush' list, 0 if none)
 --         {0, head seq, head hash}         head moved: re-read, decide again (or
 --                                          it is this append, resent: the only
 --                                          write then is the meta's seq, as is)
@@ -103,9 +108,30 @@ if k > 0 then
   redis.call('HSET', KEYS[2], 'seq', seq, unpack(ARGV, m + 1, m + 2 * k))
 end
 q = first_side
+local pushed = 0
 for _ = 1, tonumber(ARGV[q]) do
   local op, key, argc = ARGV[q + 1], KEYS[tonumber(ARGV[q + 2])], tonumber(ARGV[q + 3])
-  if op == 'hset' then
+  if op == 'zadd' then
+    local score, flags = tonumber(ARGV[q + 5]), ARGV[q + 6]
+    if string.find(flags, 'r', 1, true) then
+      local t = redis.call('TIME')
+      score = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + score
+    end
+    score = string.format('%.0f', score)
+    if string.find(flags, 'n', 1, true) then
+      redis.call('ZADD', key, 'NX', score, ARGV[q + 4])
+    else
+      redis.call('ZADD', key, score, ARGV[q + 4])
+    end
+  elseif op == 'zrem' then
+    redis.call('ZREM', key, ARGV[q + 4])
+  elseif op == 'sadd' then
+    redis.call('SADD', key, ARGV[q + 4])
+  elseif op == 'srem' then
+    redis.call('SREM', key, ARGV[q + 4])
+  elseif op == 'rpush' then
+    pushed = redis.call('RPUSH', key, ARGV[q + 4])
+  elseif op == 'hset' then
     redis.call('HSET', key, unpack(ARGV, q + 4, q + 3 + argc))
   elseif op == 'set' then
     redis.call('SET', key, ARGV[q + 4])
@@ -123,4 +149,4 @@ if token ~= '' then
     redis.call('PEXPIRE', KEYS[3], 0)  -- expire now: workers need no DEL
   end
 end
-return {1, seq, ''}
+return {1, seq, '', pushed}
