@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
+from saga_store import keys
 from saga_store.errors import AnchorMismatch
 from saga_store.ids import check_saga_id
 from saga_store.log.chain import Chain
@@ -204,22 +206,35 @@ def export(ctx: Context, file: str, saga_ids: tuple[str, ...]) -> None:
 @click.command("migrate")
 @click.option("--buckets", type=int, default=None,
               help="Ledger buckets of the new layout (default: SAGA_BUCKETS, else 1024).")
+@click.option("--to", "to", type=click.Choice(["2", "3"]), default="2", show_default=True,
+              help="The layout to move to: 2 (ledger buckets), or 3 (also every saga's "
+                   "keys and indexes under its bucket's hash tag; offline).")
 @click.option("--dry-run", is_flag=True, help="Say what would change; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
 @pass_ctx
-def migrate(ctx: Context, buckets: int | None, dry_run: bool, as_json: bool) -> None:
-    """Move a store written before ledger buckets to the bucketed layout.
+def migrate(ctx: Context, buckets: int | None, to: str, dry_run: bool, as_json: bool) -> None:
+    """Move a store to a newer layout.
 
-    Nothing is rewritten: the old ledger chain is sealed and kept, and the root
-    chain's first entry records its head. Safe while workers run (those started
-    before keep writing to the old chain, which stays sealed); restart them
-    afterwards so they use the buckets. Running it again changes nothing."""
+    To layout 2 (a store written before ledger buckets): nothing is rewritten;
+    the old ledger chain is sealed and kept, and the root chain's first entry
+    records its head. Safe while workers run (those started before keep writing
+    to the old chain, which stays sealed); restart them afterwards so they use
+    the buckets. Running it again changes nothing.
+
+    To layout 3 (--to 3, from layout 2; a store of layout 1 goes to 2 first):
+    every saga's keys are renamed under its bucket's hash tag and the shared
+    indexes split by bucket; no event changes, so every chain and anchor still
+    verifies. Stop every worker, gateway and client first (it refuses while a
+    worker is alive); a run killed part-way is finished by the next one."""
     with errors_to_exit():
         from saga_store.log.layout import check_buckets
         from saga_store.log.ledger import migrate as run_migration
         n = check_buckets(buckets if buckets is not None else ctx.settings.buckets,
                           "--buckets")
         store = ctx.store()
+        if to == "3":
+            _migrate_to_3(ctx, store, n, dry_run, as_json)
+            return
         done = run_migration(store.ledger, n, dry_run=dry_run)
         if as_json:
             emit_json(done)
@@ -244,6 +259,49 @@ def migrate(ctx: Context, buckets: int | None, dry_run: bool, as_json: bool) -> 
                        f"chain is kept (head seq {done['legacy_head']}) and the root chain "
                        f"records it (root seq {done['root_seq']}); restart workers so they "
                        "write to the buckets, and take a new anchor ('saga anchor')")
+
+
+def _migrate_to_3(ctx: Context, store: Any, buckets: int, dry_run: bool,
+                  as_json: bool) -> None:
+    from saga_store.errors import InvalidInput
+    from saga_store.log.ledger import migrate as run_migration
+    from saga_store.log.rekey import move_to_3
+    from saga_store.ops import fleet
+    first = None
+    if store.log.layout.version < 2 or store.redis.get(keys.LAYOUT) is None:
+        first = run_migration(store.ledger, buckets, dry_run=dry_run)  # to layout 2 first
+        if first["from"] is None:
+            raise InvalidInput("no store here (no ledger, no layout): nothing to migrate; "
+                               "a new store takes SAGA_LAYOUT=3 (check SAGA_REDIS_URL)")
+        if dry_run:
+            if as_json:
+                emit_json({**first, "then": "3"})
+            else:
+                click.echo(f"would move layout {first['from']} to {first['to']}, then to "
+                           "layout 3 (every saga's keys under its bucket's tag); nothing "
+                           "changed")
+            return
+    alive = [w.name for w in fleet.registered(ctx.queues(), work=False) if w.live]
+    if alive and not dry_run:
+        raise InvalidInput(f"{len(alive)} worker(s) alive ({', '.join(alive[:3])}): a "
+                           "process of layout 2 would go on writing the old key names; stop "
+                           "every worker, gateway and client, then run it again")
+    done = move_to_3(store.log, dry_run=dry_run)
+    if first is not None:
+        done["before"] = first
+    if as_json:
+        emit_json(done)
+    elif not done["changed"] and not dry_run:
+        click.echo(f"already layout {done['to']}: nothing to do")
+    elif dry_run:
+        click.echo(f"would move layout {done['from']} to {done['to']}: {done['keys']} keys of "
+                   f"{done['sagas']} sagas renamed, {done['indexed']} index entries moved; "
+                   "nothing changed")
+    else:
+        click.echo(f"migrated: layout {done['from']} -> {done['to']}: {done['keys']} keys of "
+                   f"{done['sagas']} sagas under their buckets' tags, {done['indexed']} index "
+                   "entries moved; every chain is as it was (start the workers again; "
+                   "'saga verify' checks it)")
 
 
 COMMANDS = [verify, anchor, export, migrate]

@@ -15,6 +15,7 @@ touches a single Redis Cluster slot.
     ss:{S}:secrets        hash     secret tool arguments by step, and the salt
                                    of their digests (never in the log)
     ss:layout             string   the store's layout, "<version> <buckets>" (layout.py)
+    ss:sweep:<g>          string   the lease of the sweeper of bucket group g (layout 3)
     ss:ledger:{b<n>}:...  the same four keys for bucket n's ledger chain (layout 2;
                                    its chain id is "ledger:<n>")
     ss:ledger:{root}:log  stream   the root chain: the buckets' heads, recorded
@@ -181,8 +182,9 @@ class SagaKeys:
     script writes a saga, the indexes it is in and its ledger entry together:
 
         ss:{b<n>}:<S>:log (:meta, :lease, :driver, :secrets, :blob:<sha256>)
-        ss:{b<n>}:active            bucket n's sagas in flight (of no agent's namespace)
-        ss:{b<n>}:<A>_:active       those of agent A (an agent user writes its own)
+        ss:{b<n>}:active            bucket n's sagas in flight (of no agent's namespace;
+                                    an agent's stay in its own ss:{<A>_}:active, the
+                                    one key of that kind its Redis user may write)
         ss:{b<n>}:approvals         gated steps awaiting a decision
         ss:{b<n>}:needs_attention   sagas that ended needing a person
     """
@@ -248,11 +250,15 @@ class SagaKeys:
     def active(self, saga_id: str) -> str:
         """The index of sagas in flight that ``saga_id`` belongs in: its agent's own
         for an id in an agent's namespace (an agent user writes no index but its own)."""
-        if self.version < 3:
-            return active_for(saga_id)
         agent = agent_of(saga_id)
-        tag = self.bucket_tag(self.bucket_of(saga_id))
-        return f"{tag}:active" if agent is None else f"{tag}:{agent}_:active"
+        if self.version < 3 or agent is not None:
+            return active_for(saga_id)
+        return self.shared_active(self.bucket_of(saga_id))
+
+    def shared_active(self, bucket: int) -> str:
+        """The index of sagas in flight of no agent's namespace, of one bucket (of
+        layouts 1 and 2, the only one)."""
+        return ACTIVE if self.version < 3 else f"{self.bucket_tag(bucket)}:active"
 
     def approvals(self, saga_id: str) -> str:
         """The index of gated steps awaiting a decision that ``saga_id``'s go in."""
@@ -270,11 +276,13 @@ class SagaKeys:
         """Every bucket whose indexes may hold something (one, of layouts 1 and 2)."""
         return range(self.buckets if self.version >= 3 else 1)
 
-    def all_approvals(self) -> list[str]:
-        """Every index of gated steps awaiting a decision."""
+    def all_approvals(self, buckets: list[int] | None = None) -> list[str]:
+        """Every index of gated steps awaiting a decision (of layout 3, those of
+        ``buckets`` only, if given)."""
         if self.version < 3:
             return [APPROVALS]
-        return [f"{self.bucket_tag(b)}:approvals" for b in self.all_buckets()]
+        return [f"{self.bucket_tag(b)}:approvals"
+                for b in (self.all_buckets() if buckets is None else buckets)]
 
     def all_needs_attention(self) -> list[str]:
         """Every set of sagas that ended needing a person."""
@@ -282,21 +290,22 @@ class SagaKeys:
             return [NEEDS_ATTENTION]
         return [f"{self.bucket_tag(b)}:needs_attention" for b in self.all_buckets()]
 
-    def all_active(self, agents: list[str]) -> list[tuple[str, str | None]]:
-        """Every index of sagas in flight, with the agent it is of (None: the
-        shared one), given the agents listed in ``ss:agents``."""
-        return [pair for b in self.all_buckets() for pair in self.bucket_active(b, agents)]
-
-    def bucket_active(self, bucket: int, agents: list[str]) -> list[tuple[str, str | None]]:
-        """The indexes of sagas in flight of one bucket (of layouts 1 and 2, the only
-        ones), with the agent each is of."""
-        if self.version < 3:
-            return [(ACTIVE, None), *((agent_active(a), a) for a in agents)]
-        tag = self.bucket_tag(bucket)
-        return [(f"{tag}:active", None), *((f"{tag}:{a}_:active", a) for a in agents)]
+    def all_active(self, agents: list[str], buckets: list[int] | None = None,
+                   ) -> list[tuple[str, str | None]]:
+        """Every index of sagas in flight, with the agent it is of (None: a shared
+        one), given the agents listed in ``ss:agents``; ``buckets``: of the shared
+        ones, only those buckets' (of layout 3; None: all)."""
+        shared = self.all_buckets() if buckets is None or self.version < 3 else buckets
+        return [*((self.shared_active(b), None) for b in shared),
+                *((agent_active(a), a) for a in agents)]
 
 
 _BUCKETED_LOG = re.compile(r"[a-z][a-z0-9-]*:\{b\d+\}:([^{}:]+):log")
+
+
+def sweep_lease(group: int) -> str:
+    """The lease of the sweeper looking at a group of buckets' indexes (layout 3)."""
+    return f"{PREFIX}:sweep:{group}"
 
 
 def idem(key: str) -> str:

@@ -5,6 +5,11 @@ which someone should look at them. The sweeper takes the due ones, folds each
 saga's log and, if no live lease covers it, re-queues its unfinished step or
 its unwind. A duplicate job is harmless (the log dedupes), so several
 sweepers may run at once. Times come from Redis's clock.
+
+Of layout 3 the shared index is one per bucket. The buckets are swept in
+groups of SWEEP_GROUP, each under a lease (``ss:sweep:<group>``) a sweeper
+takes for most of its interval: the fleet looks at every bucket about once an
+interval, however many workers it has, instead of each worker at each.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import random
 import time
 from typing import Any
 
+from saga_store import keys
 from saga_store.approval import requests as approvals
 from saga_store.client.api import SagaStore
 from saga_store.client.context import project
@@ -26,6 +32,7 @@ from saga_store.execution.enqueue import (
     server_ms,
 )
 from saga_store.ids import SCOPED_AGENT
+from saga_store.log.pipeline import lean
 from saga_store.log.stream import SideWrite
 from saga_store.protocol import build
 from saga_store.protocol.state import fold, phase_of
@@ -36,6 +43,7 @@ from saga_store.verify.checker import Verifier
 log = logging.getLogger("saga_store.sweeper")
 BATCH = 200
 SEAL_SLICE = 256  # ledger buckets a pass looks at: all 1,024 within 4 passes
+SWEEP_GROUP = 64  # buckets under one sweep lease (layout 3)
 ROOT_EVERY_S = 30.0  # how often the root chain records the buckets' heads
 LOOK_AFTER_MS = 100  # after a lease expires, before the sweeper looks again
 
@@ -54,6 +62,7 @@ class Sweeper:
         # where this sweeper's next slice of ledger buckets starts: anywhere, so
         # sweepers of several workers start apart
         self._seal_from = random.randrange(1 << 16)
+        self._sweep_from = random.randrange(1 << 16)  # the same for the sweep leases
         self._root_due = time.monotonic() + ROOT_EVERY_S * random.random()
 
     def due(self) -> bool:
@@ -65,10 +74,12 @@ class Sweeper:
         r = self.store.redis
         now_ms = server_ms(r)  # the hosts' own clocks need not agree
         # the shared index, and each agent's own (agents write no index but theirs)
-        looked = indexes(r, self.store.events.keys) if self.here is None else [self._own_index()]
-        pipe = r.pipeline(transaction=False)
+        mine = self._buckets(r) if self.here is None else None
+        looked = indexes(r, self.store.events.keys, mine) if self.here is None \
+            else self._own_indexes()
+        pipe = lean(r)  # of layout 3, a command per bucket: pack them lean
         for index, _ in looked:
-            pipe.zrangebyscore(index, "-inf", now_ms, start=0, num=BATCH)
+            pipe.execute_command("ZRANGEBYSCORE", index, "-inf", now_ms, "LIMIT", 0, BATCH)
         queued = 0
         for (index, agent), due in zip(looked, pipe.execute(raise_on_error=False),
                                        strict=True):
@@ -89,7 +100,7 @@ class Sweeper:
         except Exception:
             log.exception("sweeper: pending ledger entries could not be chained")
         try:
-            expired = approvals.expire_due(self.store, now_ms=now_ms)
+            expired = approvals.expire_due(self.store, now_ms=now_ms, buckets=mine)
         except Exception:
             log.exception("sweeper: approval deadlines could not be checked")
         else:
@@ -119,12 +130,32 @@ class Sweeper:
             log.exception("sweeper: saga %r could not be examined", sid[:80])
             return 0
 
-    def _own_index(self) -> tuple[str, str | None]:
-        """The index the sagas of ``self.agent`` are in (the shared one for an agent
+    def _own_indexes(self) -> list[tuple[str, str | None]]:
+        """The index the sagas of ``self.agent`` are in (the shared ones for an agent
         without a namespace of its own)."""
-        scoped = self.agent is not None and SCOPED_AGENT.fullmatch(self.agent)
-        shared, *own = self.store.events.keys.all_active([str(self.agent)] if scoped else [])
-        return own[0] if own else shared
+        names = self.store.events.keys
+        if self.agent is not None and SCOPED_AGENT.fullmatch(self.agent):
+            return names.all_active([self.agent])[-1:]  # its own, listed last
+        return names.all_active([])
+
+    def _buckets(self, r: Any) -> list[int] | None:
+        """Of layout 3, the buckets whose shared index this pass looks at: those of
+        every group whose sweep lease it takes (one round trip); None: all (of
+        layouts 1 and 2 there is one shared index)."""
+        names = self.store.events.keys
+        if not names.bucketed:
+            return None
+        groups = -(-names.buckets // SWEEP_GROUP)
+        order = [(self._sweep_from + i) % groups for i in range(groups)]
+        self._sweep_from += 1
+        ttl_ms = max(50, int(self.interval_s * 900))  # free again before the next pass
+        pipe = r.pipeline(transaction=False)
+        for g in order:
+            pipe.set(keys.sweep_lease(g), self.name, nx=True, px=ttl_ms)
+        won = [g for g, took in zip(order, pipe.execute(raise_on_error=False), strict=True)
+               if took is True]
+        return [b for g in won
+                for b in range(g * SWEEP_GROUP, min((g + 1) * SWEEP_GROUP, names.buckets))]
 
     def _look_at(self, sid: str, now_ms: int) -> int:
         r, lease_ms = self.store.redis, self.store.settings.lease_ms

@@ -20,6 +20,7 @@ from saga_store.errors import ConflictError, FencedOff, InvalidInput, NoSuchSaga
 from saga_store.execution.enqueue import enqueue_step, server_ms
 from saga_store.ids import check_saga_id
 from saga_store.log.pipeline import lean
+from saga_store.log.stream import SideWrite
 from saga_store.protocol import build
 from saga_store.protocol.delivery import denial
 from saga_store.protocol.state import Status
@@ -79,13 +80,21 @@ def request(writer: ChainWriter, step: int, tool: str, preview_data: dict[str, A
     only) and its place in ``ss:approvals``, in one round trip, for workers and
     gateways alike (after reading Redis's clock for the deadline). Raises as the
     append does (:class:`FencedOff` once unwinding began); a member whose append
-    lost is dropped by the next decision or deadline."""
-    call = writer.prepare([build.approval_requested(step, tool, preview_data)],
-                          phase=Phase.FORWARD)
-    due = deadline(writer.store.redis, timeout_s)
+    lost is dropped by the next decision or deadline. Of layout 3 the index is in
+    the saga's slot: the append script lists the step itself, due by Redis's clock,
+    so a request is never in the log without its deadline."""
+    names, item = writer.store.keys, build.approval_requested(step, tool, preview_data)
+    index, what = names.approvals(writer.saga_id), member(writer.saga_id, step)
+    if names.bucketed:
+        due = (int(timeout_s * 1000), "r") if timeout_s else (NO_DEADLINE, "")
+        writer.append_many([item], phase=Phase.FORWARD,
+                           side=[SideWrite("zadd", index, (what, *due))])
+        return
+    call = writer.prepare([item], phase=Phase.FORWARD)
+    at = deadline(writer.store.redis, timeout_s)
     pipe = lean(writer.store.redis)
     queued = call.queue(pipe)
-    pipe.zadd(writer.store.keys.approvals(writer.saga_id), {member(writer.saga_id, step): due})
+    pipe.zadd(index, {what: at})
     writer.applied(call, queued(pipe.execute(raise_on_error=False)))
 
 
@@ -187,12 +196,14 @@ def _pairs(rows: Any) -> list[tuple[bytes, float]]:
     return [(m, float(s)) for m, s in rows]
 
 
-def expire_due(store: SagaStore, limit: int = 100, now_ms: int | None = None) -> int:
+def expire_due(store: SagaStore, limit: int = 100, now_ms: int | None = None,
+               buckets: list[int] | None = None) -> int:
     """Deny approvals past their deadline (``by: timeout``) by Redis's clock
-    (``now_ms``, if the caller has just read it); returns how many."""
+    (``now_ms``, if the caller has just read it); returns how many. ``buckets``:
+    of layout 3, look in those buckets' indexes only (a sweeper's share)."""
     now = server_ms(store.redis) if now_ms is None else now_ms
-    pipe: Any = store.redis.pipeline(transaction=False)
-    for key in store.events.keys.all_approvals():
+    pipe: Any = lean(store.redis)
+    for key in store.events.keys.all_approvals(buckets):
         pipe.execute_command("ZRANGEBYSCORE", key, "-inf", now, "LIMIT", 0, limit)
     due: list[bytes] = [raw for got in pipe.execute() for raw in got][:limit]
     n = 0

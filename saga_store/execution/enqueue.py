@@ -61,12 +61,14 @@ def unschedule(pipe: Any, names: SagaKeys, saga_id: str) -> None:
     pipe.zrem(names.active(saga_id), saga_id)
 
 
-def indexes(client: Any, names: SagaKeys) -> list[tuple[str, str | None]]:
-    """Every index of sagas in flight, with the agent it is of: the shared one
-    (None), then each listed agent's. ``ss:agents`` takes any string from an agent
+def indexes(client: Any, names: SagaKeys, buckets: list[int] | None = None,
+            ) -> list[tuple[str, str | None]]:
+    """Every index of sagas in flight, with the agent it is of: the shared ones
+    (None; of layout 3 one per bucket, those of ``buckets`` only if given), then
+    each listed agent's. ``ss:agents`` takes any string from an agent
     user: only names an agent can own are read, the rest are ignored."""
     agents = sorted({a.decode("utf-8", "replace") for a in client.smembers(keys.AGENTS)})
-    return names.all_active([a for a in agents if SCOPED_AGENT.fullmatch(a)])
+    return names.all_active([a for a in agents if SCOPED_AGENT.fullmatch(a)], buckets)
 
 
 def belongs(saga_id: str, agent: str | None) -> bool:

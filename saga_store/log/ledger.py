@@ -155,6 +155,38 @@ class Ledger:
             return self.seal(chain) if defer and replies[at_push] % SEAL_AT == 0 else 0
         return then
 
+    # -- layout 3: the entry rides on the saga's own append ---------------------
+
+    def opening_entry(self, saga_id: str, agent_id: str,
+                      ) -> Callable[[bytes, int, bytes], SideWrite]:
+        """The push of ``saga_id``'s opening entry, as a write of its opening append
+        (see :meth:`SagaLog.prepare`'s ``ledger``): of layout 3 the bucket's pending
+        list is in the saga's slot, so the saga and its entry land together."""
+        return lambda first, _seq, _last: self._entry(
+            EventKind.LEDGER_OPENED, saga_id, {"agent_id": agent_id, "first": first.hex()})
+
+    def closing_entry(self, saga_id: str, state: str,
+                      ) -> Callable[[bytes, int, bytes], SideWrite]:
+        """The push of ``saga_id``'s closing entry, as a write of its closing append."""
+        return lambda _first, seq, last: self._entry(
+            EventKind.LEDGER_CLOSED, saga_id, {"state": state, "seq": seq, "hash": last.hex()})
+
+    def _entry(self, kind: str, saga_id: str, data: dict[str, Any]) -> SideWrite:
+        chain = self.log.layout.ledger_of(saga_id)
+        return SideWrite("rpush", keys.ledger_pending(chain), (orjson.dumps(
+            {"kind": kind, "ts": time.time_ns() // 1_000_000,
+             "data": {"saga_id": saga_id, **data}}),))
+
+    def rode(self, saga_id: str, pushed: int, defer: bool | None = None) -> int:
+        """After an append that pushed the saga's entry itself (``pushed``: the
+        pending list's length after it): seal as a writer that pushed it apart
+        would, at once or, deferred, when its entry makes a multiple of SEAL_AT."""
+        defer = self.deferred if defer is None else defer
+        chain = self.log.layout.ledger_of(saga_id)
+        if defer and pushed % SEAL_AT:
+            return 0
+        return self.seal(chain)
+
     def chains(self) -> list[str]:
         """Every ledger chain of this store's layout (not the root)."""
         return self.log.layout.chains()

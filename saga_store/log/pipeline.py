@@ -36,6 +36,12 @@ from redis.exceptions import ResponseError
 
 from saga_store.errors import StoreUnavailable
 
+_pack_command: Any
+try:
+    from hiredis import pack_command as _pack_command
+except ImportError:  # redis-py packs without it
+    _pack_command = None
+
 
 class LeanPipeline(Pipeline):
     def execute(self, raise_on_error: bool = True) -> list[Any]:
@@ -67,7 +73,7 @@ class LeanPipeline(Pipeline):
             # connection asks the sentinels for the primary in connect() only, and
             # a lazy one would go to the default address (localhost:6379)
             conn.connect()
-            conn.send_packed_command(conn.pack_commands([args for args, _ in stack]))
+            conn.send_packed_command(pack(conn, stack))
             out = self._read(conn, stack)
         except BaseException:
             conn.disconnect()  # never leave replies unread on a kept connection
@@ -96,6 +102,26 @@ class LeanPipeline(Pipeline):
         return out
 
 
+def pack(conn: Any, stack: list[Any]) -> list[bytes]:
+    """The commands of ``stack`` in Redis's protocol, for ``conn``: packed by hiredis
+    directly, as redis-py itself would pack them (it calls the same function, after
+    a pass over every argument that costs more than the packing); redis-py's
+    own packing for anything that pass would change (a command name with a space,
+    an argument hiredis refuses, an encoding other than UTF-8)."""
+    if _pack_command is None or getattr(conn.encoder, "encoding", None) != "utf-8":
+        return conn.pack_commands([args for args, _ in stack])  # type: ignore[no-any-return]
+    try:
+        out = []
+        for args, _ in stack:
+            name = args[0]
+            if (b" " if isinstance(name, bytes) else " ") in name:
+                raise TypeError(name)
+            out.append(_pack_command(args))
+    except TypeError:  # as redis-py would: split the name, convert memoryviews
+        return conn.pack_commands([args for args, _ in stack])  # type: ignore[no-any-return]
+    return [b"".join(out)]
+
+
 class _Batch:
     __slots__ = ("done", "error", "packed", "pipe", "replies", "stack")
 
@@ -119,7 +145,7 @@ class GroupCommit:
     def run(self, pipe: LeanPipeline, stack: list[Any], packer: Any) -> list[Any]:
         """Send ``stack`` in the next round (``packer``: a connection to pack it
         with; the group writes on its own) and return its replies."""
-        batch = _Batch(pipe, stack, packer.pack_commands([args for args, _ in stack]))
+        batch = _Batch(pipe, stack, pack(packer, stack))
         with self._lock:
             self._waiting.append(batch)
             lead = not self._leading

@@ -100,13 +100,14 @@ class EventStore:
         # the connection) is told apart from someone else's open of the same id
         payload["open_id"] = os.urandom(8).hex()
         writer = ChainWriter(self, sid, EMPTY, lease)
+        rides = self.keys.bucketed  # the ledger's entry goes with the saga (layout 3)
         # the opening events have no context projection: the cursor starts past them
         call = writer.prepare(
             [(K.SAGA_STARTED, {"agent_id": agent_id, "data": payload or None}), *then],
             meta={"agent_id": agent_id, "state": Status.RUNNING, "phase": Phase.FORWARD,
-                  "ctx_seq": len(then), OPEN_FLAG: 0,
+                  "ctx_seq": len(then), OPEN_FLAG: int(rides),
                   **({"conversation_id": conversation_id} if conversation_id else {})},
-            side=side)
+            side=side, ledger=self.ledger.opening_entry(sid, agent_id) if rides else None)
         return Opening(writer, call, agent_id)
 
     def writer(self, saga_id: str) -> ChainWriter:
@@ -252,7 +253,14 @@ class Opening:
         except ConflictError:
             raise InvalidInput(f"saga {w.saga_id} already exists; choose another id or omit "
                                "it", field="saga_id") from None
-        if pipe is None:
+        if self.call.rides_ledger:  # pushed with the saga itself: only sealing is left
+            pushed = self.call.pushed(reply)
+            if pipe is None:
+                ledger.rode(w.saga_id, pushed, defer_ledger)
+            else:
+                self.ledger_written = lambda _replies: ledger.rode(w.saga_id, pushed,
+                                                                  defer_ledger)
+        elif pipe is None:
             ledger.opened(w.saga_id, self.agent_id, self.call.first_hash)
         else:
             self.ledger_written = ledger.opened_on(pipe, w.saga_id, self.agent_id,
@@ -268,6 +276,8 @@ class ChainWriter:
         self.store, self.saga_id, self.head = store, saga_id, head
         self.lease = lease  # carried by every append that names no lease of its own
         self._last_kind = ""
+        self._rode = False  # the last prepared append pushes its ledger entry itself
+        self._pushed = 0  # the pending list's length after the last applied append
 
     def append(self, kind: str, *, lease: Lease | None = None, phase: Phase | None = None,
                meta: Mapping[str, str | int] | None = None, **fields: Any) -> Head:
@@ -285,9 +295,12 @@ class ChainWriter:
     def prepare(self, items: Sequence[tuple[str, Mapping[str, Any]]], *,
                 lease: Lease | None = None, phase: Phase | None = None,
                 meta: Mapping[str, str | int] | None = None,
-                side: Sequence[SideWrite] = ()) -> PreparedAppend:
+                side: Sequence[SideWrite] = (),
+                ledger: Callable[[bytes, int, bytes], SideWrite] | None = None,
+                ) -> PreparedAppend:
         """Encode an append to send later (alone or in a pipeline); see :meth:`applied`.
-        A close also retires the saga's secret values, in the same script call."""
+        A close also retires the saga's secret values, in the same script call, and
+        of layout 3 pushes the saga's closing ledger entry (``ledger``: an opening's)."""
         bodies = [body_dict(self.saga_id, 0, kind, **f) for kind, f in items]
         meta = dict(meta or {})
         last = items[-1][0]
@@ -295,15 +308,19 @@ class ChainWriter:
         if moved is not None and "state" not in meta:
             status = _META[moved]
             meta.update(state=status, phase=phase_of(status))
-            if status in FINAL:  # its ledger entry is owed until pushed
+            if status in FINAL and self.store.keys.bucketed:  # the entry goes with it
+                meta[CLOSE_FLAG] = 1
+                ledger = self.store.ledger.closing_entry(self.saga_id, str(status))
+            elif status in FINAL:  # its ledger entry is owed until pushed
                 meta[CLOSE_FLAG] = 0
         if last in TERMINAL_KINDS:  # nothing of it runs again: its secrets and lease go
             side = [*side, Secrets.retire(self.store.log.keys, self.saga_id),
                     SideWrite("pexpire", self.store.log.keys.driver(self.saga_id), (0,))]
         call = self.store.log.prepare(self.saga_id, bodies, self.head,
                                       lease=lease if lease is not None else self.lease,
-                                      phase=phase, meta=meta, side=side)
+                                      phase=phase, meta=meta, side=side, ledger=ledger)
         self._last_kind = last
+        self._rode = call.rides_ledger
         return call
 
     def applied(self, call: PreparedAppend, reply: Any, *, ledger: bool = True) -> Head:
@@ -316,7 +333,10 @@ class ChainWriter:
             if exc.head is not None:
                 self.head = exc.head
             raise
-        if ledger and self.closed:
+        self._pushed = call.pushed(reply)
+        if ledger and self.closed and self._rode:
+            self.store.ledger.rode(self.saga_id, self._pushed)
+        elif ledger and self.closed:
             fault("before_ledger_close")  # the sweeper pays what a writer killed here owed
             self.store.ledger.closed(self.saga_id, str(_META[self._last_kind]), self.head)
         return self.head
@@ -355,6 +375,10 @@ class ChainWriter:
                                    K.SAGA_NEEDS_ATTENTION)
 
     def close_on(self, pipe: Any) -> Callable[[list[Any]], int]:
-        """Queue the saga's closing ledger entry on ``pipe``; see :meth:`Ledger.closed_on`."""
+        """Queue the saga's closing ledger entry on ``pipe``; see :meth:`Ledger.closed_on`
+        (of layout 3 it went with the closing append: only the sealing is left)."""
+        if self._rode:
+            pushed = self._pushed
+            return lambda _replies: self.store.ledger.rode(self.saga_id, pushed)
         return self.store.ledger.closed_on(pipe, self.saga_id, str(_META[self._last_kind]),
                                            self.head)

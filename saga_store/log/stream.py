@@ -10,7 +10,7 @@ and decides again, it never blindly re-appends.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -171,6 +171,13 @@ class PreparedAppend:
     last_hash: bytes
     phase: Phase
     events: int
+    rides_ledger: bool = False  # the saga's ledger entry is pushed by the script itself
+
+    @staticmethod
+    def pushed(reply: Any) -> int:
+        """How many entries the ledger's pending list held after an append that
+        pushed one (0 if unknown: the reply of a resend)."""
+        return int(reply[3]) if isinstance(reply, list | tuple) and len(reply) > 3 else 0
 
     def send(self, client: Any) -> Any:
         """Send the append and return its reply; on a pipeline, queue it and return
@@ -373,10 +380,14 @@ class SagaLog:
     def prepare(self, chain_id: str, bodies: Sequence[dict[str, Any]], expect: Head, *,
                 lease: Lease | None = None, phase: Phase | None = None,
                 meta: Mapping[str, str | int] | None = None,
-                side: Sequence[SideWrite] = ()) -> PreparedAppend:
+                side: Sequence[SideWrite] = (),
+                ledger: Callable[[bytes, int, bytes], SideWrite] | None = None,
+                ) -> PreparedAppend:
         """Encode an append without sending it, so it can go in a pipeline.
         ``side``: writes to keys of the same slot made in the same script call,
-        only if the append succeeds (a refused append writes nothing). Only a
+        only if the append succeeds (a refused append writes nothing); ``ledger``:
+        makes one more from the append's first hash, last seq and last hash (the
+        saga's ledger entry, of layout 3, where it is in the saga's slot). Only a
         saga's opening (``saga_started`` first) or the ledger's first append
         creates a chain: any other append to a chain that does not exist raises
         :class:`NoSuchSaga` and writes nothing."""
@@ -396,13 +407,16 @@ class SagaLog:
         k = self.keys.chain_log(chain_id)
         chain_keys = [k, k[:-4] + ":meta", k[:-4] + ":lease"]
         side = [*blobs, *side]
+        if ledger is not None:
+            side.append(ledger(linked[0][2], expect.seq + len(linked), linked[-1][2]))
         argv.append(len(side))
         for w in side:
             if w.key not in chain_keys:
                 chain_keys.append(w.key)
             argv += (w.op, chain_keys.index(w.key) + 1, len(w.args), *w.args)
         return PreparedAppend(self, chain_id, chain_keys, argv,
-                              linked[0][2], linked[-1][2], phase, len(linked))
+                              linked[0][2], linked[-1][2], phase, len(linked),
+                              rides_ledger=ledger is not None)
 
     def _blob(self, chain_id: str, data: Any, blobs: list[SideWrite]) -> dict[str, Any]:
         raw = canonical(data)

@@ -1,0 +1,160 @@
+"""Move a store of layout 2 to layout 3 (``saga migrate --to 3``): every saga's
+keys renamed under its bucket's hash tag, the shared indexes split by bucket.
+
+Nothing inside a key changes: a log keeps every entry, id and hash (a chain's
+genesis is made from the saga's id, not its key), so every chain, the ledger
+and anchors taken before verify as they did. The ledger is already in buckets
+(layout 2), and the number of buckets stays what the store recorded.
+
+Offline: processes read the layout once, so one still running with layout 2
+would write the old names. Stop workers, gateways and clients first; the CLI
+refuses while a worker is registered alive.
+
+Each key is copied (DUMP, RESTORE with its time to live) before the old one is
+deleted, and the layout is recorded last, so a run killed anywhere is finished
+by the next one: a key still under its old name is copied again (REPLACE), an
+index entry added again (the same score), and until the last write every
+process still reads layout 2. Works on a Redis Cluster too: no command spans
+two slots (a copy is two commands, one per key).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+from saga_store import keys
+from saga_store.errors import InvalidInput
+from saga_store.faults import fault
+from saga_store.ids import agent_of, check_saga_id
+from saga_store.log.layout import Layout
+from saga_store.log.layout import parse as layout_of
+from saga_store.log.stream import SagaLog
+
+SAGA_SUFFIXES = ("log", "meta", "lease", "driver", "secrets")
+_BLOB = re.compile(r"blob:[0-9a-f]{64}")
+BATCH = 200  # keys copied per round trip
+
+
+def valid_id(value: str) -> bool:
+    """Whether ``value`` is a usable saga id."""
+    try:
+        check_saga_id(value)
+    except InvalidInput:
+        return False
+    return True
+
+
+def _old_saga_key(key: str) -> tuple[str, str] | None:
+    """(saga id, suffix) of a layout-2 saga key ``ss:{S}:<suffix>``, else None (an
+    agent's index ss:{A_}:active and its dedupe records keep their names)."""
+    head = f"{keys.PREFIX}:{{"
+    if not key.startswith(head):
+        return None
+    sid, sep, suffix = key[len(head):].partition("}:")
+    if not sep or not valid_id(sid):
+        return None
+    # exact suffixes: a key of layout 3 (ss:{b<n>}:S:log) has one more segment
+    if suffix in SAGA_SUFFIXES or _BLOB.fullmatch(suffix):
+        return sid, suffix
+    return None
+
+
+def move_to_3(log: SagaLog, *, dry_run: bool = False) -> dict[str, Any]:
+    """Move the store on ``log`` from layout 2 to 3; returns what it did (or, with
+    ``dry_run``, would do). Raises :class:`InvalidInput` for a store of another
+    layout than 2 or 3 (a store of layout 1 is moved to 2 first: ``saga migrate``)."""
+    r = log.redis
+    raw = r.get(keys.LAYOUT)
+    before = layout_of(raw)
+    if before is None:
+        raise InvalidInput("no layout is recorded here (no store, or one written before "
+                           "ledger buckets): run 'saga migrate' first, then '--to 3'")
+    out: dict[str, Any] = {"from": before.record(), "dry_run": dry_run}
+    if before.version == 3:
+        return {**out, "to": before.record(), "changed": False, "keys": 0, "indexed": 0}
+    if before.version != 2:
+        raise InvalidInput(f"layout {before.record()}: run 'saga migrate' (to layout 2) "
+                           "first, then 'saga migrate --to 3'")
+    target = Layout(3, before.buckets)
+    old, new = keys.SagaKeys(2, before.buckets), target.keys()
+    found: dict[str, list[str]] = defaultdict(list)
+    for k in r.scan_iter(match=f"{keys.PREFIX}:{{*}}:*", count=1000):
+        key = k.decode() if isinstance(k, bytes) else k
+        parsed = _old_saga_key(key)
+        if parsed is not None:
+            found[parsed[0]].append(parsed[1])
+    moves = [(f"{old.base(sid)}:{suffix}", f"{new.base(sid)}:{suffix}")
+             for sid, suffixes in sorted(found.items()) for suffix in sorted(suffixes)]
+    indexed = _index_entries(r, old, new)
+    if dry_run:
+        return {**out, "to": target.record(), "changed": False, "sagas": len(found),
+                "keys": len(moves), "indexed": len(indexed)}
+    for i in range(0, len(moves), BATCH):
+        _copy(r, moves[i:i + BATCH])
+        fault("rekey_after_copy")
+        _drop(r, [src for src, _ in moves[i:i + BATCH]])
+    for dest, score, member in indexed:
+        if score is None:
+            r.sadd(dest, member)
+            continue
+        agent = agent_of(member.decode())
+        if agent is not None and dest == new.active(member.decode()):
+            r.sadd(keys.AGENTS, agent)  # listed before its entry, as a schedule does
+        r.zadd(dest, {member: score})
+    fault("rekey_after_indexes")
+    for src in (keys.ACTIVE, keys.APPROVALS, keys.NEEDS_ATTENTION):
+        r.delete(src)
+    # the layout last: until it is recorded every process reads the old names, and a
+    # run killed before it is finished by the next one
+    if r.get(keys.LAYOUT) != raw:
+        raise InvalidInput(f"{keys.LAYOUT} changed while the keys moved: is another "
+                           "migration running? Run 'saga migrate --to 3' again")
+    r.set(keys.LAYOUT, target.record())
+    log.forget_layout()
+    return {**out, "to": target.record(), "changed": True, "sagas": len(found),
+            "keys": len(moves), "indexed": len(indexed)}
+
+
+def _index_entries(r: Any, old: keys.SagaKeys, new: keys.SagaKeys,
+                   ) -> list[tuple[str, float | None, bytes]]:
+    """Where each entry of the shared indexes of layout 2 goes: (index, score or None
+    for a set, member)."""
+    out: list[tuple[str, float | None, bytes]] = []
+    for member, score in r.zrange(keys.ACTIVE, 0, -1, withscores=True):
+        sid = member.decode("utf-8", "replace")
+        if valid_id(sid):
+            out.append((new.active(sid), score, member))
+    for member, score in r.zrange(keys.APPROVALS, 0, -1, withscores=True):
+        sid = member.decode("utf-8", "replace").rpartition(":")[0]
+        if valid_id(sid):
+            out.append((new.approvals(sid), score, member))
+    for member in r.smembers(keys.NEEDS_ATTENTION):
+        sid = member.decode("utf-8", "replace")
+        if valid_id(sid):
+            out.append((new.needs_attention(sid), None, member))
+    return out
+
+
+def _copy(r: Any, moves: list[tuple[str, str]]) -> None:
+    """Copy each key to its new name, with its time to live (REPLACE: a copy made by
+    a run that was killed is made again)."""
+    pipe = r.pipeline(transaction=False)
+    for src, _ in moves:
+        pipe.dump(src)
+        pipe.pttl(src)
+    got = pipe.execute()
+    pipe = r.pipeline(transaction=False)
+    for (_, dest), value, ttl in zip(moves, got[::2], got[1::2], strict=True):
+        if value is None:  # expired meanwhile (a lease, a secret): nothing to copy
+            continue
+        pipe.restore(dest, max(int(ttl), 0), value, replace=True)
+    pipe.execute()
+
+
+def _drop(r: Any, sources: list[str]) -> None:
+    pipe = r.pipeline(transaction=False)
+    for src in sources:
+        pipe.delete(src)
+    pipe.execute()
