@@ -32,21 +32,28 @@ example-langgraph: $(STAMP)
 example-anthropic: $(STAMP)
 	$(BIN)/python -m examples.anthropic_shop
 
-# three runs: everything on one Redis, with every script and transaction checked to
-# keep to one hash slot; the log tests on the embedded store; the tests marked cluster
-# with the log on a private six-node Redis Cluster and RQ's queues on a standalone
-# Redis. Each run spreads its tests over TEST_PROCS processes (pytest-xdist), each with
+# four runs: everything on one Redis (stores of layout 3, the default), with every
+# script and transaction checked to keep to one hash slot; the worker flows, crash
+# windows and ACL users again on stores of layout 2 (existing stores keep it until
+# 'saga migrate --to 3'); the log tests on the embedded store, of layout 2; the tests
+# marked cluster with the log on a private six-node Redis Cluster and RQ's queues on
+# a standalone Redis. Each run spreads its tests over TEST_PROCS processes (pytest-xdist), each with
 # its own servers: most tests wait on processes and timeouts, not on the CPU.
 # TEST_PROCS=0 runs them one at a time; 4 is faster still on two cores, but loads
 # them enough that the timing of a test's own helpers shows (four such races are
 # fixed; two processes keep the load near what the suite was written under).
 TEST_PROCS ?= 2
+LAYOUT2_TESTS = tests/execution/test_execution.py tests/execution/test_crash_windows.py \
+	tests/execution/test_agent_acl.py tests/execution/test_hardening.py
 SLOT_LOG := $(abspath $(VENV))/slots.log
 XDIST = $(if $(filter 0,$(TEST_PROCS)),,-n $(TEST_PROCS) --dist worksteal)
 test: $(STAMP)
 	rm -f $(SLOT_LOG)*
 	SAGA_TEST_SLOT_LOG=$(SLOT_LOG) $(BIN)/python -m pytest -q -rfs -p no:cacheprovider $(XDIST)
-	SAGA_TEST_BACKEND=fakeredis $(BIN)/python -m pytest -q -rfs -p no:cacheprovider -m parity $(XDIST)
+	SAGA_TEST_LAYOUT="2 1024" $(BIN)/python -m pytest -q -rfs -p no:cacheprovider $(XDIST) \
+		$(LAYOUT2_TESTS)
+	SAGA_TEST_LAYOUT="2 1024" SAGA_TEST_BACKEND=fakeredis $(BIN)/python -m pytest -q -rfs \
+		-p no:cacheprovider -m parity $(XDIST)
 	SAGA_TEST_BACKEND=cluster $(BIN)/python -m pytest -q -rfs -p no:cacheprovider -m cluster $(XDIST)
 
 test-cluster: $(STAMP)

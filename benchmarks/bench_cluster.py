@@ -45,7 +45,7 @@ import redis
 
 from saga_store import Registry, SagaStore, Settings, keys
 from saga_store.log.events import EventKind as K
-from saga_store.log.layout import LEGACY
+from saga_store.log.layout import DEFAULT_VERSION, LEGACY
 from saga_store.log.store import EventStore
 from saga_store.ops.connection import connect
 from saga_store.testing import RedisServer, assert_eventually
@@ -57,6 +57,7 @@ from .common import machine
 
 OUT = Path(__file__).parent / "out"
 WORKERS = 12  # RQ workers: fewer than bench_workflows's 26, as six Redis processes share the cores
+LAYOUT = [DEFAULT_VERSION]  # the layout of the stores (--layout)
 
 
 @dataclass
@@ -75,8 +76,8 @@ class Backend:
     workflows: bool = True  # whether the workflow runs (with workers) are made on it
 
     def store(self) -> SagaStore:
-        return SagaStore.from_url(self.url, Registry.from_modules(TOOLS), Settings(),
-                                  queue_url=self.queue_url)
+        return SagaStore.from_url(self.url, Registry.from_modules(TOOLS),
+                                  Settings(layout=LAYOUT[0]), queue_url=self.queue_url)
 
 
 
@@ -136,7 +137,7 @@ def idle_ms_per_s(b: Backend, seconds: float = 3.0) -> float:
 def appends(b: Backend, sagas: int, threads: int) -> dict[str, float]:
     """T threads, each opening sagas/T sagas and appending 10 events to each."""
     each = sagas // threads
-    stores = [EventStore(connect(b.url), Settings()) for _ in range(threads)]
+    stores = [EventStore(connect(b.url), Settings(layout=LAYOUT[0])) for _ in range(threads)]
 
     def work(store: EventStore) -> None:
         for _ in range(each):
@@ -163,6 +164,7 @@ def appends(b: Backend, sagas: int, threads: int) -> dict[str, float]:
 
 def start_workers(b: Backend, count: int) -> None:
     env = {**os.environ, "SAGA_REDIS_URL": b.url, "SAGA_QUEUE_URL": b.queue_url,
+           "SAGA_LAYOUT": str(LAYOUT[0]),
            "PYTHONPATH": ROOT, "SAGA_HMAC_KEY": "", "SAGA_HMAC_KEY_FILE": ""}
     b.procs = [WorkerProcess(env, TOOLS, "--log-level", "WARNING").start()
                for _ in range(count)]
@@ -222,7 +224,7 @@ def spread(b: Backend) -> dict[str, float]:
 def sealing(b: Backend, entries: int, threads: int) -> dict[str, float]:
     """``entries`` real ledger entries pending over the buckets, then ``threads``
     sealers at once, each over every bucket (the leases share them out)."""
-    store = EventStore(connect(b.url), Settings())
+    store = EventStore(connect(b.url), Settings(layout=LAYOUT[0]))
     store.ledger.deferred = True
     made = [store.open("bench") for _ in range(200)]
     pending = [(keys.ledger_pending(store.log.layout.ledger_of(w.saga_id)),
@@ -246,7 +248,7 @@ def sealing(b: Backend, entries: int, threads: int) -> dict[str, float]:
 
 
 def _seal(url: str) -> int:
-    return EventStore(connect(url), Settings()).ledger.seal()
+    return EventStore(connect(url), Settings(layout=LAYOUT[0])).ledger.seal()
 
 
 def run(rounds: int, quick: bool) -> dict[str, Any]:
@@ -310,6 +312,7 @@ def run(rounds: int, quick: bool) -> dict[str, Any]:
                      / m["appends"]["redis_cpu_ms_per_saga"]}
               for name, m in med.items() if "workflows" in m}
     return {"machine": machine(), "rounds": rounds, "n": n, "workers": WORKERS,
+            "layout": LAYOUT[0],
             "median": med, "ratios_cluster_over_one": ratios, "sizing": sizing,
             "runs": rows}
 
@@ -318,10 +321,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--layout", type=int, choices=(2, 3), default=DEFAULT_VERSION,
+                    help="the layout the stores are created with")
     args = ap.parse_args()
+    LAYOUT[0] = args.layout
     out = run(1 if args.quick else args.rounds, args.quick)
     OUT.mkdir(exist_ok=True)
-    (OUT / "cluster.json").write_text(json.dumps(out, indent=2))
+    (OUT / f"cluster-layout{LAYOUT[0]}.json").write_text(json.dumps(out, indent=2))
     print(json.dumps({k: out[k] for k in ("median", "ratios_cluster_over_one", "sizing")},
                      indent=2))
 

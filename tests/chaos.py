@@ -34,6 +34,7 @@ from saga_store import Registry, SagaStore, Settings, keys
 from saga_store.errors import InvalidInput
 from saga_store.execution import jobs
 from saga_store.execution.enqueue import in_flight
+from saga_store.log.layout import names_of
 from saga_store.ops.connection import connect
 from saga_store.protocol.state import SagaState, Status
 from saga_store.testing import RedisServer
@@ -210,11 +211,12 @@ def worker_names(r: redis.Redis, pids: set[int]) -> set[str]:
 def held_by(r: redis.Redis, names: set[str]) -> dict[str, int]:
     """Active sagas whose lease one of ``names`` holds, with their head seq (read
     from the log itself, not the cached meta)."""
-    active = in_flight(r)
+    at = names_of(r)
+    active = in_flight(r, at)
     pipe = r.pipeline(transaction=False)
     for sid in active:
-        pipe.get(keys.saga_lease(sid))
-        pipe.xrevrange(keys.saga_log(sid), count=1)
+        pipe.get(at.lease(sid))
+        pipe.xrevrange(at.log(sid), count=1)
     replies = pipe.execute()
     out = {}
     for i, sid in enumerate(active):
@@ -398,9 +400,10 @@ def _track_recovery(client: redis.Redis, pending: dict[str, tuple[int, float]],
     if not pending:
         return
     sids = list(pending)
+    at = names_of(client)
     pipe = client.pipeline(transaction=False)
     for sid in sids:
-        pipe.xrevrange(keys.saga_log(sid), count=1)
+        pipe.xrevrange(at.log(sid), count=1)
     now = time.monotonic()
     for sid, last in zip(sids, pipe.execute(), strict=True):
         if not last:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from saga_store import Registry, SagaStore
+from saga_store import Registry, SagaStore, keys
 from saga_store.log.store import EventStore
 from saga_store.ops.connection import connect, embedded
 from saga_store.settings import Settings
@@ -23,6 +23,9 @@ from saga_store.testing.workers import KIND_VAR, KINDS
 
 FAKE = os.environ.get("SAGA_TEST_BACKEND") == "fakeredis"
 CLUSTER = os.environ.get("SAGA_TEST_BACKEND") == "cluster"
+# the layout every test's store is created with ("<version> <buckets>"; unset: the
+# default a new store gets), so the same tests run on each layout
+LAYOUT = os.environ.get("SAGA_TEST_LAYOUT") or None
 
 
 SLOT_LOG = slots.install_from_env()  # SAGA_TEST_SLOT_LOG: no script or MULTI across slots
@@ -78,9 +81,50 @@ def redis_url(redis_server: RedisServer | RedisClusterServers | None) -> str:
     return redis_server.url
 
 
+def layout_record(node: pytest.Item) -> str | None:
+    """The layout record the ``client`` fixture writes for the test ``node`` (None:
+    none; the test's own settings create the store, or it starts from nothing).
+
+    SAGA_TEST_LAYOUT, unless the test is marked ``layout``:
+
+    - ``@pytest.mark.layout(1)``: a test of a store of layout 1 (migrated, or read
+      as it is): no record is written whatever SAGA_TEST_LAYOUT says; the test makes
+      the store itself;
+    - ``@pytest.mark.layout(2)``, ``layout(2, buckets=n)``: a test of layout 2 (a
+      crash window only layout 2 has): "2 <n>" is written (n: SAGA_TEST_LAYOUT's
+      buckets, else 1,024);
+    - ``@pytest.mark.layout(None)``: a test that starts from an empty Redis;
+    - ``@pytest.mark.layout(buckets=n)``: a test of any layout that needs n buckets
+      (one chain, or hundreds): SAGA_TEST_LAYOUT's version with n buckets (unset:
+      nothing written; the test's ``Settings(buckets=n)`` create the store).
+    """
+    mark = node.get_closest_marker("layout")
+    if mark is None:
+        return LAYOUT
+    if mark.args == (2,):
+        buckets = mark.kwargs.get("buckets") or (LAYOUT.split()[1] if LAYOUT else 1024)
+        return f"2 {int(buckets)}"
+    if "buckets" in mark.kwargs:
+        assert not mark.args, "layout(buckets=n) keeps the run's version: name no version"
+        return f"{LAYOUT.split()[0]} {int(mark.kwargs['buckets'])}" if LAYOUT else None
+    usage = "layout(1), layout(2), layout(None) or layout(buckets=n)"
+    assert len(mark.args) == 1, usage
+    assert mark.args[0] in (None, 1), usage
+    return None
+
+
 @pytest.fixture
-def client(redis_server: RedisServer | RedisClusterServers | None) -> Iterator[redis.Redis]:
-    """The log's client: on a cluster, every master (and the queues) flushed first."""
+def store_layout(request: pytest.FixtureRequest) -> str | None:
+    """The layout record the test's store is to have (None: none written): for a
+    test that starts a Redis of its own, to write there as ``client`` does."""
+    return layout_record(request.node)
+
+
+@pytest.fixture
+def client(redis_server: RedisServer | RedisClusterServers | None,
+           store_layout: str | None) -> Iterator[redis.Redis]:
+    """The log's client: on a cluster, every master (and the queues) flushed first;
+    then the layout the test's store is to have recorded (see :func:`layout_record`)."""
     if redis_server is None:
         c = embedded()
     elif isinstance(redis_server, RedisClusterServers):
@@ -89,6 +133,8 @@ def client(redis_server: RedisServer | RedisClusterServers | None) -> Iterator[r
     else:
         c = redis.Redis.from_url(redis_server.url)
         c.flushdb()
+    if store_layout:  # SAGA_TEST_LAYOUT, e.g. "3 16": the store is created with that layout
+        c.set(keys.LAYOUT, store_layout)
     yield c
     c.close()
 

@@ -13,6 +13,7 @@ from saga_store import keys
 from saga_store.log.canonical import canonical
 from saga_store.log.chain import Chain
 from saga_store.log.events import EventKind as K
+from saga_store.log.layout import names_of
 from saga_store.log.store import ChainWriter, EventStore
 
 Entry = tuple[bytes, dict[bytes, bytes]]
@@ -41,7 +42,7 @@ def write_stream(client: redis.Redis, key: str, entries: list[Entry]) -> None:
 
 
 def tamper(client: redis.Redis, chain_id: str, fn: Callable[[list[Entry]], list[Entry]]) -> None:
-    key = keys.log_key_for(chain_id)
+    key = names_of(client).chain_log(chain_id)
     write_stream(client, key, fn(read_stream(client, key)))
 
 

@@ -27,7 +27,7 @@ from saga_store.errors import InvalidInput
 
 DEFAULT_BUCKETS = 1024
 VERSIONS = (1, 2, 3)
-DEFAULT_VERSION = 2  # of a store created now (SAGA_LAYOUT)
+DEFAULT_VERSION = 3  # of a store created now (SAGA_LAYOUT)
 MAX_BUCKETS = 16384  # as many as Redis Cluster has slots: more would share them
 LEGACY = "ledger"  # the one ledger chain of layout 1 (kept, frozen, after a migration)
 ROOT = "ledger:root"

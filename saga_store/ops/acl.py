@@ -55,9 +55,12 @@ LEDGER_QUEUE = (f"~{P}:ledger:{{*}}:pending", "+rpush", "+ltrim", "+lpop")
 
 def worker_rules() -> list[str]:
     """Rules (after ``ACL SETUSER name reset``) for ``saga worker`` processes."""
-    side = [f"~{P}:{{*}}:meta", f"~{P}:{{*}}:lease", f"~{P}:{{*}}:driver",
-            f"~{P}:{{*}}:secrets", f"~{P}:{{*}}:active", f"~{P}:{{*}}:idem:*", f"~{P}:agents",
-            f"~{P}:{{*}}:blob:*", f"~{P}:idem:*", f"~{P}:ctx:*", f"~{P}:active",
+    # a saga's keys: ss:{S}:meta (layout 2) and ss:{b<n>}:S:meta (layout 3)
+    saga = [f"~{P}:{tag}:{suffix}" for suffix in ("meta", "lease", "driver", "secrets",
+                                                  "blob:*")
+            for tag in ("{*}", "{b*}:*")]
+    side = [*saga, f"~{P}:{{*}}:active", f"~{P}:{{*}}:idem:*", f"~{P}:agents",
+            f"~{P}:idem:*", f"~{P}:ctx:*", f"~{P}:active",
             f"~{P}:needs_attention", f"~{P}:approvals",
             f"~{P}:{{*}}:needs_attention", f"~{P}:{{*}}:approvals",  # a bucket's (layout 3)
             f"~{P}:sweep:*",  # the sweepers' leases on groups of buckets (layout 3)
@@ -98,7 +101,8 @@ def agent_rules(agent_id: str) -> list[str]:
         _selector(*of("*", read=True), f"%R~{P}:ledger:{{*}}:log",
                   f"%R~{P}:ledger:{{*}}:pending", f"%R~{P}:layout",
                   f"%R~{P}:ctx:{{{agent_id}}}", "+@read", "-keys", "-scan"),
-        _selector(*of("*"), *SCRIPTS),
+        # its scripts write its sagas' keys and, of layout 3, its bucket's ledger list
+        _selector(*of("*"), f"~{P}:ledger:{{*}}:pending", *SCRIPTS),
         _selector(*of("log"), f"~{P}:ctx:{{{agent_id}}}", "+xadd"),
         # each kind of key takes only the writes of its type (no SET over a log)
         _selector(*of("lease", "driver", "blob:*"), "+set", "+pexpire"),

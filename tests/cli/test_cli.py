@@ -96,12 +96,13 @@ def test_golden_hmac_export_without_the_key_cannot_be_verified() -> None:
 def test_golden_exports_verify_when_loaded_into_redis(client: redis.Redis, redis_url: str,
                                                       tmp_path: Path) -> None:
     """The Redis verifier and the file verifier agree on the golden log."""
+    names = keys.SagaKeys(1, 1)  # the golden log is of layout 1: one ledger chain
     for line in (GOLDEN / "sha256.jsonl").read_bytes().splitlines()[1:]:
         ev = orjson.loads(line)
         prev, h = bytes.fromhex(ev.pop("prev")), bytes.fromhex(ev.pop("hash"))
         from saga_store.log.canonical import canonical
         assert prev  # implied by position in Redis
-        client.xadd(keys.log_key_for(ev["saga_id"]), {"b": canonical(ev), "h": h},
+        client.xadd(names.chain_log(ev["saga_id"]), {"b": canonical(ev), "h": h},
                     id=keys.entry_id(ev["seq"]))
     res = run(redis_url, "verify")
     assert res.exit_code == 0, res.output
@@ -156,10 +157,11 @@ def test_the_demo_never_writes_into_a_redis_nobody_named(
     """A Redis answering on the default address (a deployment's) keeps its keys."""
     monkeypatch.setattr("saga_store.ops.connection.DEFAULT_URL", redis_url)
     client.set("theirs", "untouched")
+    before = sorted(client.keys("*"))  # theirs (and the test's ss:layout, if any)
     res = CliRunner().invoke(cli, ["demo"], env={"SAGA_REDIS_URL": ""})
     assert res.exit_code == 0, res.output
     assert "embedded" in res.output
-    assert client.keys("*") == [b"theirs"]
+    assert sorted(client.keys("*")) == before
 
 
 @pytest.mark.real_redis
@@ -222,7 +224,7 @@ def test_attention_lists_and_acknowledges(store: EventStore, client: redis.Redis
     w.append("saga_failed", data={"reason": "later step failed"})
     w.append("step_not_compensable", step=0, data={"reason": "irreversible"})
     w.append("saga_needs_attention", data={"needs_attention": ["step 0 (wire)"]})
-    client.sadd(keys.NEEDS_ATTENTION, w.saga_id)
+    client.sadd(store.keys.needs_attention(w.saga_id), w.saga_id)
     listed = orjson.loads(run(redis_url, "attention", "--json").output)
     assert [(r["saga_id"], r["needs_attention"]) for r in listed] == [
         (w.saga_id, ["step 0 (wire)"])]

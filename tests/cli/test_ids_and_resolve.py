@@ -79,7 +79,7 @@ def test_nothing_but_an_opening_creates_a_saga_log(saga_store: SagaStore,
                                               "kind": K.SAGA_FAILED, "ts": 1}], EMPTY)
     with pytest.raises(NoSuchSaga):
         saga_store.events.writer(MISSING)
-    assert client.exists(keys.saga_log(MISSING)) == 0
+    assert client.exists(saga_store.events.keys.log(MISSING)) == 0
 
 
 def stuck_gauge(client: redis.Redis) -> float:
@@ -122,7 +122,7 @@ def test_a_saga_stuck_on_a_bad_mapping_is_resolved_by_a_person_and_acknowledged(
     assert len(effects("release")) == 1
     assert stuck_gauge(client) == 0
     assert run(redis_url, "attention", "--ack", sid, "--note", "checked").exit_code == 0
-    assert not client.sismember(keys.NEEDS_ATTENTION, sid)
+    assert not client.sismember(saga_store.events.keys.needs_attention(sid), sid)
     assert run(redis_url, "verify").exit_code == 0
 
 
@@ -144,7 +144,8 @@ def test_an_empty_saga_id_is_a_usage_error_not_an_all_clear(
         saga_store: SagaStore, client: redis.Redis, redis_url: str) -> None:
     """'saga verify --saga \"$SID\"' with an empty variable must not verify nothing."""
     w = committed_saga(saga_store.events)
-    client.xdel(keys.saga_log(w.saga_id), client.xrange(keys.saga_log(w.saga_id))[3][0])
+    log = saga_store.events.keys.log(w.saga_id)
+    client.xdel(log, client.xrange(log)[3][0])
     assert run(redis_url, "verify").exit_code == 1
     res = run(redis_url, "verify", "--saga", "")
     assert res.exit_code == 2, res.output
@@ -155,7 +156,7 @@ def test_an_ack_needs_the_log_to_say_the_saga_needs_attention(
     """The attention set is an index: listed without a needs_attention close (a
     compensator killed between the two), an ack is refused, not recorded and lost."""
     w = committed_saga(saga_store.events)
-    client.sadd(keys.NEEDS_ATTENTION, w.saga_id)
+    client.sadd(saga_store.events.keys.needs_attention(w.saga_id), w.saga_id)
     res = run(redis_url, "attention", "--ack", w.saga_id)
     assert res.exit_code == 2
     assert "is committed, not waiting for attention" in res.output

@@ -36,7 +36,7 @@ def test_ls_shows_headers_created_duration_steps_and_the_logs_own_event_count(
         store: EventStore, client: redis.Redis, redis_url: str) -> None:
     """The event count is the log's, even when the cached meta says otherwise."""
     w = committed_saga(store)
-    client.hset(keys.saga_meta(w.saga_id), "seq", "3")  # a stale cache
+    client.hset(store.keys.meta(w.saga_id), "seq", "3")  # a stale cache
     [row] = orjson.loads(run(redis_url, "ls", "--json").output)
     assert (row["saga_id"], row["state"], row["agent_id"]) == (w.saga_id, "committed",
                                                               "agent-1")

@@ -266,8 +266,8 @@ def test_a_projection_set_by_hand_does_not_stop_the_unwind(
     the cache back, and verify passes once it has."""
     sid = saga_store.submit(THREE_THEN_FAIL, agent_id="agent-c")
     kill_at(worker_env, TOOLS, "comp_after_outcome", tmp_path, at=1)
-    client.hset(f"ss:{{{sid}}}:meta", mapping={"phase": "closed", "state": "committed",
-                                                "agent_id": "victim"})
+    client.hset(saga_store.events.keys.meta(sid),
+                mapping={"phase": "closed", "state": "committed", "agent_id": "victim"})
     with workers(worker_env, TOOLS):
         state = saga_store.wait(sid, timeout=30)
     assert state.status is Status.COMPENSATED
@@ -288,16 +288,16 @@ def test_verify_reports_a_projection_or_a_phase_stamp_changed_by_hand(
     sid = saga_store.submit(THREE_THEN_FAIL, agent_id="agent-c")
     with workers(worker_env, TOOLS):
         saga_store.wait(sid, timeout=60)
-    meta = f"ss:{{{sid}}}:meta"
+    meta = saga_store.events.keys.meta(sid)
     client.hset(meta, "state", "running")
     bad = Verifier(saga_store.events.log).verify(sid)
     assert [(f.chain_id, f.reason) for f in bad.failures] == [(sid, "projection")]
-    client.zadd(keys.active_for(sid), {sid: 0})
+    client.zadd(saga_store.events.keys.active(sid), {sid: 0})
     Sweeper(saga_store, "test").sweep()
     assert client.hget(meta, "state") == b"compensated"
     assert Verifier(saga_store.events.log).verify(sid).ok
     # the last entry put back with another phase stamp: same body, same hash
-    log_key = f"ss:{{{sid}}}:log"
+    log_key = saga_store.events.keys.log(sid)
     (eid, fields), (before, _) = client.xrevrange(log_key, count=2)
     assert fields[b"p"] == b"closed"
     client.xdel(log_key, eid)

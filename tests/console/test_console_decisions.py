@@ -94,7 +94,7 @@ def test_acknowledging_a_saga_that_needs_attention(saga_store: SagaStore,
     w.append(K.SAGA_FAILED, data={"reason": "later step failed"})
     w.append(K.STEP_NOT_COMPENSABLE, step=0, data={"reason": "tool is irreversible"})
     w.append(K.SAGA_NEEDS_ATTENTION, data={"needs_attention": ["step 0 (wire)"]})
-    client.sadd(keys.NEEDS_ATTENTION, w.saga_id)
+    client.sadd(saga_store.events.keys.needs_attention(w.saga_id), w.saga_id)
     tc = console(saga_store, operator="dana")
     page = tc.get("/attention").text
     assert w.saga_id in page

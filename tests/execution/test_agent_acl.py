@@ -6,6 +6,7 @@ it could make outside its namespace is refused, or is caught by ``saga verify``.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from saga_store.client.context import Subscriber
 from saga_store.errors import StepError
 from saga_store.execution import jobs
 from saga_store.execution.idempotency import explicit_key
+from saga_store.log.layout import names_of
 from saga_store.ops.connection import connect
 from saga_store.protocol.state import Status
 from saga_store.testing import RedisServer, assert_eventually
@@ -60,6 +62,17 @@ def apply_as_readme(port: int, role_args: list[str], user: str, password: str) -
         assert out.stdout.strip() == "OK", out.stdout + out.stderr
 
 
+def owned_by(agent: str, key: bytes) -> bool:
+    """Whether ``key`` is of ``agent``'s namespace: its sagas' keys and its own, under
+    its hash tag (``ss:{A_...}:...``, layout 2; its explicit keys' records in layout 3
+    too) or under a bucket's (``ss:{b<n>}:A_...:...``, layout 3), its context stream,
+    its steps' jobs (the patterns of its ACL user: see saga_store/ops/acl.py)."""
+    mine = (f"ss:{{{agent}_".encode(), f"ss:ctx:{{{agent}}}".encode(),
+            f"rq:job:saga-step-{agent}_".encode(), f"rq:job:saga-comp-{agent}_".encode())
+    return key.startswith(mine) or re.match(rb"ss:\{b\d+\}:%s_" % re.escape(agent.encode()),
+                                            key) is not None
+
+
 def refused(client: redis.Redis, *command: Any) -> bool:
     try:
         client.execute_command(*command)
@@ -69,8 +82,10 @@ def refused(client: redis.Redis, *command: Any) -> bool:
 
 
 @pytest.fixture
-def deployment(ledger: Path) -> Any:
+def deployment(ledger: Path, store_layout: str | None) -> Any:
     with RedisServer() as srv:
+        if store_layout:  # the store of the run's layout (SAGA_TEST_LAYOUT), as ``client``
+            redis.Redis(port=srv.port).set(keys.LAYOUT, store_layout)
         apply_as_readme(srv.port, ["worker"], "saga-worker", "w-pass")
         for agent in ("agent-a", "agent-a-b"):
             apply_as_readme(srv.port, ["agent", "--agent", agent], agent, f"{agent}-pass")
@@ -143,14 +158,14 @@ def test_every_write_outside_its_namespace_is_refused_or_caught(
                           what="the workers to seal the ledger")
     # a saga of agent-a-b's still in flight, with a queued job: the targets at their richest
     pending = ab.submit(PLAN[:1], agent_id="agent-a-b")
-    admin.zadd(keys.ACTIVE, {"legacy-saga": 1})  # the shared index, as older versions wrote
-    own = (b"ss:{agent-a_", b"ss:ctx:{agent-a}", b"rq:job:saga-step-agent-a_",
-           b"rq:job:saga-comp-agent-a_")
-    theirs = [k for k in admin.scan_iter(count=1000) if not k.startswith(own)]
-    assert {keys.saga_log(victim).encode(), keys.agent_active("agent-a-b").encode(),
+    names = names_of(admin)
+    shared = names.active("legacy-saga")  # an index of no agent's, which older versions
+    admin.zadd(shared, {"legacy-saga": 1})  # wrote every saga to
+    theirs = [k for k in admin.scan_iter(count=1000) if not owned_by("agent-a", k)]
+    assert {names.log(victim).encode(), names.active(victim).encode(),
             keys.agent_idem("agent-a-b", explicit_key("ab-1")).encode(),
             keys.ledger_log(ab.events.log.layout.ledger_of(victim)).encode(),
-            keys.ACTIVE.encode(), keys.AGENTS.encode(),
+            shared.encode(), keys.AGENTS.encode(),
             jobs.job_key(jobs.step_job_id(ab.state(pending).steps[0].idem_key or "", 1,
                                           pending)).encode()} <= set(theirs)
     before = {k: admin.dump(k) for k in theirs}
@@ -164,12 +179,12 @@ def test_every_write_outside_its_namespace_is_refused_or_caught(
             if not refused(a.redis, cmd, key, *args):
                 allowed.append((key, cmd))
     # reads, too: nothing of agent-a-b's is readable
-    for cmd in (("XRANGE", keys.saga_log(victim), "-", "+"),
-                ("HGETALL", keys.saga_secrets(pending)), ("HGETALL", keys.saga_meta(victim))):
+    for cmd in (("XRANGE", names.log(victim), "-", "+"),
+                ("HGETALL", names.secrets(pending)), ("HGETALL", names.meta(victim))):
         assert refused(a.redis, *cmd), cmd
     # scripts run with the caller's rights: no way around it through them
     assert refused(a.redis, "EVAL", "return redis.call('HSET', KEYS[1], 'state', 'x')", 1,
-                   keys.saga_meta(victim))
+                   names.meta(victim))
     assert {(k, c) for k, c in allowed} <= {(k, c) for k in additive
                                            for c in ("RPUSH", "SADD")}, allowed
     changed = {k for k in theirs if admin.dump(k) != before[k]}
@@ -200,7 +215,8 @@ def test_every_single_write_to_its_own_log_is_refused_or_caught(
         a.wait(sid, timeout=60)
     SagaStore(admin, Registry.from_modules(TOOLS)).events.ledger.flush()
     assert cli(deployment["url"], "verify").returncode == 0
-    log_key, meta_key = keys.saga_log(sid), keys.saga_meta(sid)
+    names = names_of(admin)
+    log_key, meta_key = names.log(sid), names.meta(sid)
     intact = {k: admin.dump(k) for k in (log_key, meta_key)}
     tries = [(log_key, cmd, *args) for cmd, *args in WRITES] + [
         (meta_key, "HSET", "state", "committed"), (meta_key, "HSET", "state", "running"),
@@ -244,12 +260,19 @@ def test_what_an_agent_may_push_cannot_stop_or_misdirect_a_worker(
     admin, a = deployment["admin"], deployment["agent"]("agent-a")
     ab = deployment["agent"]("agent-a-b")
     victim = ab.saga(agent_id="agent-a-b")  # open, nothing in flight
-    victim_log = admin.dump(keys.saga_log(victim.saga_id))
-    victim_score = admin.zscore(keys.agent_active("agent-a-b"), victim.saga_id)
+    names = names_of(admin)
+    victim_log = admin.dump(names.log(victim.saga_id))
+    victim_score = admin.zscore(names.active(victim.saga_id), victim.saga_id)
     r = a.redis
-    r.sadd(keys.AGENTS, b"\xff", "agent-a_}:idem:x", "ledger", "agent-a")
-    r.hset("ss:{agent-a_}:idem:x_}:active", "f", "v")
-    r.zadd(keys.agent_active("agent-a"), {b"\xff\xfe": 0, victim.saga_id: 0, "ledger": 0})
+    odd = "agent-a_}:idem:x"  # a name whose index is a key of agent a's of another type
+    r.sadd(keys.AGENTS, b"\xff", odd, "ledger", "agent-a")
+    for index, agent in names.all_active([odd]):  # ss:{agent-a_}:idem:x_}:active
+        if agent == odd:
+            r.hset(index, "f", "v")
+    # agent a's own index, listing the victim
+    [own_index] = [index for index, agent in names.all_active(["agent-a"])
+                   if agent == "agent-a"]
+    r.zadd(own_index, {b"\xff\xfe": 0, victim.saga_id: 0, "ledger": 0})
     job = jobs.step_job_id("ab" * 32, 1, "agent-a_forged")
     jobs.push(r, jobs.STEP_QUEUE, job, jobs.STEP_FUNC, [victim.saga_id, 0, 1])
     log = tmp_path / "worker.log"
@@ -257,12 +280,11 @@ def test_what_an_agent_may_push_cannot_stop_or_misdirect_a_worker(
         sid = ab.submit(PLAN[:1], agent_id="agent-a-b")
         assert ab.wait(sid, timeout=60).status is Status.COMMITTED
         # a sweep has passed over the junk (it is due at once) and the worker lives on
-        assert_eventually(lambda: admin.zscore(keys.agent_active("agent-a"),
-                                               victim.saga_id) is None,
+        assert_eventually(lambda: admin.zscore(own_index, victim.saga_id) is None,
                           timeout=30, what="the sweeper to drop the foreign entry")
         assert pool[0].alive
     text = log.read_text()
     assert "refused job" in text
     assert "quitting" not in text
-    assert admin.dump(keys.saga_log(victim.saga_id)) == victim_log
-    assert admin.zscore(keys.agent_active("agent-a-b"), victim.saga_id) == victim_score
+    assert admin.dump(names.log(victim.saga_id)) == victim_log
+    assert admin.zscore(names.active(victim.saga_id), victim.saga_id) == victim_score

@@ -16,6 +16,8 @@ import redis
 
 from saga_store import Registry, SagaStore, Settings, keys
 from saga_store.errors import InvalidInput
+from saga_store.keys import SagaKeys
+from saga_store.log.layout import names_of
 from saga_store.ops import acl
 from saga_store.ops.connection import connect
 from saga_store.ops.doctor import examine, persistent
@@ -66,15 +68,18 @@ DESTRUCTIVE = [("DEL", "{log}"), ("UNLINK", "{log}"), ("XDEL", "{log}", "0-1"),
                ("EVAL", "return redis.call('XTRIM', KEYS[1], 'MAXLEN', 0)", "1", "{log}")]
 
 
-def _destructive(saga_id: str) -> list[tuple[object, ...]]:
-    subs = {"{log}": keys.saga_log(saga_id), "{meta}": keys.saga_meta(saga_id)}
+def _destructive(names: SagaKeys, saga_id: str) -> list[tuple[object, ...]]:
+    subs = {"{log}": names.log(saga_id), "{meta}": names.meta(saga_id)}
     return [tuple(subs.get(str(a), a) for a in cmd) for cmd in DESTRUCTIVE]
 
 
-def test_acl_users_run_sagas_and_cannot_destroy(ledger: Path, tmp_path: Path) -> None:
+def test_acl_users_run_sagas_and_cannot_destroy(ledger: Path, tmp_path: Path,
+                                                store_layout: str | None) -> None:
     registry = Registry.from_modules(TOOLS)
     with RedisServer() as srv:
         admin = redis.Redis.from_url(srv.url)
+        if store_layout:  # the store of the run's layout (SAGA_TEST_LAYOUT), as ``client``
+            admin.set(keys.LAYOUT, store_layout)
         _setuser(admin, "saga-worker", acl.worker_rules(), "w-pass")
         _setuser(admin, "agent-a", acl.agent_rules("agent-a"), "a-pass")
         _setuser(admin, "agent-b", acl.agent_rules("agent-b"), "b-pass")
@@ -102,15 +107,16 @@ def test_acl_users_run_sagas_and_cannot_destroy(ledger: Path, tmp_path: Path) ->
             agent_a.submit(_plan(GOOD_CARD), agent_id="agent-a", saga_id="agent-b_2")
         with pytest.raises(redis.ResponseError, match=r"NOPERM|permissions"):
             agent_a.submit(_plan(GOOD_CARD), agent_id="agent-b", saga_id="agent-b_2")
-        assert _refused(agent_a.events.redis, "XRANGE", keys.saga_log(other), "-", "+")
-        assert _refused(agent_a.events.redis, "HGETALL", keys.saga_meta(other))
-        assert not _refused(agent_a.events.redis, "XRANGE", keys.saga_log(ok), "-", "+")
+        names = names_of(admin)
+        assert _refused(agent_a.events.redis, "XRANGE", names.log(other), "-", "+")
+        assert _refused(agent_a.events.redis, "HGETALL", names.meta(other))
+        assert not _refused(agent_a.events.redis, "XRANGE", names.log(ok), "-", "+")
 
         worker = connect(worker_url, retry_s=0)
         # without CONFIG, the AOF check reads INFO: a worker still knows it is durable
         assert persistent(examine(worker))
         for client in (worker, agent_a.events.redis):
-            for cmd in _destructive(ok):
+            for cmd in _destructive(names, ok):
                 assert _refused(client, *cmd), f"{cmd[0]} was allowed"
         assert "NOPERM" not in log.read_text(), "a worker was refused something it needs"
         assert "Traceback" not in log.read_text()

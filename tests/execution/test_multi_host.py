@@ -17,7 +17,7 @@ from typing import Any
 import orjson
 import pytest
 
-from saga_store import Registry, SagaStore, Settings, keys
+from saga_store import Registry, SagaStore, Settings
 from saga_store.log.events import EventKind as K
 from saga_store.ops.fleet import registered as fleet_of
 from saga_store.protocol.state import Status
@@ -139,7 +139,8 @@ def test_a_partitioned_lease_holder_is_fenced_off_after_it_heals(
     assert_eventually(lambda: started_on().get(key_of(fleet, sid)) == [a.hostname],
                       timeout=20, what="the held call to start on host A")
     # once renewed by the running call, the lease is good for one SAGA_LEASE_MS
-    assert_eventually(lambda: 0 < fleet.store.redis.pttl(keys.saga_lease(sid)) <= 1000,
+    lease = fleet.store.events.keys.lease(sid)
+    assert_eventually(lambda: 0 < fleet.store.redis.pttl(lease) <= 1000,
                       timeout=10, what="the call's lease renewal")
     a.partition()
     fleet.worker(b, kind="async")

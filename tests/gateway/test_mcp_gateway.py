@@ -810,7 +810,7 @@ def test_the_gateway_runs_as_the_worker_acl_user(gw: dict[str, Any], tmp_path: P
             async with _session(gw) as s:
                 await s.call_tool("create_record", {"name": "a"})
                 [mine] = [st for st in _sagas(store) if st.saga_id != left.saga_id]
-                lease = keys.saga_lease(mine.saga_id)
+                lease = store.events.keys.lease(mine.saga_id)
                 ttls = [admin.pttl(lease)]
 
                 def renewed() -> bool:  # while idle, only the keeper can raise its TTL
@@ -894,8 +894,9 @@ def _stalled_past_its_lease(gw: dict[str, Any]) -> tuple[RawGateway, Any]:
     store: SagaStore = gw["store"]
     [first] = _sagas(store)
     os.killpg(stalled.proc.pid, signal.SIGSTOP)
+    lease = store.events.keys.lease(first.saga_id)
     try:
-        assert_eventually(lambda: not store.events.redis.exists(keys.saga_lease(first.saga_id)),
+        assert_eventually(lambda: not store.events.redis.exists(lease),
                           timeout=30, what="the stalled gateway's lease to lapse")
         _next_gateway({**gw, "env": env})
         assert store.state(first.saga_id).status is Status.COMMITTED  # its one call stands
@@ -972,7 +973,7 @@ def test_a_session_left_on_another_host_is_finished_once_its_lease_lapses(
     left = _left_by_a_killed_gateway(gw, env)
     store: SagaStore = gw["store"]
     r = store.events.redis
-    r.set(keys.saga_lease(left.saga_id), "mcp-gateway/elsewhere/4026531836/7/00", px=5000)
+    r.set(store.events.keys.lease(left.saga_id), "mcp-gateway/elsewhere/4026531836/7/00", px=5000)
     serving = RawGateway(gw, env)
     serving.call(2, "create_record", {"name": "new"})
     assert not serving.receive()["result"]["isError"]

@@ -9,9 +9,10 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from saga_store import Registry, SagaStore, keys
+from saga_store import Registry, SagaStore
 from saga_store.errors import InvalidInput, StoreUnavailable
 from saga_store.log.events import EventKind as K
+from saga_store.log.layout import names_of
 from saga_store.log.pipeline import group_commit, lean
 from saga_store.log.store import EventStore
 from saga_store.ops import cluster as clusters
@@ -25,11 +26,12 @@ pytestmark = [pytest.mark.cluster, pytest.mark.real_redis]
 def _saga_on_each_master(client: redis.Redis, n: int = 3) -> list[str]:
     """Saga ids whose logs are served by ``n`` different masters."""
     nodes = client.nodes_manager  # type: ignore[attr-defined]
+    names = names_of(client)
     found: dict[str, str] = {}
     i = 0
     while len(found) < n:
         sid = f"a-{i}"
-        slot = client.keyslot(keys.saga_log(sid))  # type: ignore[attr-defined]
+        slot = client.keyslot(names.log(sid))  # type: ignore[attr-defined]
         found.setdefault(nodes.get_node_from_slot(slot).name, sid)
         i += 1
     return list(found.values())
@@ -75,11 +77,12 @@ def test_a_plain_url_to_a_cluster_node_is_refused_before_anything_is_written(
     """redis:// to a node of a cluster would write some keys and get MOVED for the
     rest: refused at connect, for the log and for the queues, saying what to write."""
     node = f"redis://127.0.0.1:{servers.masters()[0].port}/0"
+    before = client.dbsize()  # 0, or the layout the test's store is to have (ss:layout)
     with pytest.raises(InvalidInput, match=r"write redis\+cluster://"):
         connect(node)
     with pytest.raises(InvalidInput, match=r"SAGA_QUEUE_URL=.* is a node of a Redis Cluster"):
         connect(node, what="SAGA_QUEUE_URL")
-    assert client.dbsize() == 0
+    assert client.dbsize() == before
 
 
 def test_an_unreachable_cluster_fails_fast() -> None:
@@ -105,12 +108,13 @@ def test_the_lean_pipeline_sends_each_node_its_commands_in_order(
     """Commands of three masters in one batch: replies in the order queued; a
     keyless WAIT goes with the command before it; errors come back in place."""
     sids = _saga_on_each_master(client)
+    names = names_of(client)
     p = lean(client)
     for sid in sids:
-        p.set(keys.saga_lease(sid), sid)
+        p.set(names.lease(sid), sid)
         p.execute_command("WAIT", 0, 0)
-        p.incr(keys.saga_lease(sid))  # not an integer
-        p.get(keys.saga_lease(sid))
+        p.incr(names.lease(sid))  # not an integer
+        p.get(names.lease(sid))
     replies = p.execute(raise_on_error=False)
     for n, sid in enumerate(sids):
         ok, waited, err, got = replies[4 * n:4 * n + 4]
@@ -147,11 +151,11 @@ def test_an_append_after_a_reshard_follows_the_move(servers: RedisClusterServers
     the new owner and lands once; the chain verifies."""
     store = EventStore(client)
     w = store.open("a")
-    _move_slot(client, servers, keys.saga_log(w.saga_id))
+    _move_slot(client, servers, store.keys.log(w.saga_id))
     call = w.prepare([(K.STEP_INTENT, {"step": 0, "tool": "t"})])
     p = lean(client)
     call.send(p)
-    p.set(keys.saga_lease(w.saga_id), "x")
+    p.set(store.keys.lease(w.saga_id), "x")
     w.applied(call, p.execute(raise_on_error=False)[0])
     assert store.log.head(w.saga_id).seq == 1
     assert Verifier(store.log).verify(w.saga_id).ok
@@ -164,7 +168,7 @@ def test_an_append_during_its_slots_migration_lands_once_it_is_over(
     store = EventStore(client)
     w = store.open("a")
     timer: list[threading.Timer] = []
-    _move_slot(client, servers, keys.saga_log(w.saga_id),
+    _move_slot(client, servers, store.keys.log(w.saga_id),
                finish=lambda done: timer.append(threading.Timer(0.5, done)))
     timer[0].start()
     call = w.prepare([(K.STEP_INTENT, {"step": 0, "tool": "t"})])
@@ -256,6 +260,6 @@ def test_a_watched_repair_of_the_cached_state_runs_on_a_cluster(
     is put back to the fold of the log."""
     store = EventStore(client)
     w = store.open("a")
-    client.hset(keys.saga_meta(w.saga_id), "state", "committed")
+    client.hset(store.keys.meta(w.saga_id), "state", "committed")
     assert store.rebuild_meta(w.saga_id)["state"] == "running"
     assert store.meta(w.saga_id)["state"] == "running"

@@ -25,7 +25,8 @@ from saga_store.verify.checker import Verifier
 
 from ..helpers import committed_saga
 
-pytestmark = [pytest.mark.cluster, pytest.mark.real_redis]
+# a store of layout 1 migrated, then moved: the cluster starts empty
+pytestmark = [pytest.mark.cluster, pytest.mark.real_redis, pytest.mark.layout(1)]
 
 
 def test_a_store_of_the_old_layout_moves_onto_a_cluster_and_goes_on(

@@ -107,14 +107,14 @@ def test_fuzzed_exports_never_crash_the_verifier(tmp_path: Path, lines: list[byt
 def test_a_worker_survives_garbage_in_a_log(client: redis.Redis, worker_env: dict[str, str],
                                             ledger: Path) -> None:
     """A step job whose log entry is garbage is logged and dropped; the worker runs on."""
-    from saga_store import keys
     from saga_store.execution import jobs
     from saga_store.execution.enqueue import enqueue_step
     from saga_store.testing import assert_eventually
     from saga_store.testing.workers import workers
     store = SagaStore(client, Registry.from_modules("tests.ledger_tools"), Settings())
-    client.xadd(keys.saga_log("junk"), {"b": b"\xff not json", "h": b"x"}, id="0-1")
-    client.xadd(keys.saga_log("junk"), {"b": b"{}", "h": b"x"}, id="0-2")
+    junk = store.events.keys.log("junk")
+    client.xadd(junk, {"b": b"\xff not json", "h": b"x"}, id="0-1")
+    client.xadd(junk, {"b": b"{}", "h": b"x"}, id="0-2")
     enqueue_step(client, jobs.STEP_QUEUE, "junk", 0, 1, "0" * 64)
     with workers(worker_env, "tests.ledger_tools"):
         assert_eventually(lambda: client.llen(jobs.queue_key(jobs.STEP_QUEUE)) == 0,
@@ -136,7 +136,7 @@ def test_fuzzed_log_entries_read_back_from_redis(entries: list[dict[bytes, bytes
     """Garbage stream entries (as someone with write access could leave them): the
     verifier names a broken chain, reading state raises a typed error, nothing
     crashes and nothing is written."""
-    from saga_store import SagaError, keys
+    from saga_store import SagaError
     from saga_store.verify.checker import Verifier
     store = _store()
     r = store.redis
@@ -144,13 +144,14 @@ def test_fuzzed_log_entries_read_back_from_redis(entries: list[dict[bytes, bytes
     if valid_first:
         sid = store.submit([{"tool": "noop", "args": {"n": 1}}], agent_id="fuzz")
     start = store.events.log.head(sid).seq + 2
+    log = store.events.keys.log(sid)
     for i, fields in enumerate(entries):
-        r.xadd(keys.saga_log(sid), fields, id=f"0-{start + i}")
-    before = r.xlen(keys.saga_log(sid))
+        r.xadd(log, fields, id=f"0-{start + i}")
+    before = r.xlen(log)
     result = Verifier(store.events.log).verify(saga_id=sid)
     assert not result.ok
     bad = [c for c in result.chains if not c.ok]
     assert bad[0].reason, "a broken chain must name its reason"
     with contextlib.suppress(SagaError):  # a typed error is the right answer
         store.state(sid)
-    assert r.xlen(keys.saga_log(sid)) == before
+    assert r.xlen(log) == before

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import redis
 
-from saga_store import keys
 from saga_store.log.events import EventKind as K
 from saga_store.log.ledger import SEAL_AT
 from saga_store.log.store import EventStore
@@ -15,7 +14,8 @@ from saga_store.verify.checker import Verifier
 
 from ..helpers import LedgerKeys, commit_from_threads, committed_saga
 
-pytestmark = pytest.mark.parity
+# the mechanics of one chain (of whichever layout the run is of)
+pytestmark = [pytest.mark.parity, pytest.mark.layout(buckets=1)]
 
 
 ONE = Settings(buckets=1)  # the mechanics of one chain: every entry in the same bucket
@@ -35,8 +35,8 @@ def test_deferred_entries_wait_pending_and_verify_reads_them(client: redis.Redis
     assert res.ok
     assert any("not yet chained" in w for w in res.to_dict()["warnings"])
     # a cut tail is caught from the pending closing entry too
-    last_id = client.xrevrange(keys.saga_log(w.saga_id), count=1)[0][0]
-    client.xdel(keys.saga_log(w.saga_id), last_id)
+    last_id = client.xrevrange(store.keys.log(w.saga_id), count=1)[0][0]
+    client.xdel(store.keys.log(w.saga_id), last_id)
     cut = Verifier(store.log).verify()
     assert [f.reason for f in cut.failures] == ["tail_cut"]
     assert store.ledger.pending()  # the check above read the entry from the list
@@ -106,6 +106,7 @@ def test_anchor_covers_what_was_pending(client: redis.Redis) -> None:
     assert store.ledger.check_anchor(anchor) == []
 
 
+@pytest.mark.layout(2, buckets=1)  # of layout 3 the close's entry rides on the close: no debt
 def test_a_cut_tail_behind_a_hand_paid_ledger_debt_is_caught(client: redis.Redis) -> None:
     """The writer died after the close, before the ledger's closing entry (``lc=0``).
     Someone cuts the close off the log and marks the debt paid (``lc=1``) so that no
@@ -118,10 +119,10 @@ def test_a_cut_tail_behind_a_hand_paid_ledger_debt_is_caught(client: redis.Redis
     w.append(K.STEP_SUCCEEDED, step=0, data={"result": {}})
     call = w.prepare([(K.SAGA_COMMITTED, {})])
     w.applied(call, call.send(client), ledger=False)  # killed before the ledger close
-    assert client.hget(keys.saga_meta(w.saga_id), "lc") == b"0"
-    last_id = client.xrevrange(keys.saga_log(w.saga_id), count=1)[0][0]
-    client.xdel(keys.saga_log(w.saga_id), last_id)
-    client.hset(keys.saga_meta(w.saga_id), "lc", 1)
+    assert client.hget(store.keys.meta(w.saga_id), "lc") == b"0"
+    last_id = client.xrevrange(store.keys.log(w.saga_id), count=1)[0][0]
+    client.xdel(store.keys.log(w.saga_id), last_id)
+    client.hset(store.keys.meta(w.saga_id), "lc", 1)
     store.ledger.flush()
     bad = Verifier(store.log).verify()
     assert [(f.chain_id, f.reason) for f in bad.failures] == [(w.saga_id, "projection")]

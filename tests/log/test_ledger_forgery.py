@@ -10,7 +10,6 @@ import redis
 from click.testing import CliRunner
 from saga_store.cli.main import cli
 
-from saga_store import keys
 from saga_store.log.ledger import Ledger
 from saga_store.log.store import ChainWriter, EventStore
 from saga_store.settings import Settings
@@ -18,7 +17,7 @@ from saga_store.settings import Settings
 from ..cli.test_ids_and_resolve import snapshot
 from ..helpers import LedgerKeys, committed_saga
 
-pytestmark = pytest.mark.real_redis
+pytestmark = [pytest.mark.real_redis, pytest.mark.layout(buckets=1)]  # one chain to forge
 KEY = "k" * 32
 
 
@@ -44,8 +43,8 @@ def cut_and_forge(client: redis.Redis, w: ChainWriter, keep: int) -> None:
     real = [p for p in pending if b'"saga_closed"' in p and w.saga_id.encode() in p]
     assert real
     client.lrem(LedgerKeys(w.store.log).pending, 0, real[0])
-    entries = client.xrange(keys.saga_log(w.saga_id))
-    client.xdel(keys.saga_log(w.saga_id), *[eid for eid, _ in entries[keep:]])
+    entries = client.xrange(w.store.keys.log(w.saga_id))
+    client.xdel(w.store.keys.log(w.saga_id), *[eid for eid, _ in entries[keep:]])
     last = entries[keep - 1][1]
     client.rpush(LedgerKeys(w.store.log).pending, orjson.dumps({"kind": "saga_closed", "data": {
         "saga_id": w.saga_id, "state": "committed", "seq": keep - 1,
@@ -98,7 +97,7 @@ def test_the_sealer_chains_only_entries_the_chains_bear_out(
     """A forged entry between real ones: the real ones are chained, the forged one is
     set aside with why, whatever the kind of forgery."""
     w = committed_saga(store)
-    entries = client.xrange(keys.saga_log(w.saga_id))
+    entries = client.xrange(store.keys.log(w.saga_id))
     text = orjson.dumps(forged).decode().replace("SID", w.saga_id)
     text = text.replace("HASH1", entries[1][1][b"h"].hex())
     text = text.replace("FIRST", entries[0][1][b"h"].hex())

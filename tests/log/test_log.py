@@ -8,7 +8,6 @@ import math
 import pytest
 import redis
 
-from saga_store import keys
 from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.log.canonical import canonical, check_json, loads
 from saga_store.log.events import Event
@@ -65,7 +64,7 @@ def test_existing_saga_id_cannot_be_opened_again(store: EventStore) -> None:
 def test_lease_and_phase_checks_fence_off_writers(store: EventStore, client: redis.Redis) -> None:
     """An append naming a lease it does not hold, or the wrong phase, is refused."""
     w = store.open("a")
-    client.set(keys.saga_lease(w.saga_id), "token-2")
+    client.set(store.keys.lease(w.saga_id), "token-2")
     with pytest.raises(FencedOff, match="lease"):
         w.append(K.STEP_INTENT, step=0, tool="t", lease=Lease("token-1"))
     with pytest.raises(FencedOff, match="lease"):
@@ -160,11 +159,12 @@ def test_canonical_form_is_sorted_compact_and_strict() -> None:
 def test_bad_ids_are_refused_before_any_key_is_built(store: EventStore, client: redis.Redis,
                                                     bad: str) -> None:
     """Ids that would break key names are refused and nothing is written."""
+    before = client.dbsize()  # 0, or the layout the test's store is to have (ss:layout)
     with pytest.raises(InvalidInput):
         store.open(bad)
     with pytest.raises(InvalidInput):
         store.open("agent", saga_id=bad)
-    assert client.dbsize() == 0
+    assert client.dbsize() == before
 
 
 def test_oversized_event_is_refused_and_nothing_is_written(client: redis.Redis) -> None:
@@ -174,7 +174,7 @@ def test_oversized_event_is_refused_and_nothing_is_written(client: redis.Redis) 
     with pytest.raises(InvalidInput, match="limit"):
         w.append(K.STEP_INTENT, step=0, tool="t", data={"args": {"x": "z" * 5000}})
     assert store.log.head(w.saga_id) == w.head
-    assert client.xlen(keys.saga_log(w.saga_id)) == 1
+    assert client.xlen(store.keys.log(w.saga_id)) == 1
 
 
 def test_oversized_payload_is_refused_even_as_a_blob(client: redis.Redis) -> None:
@@ -182,7 +182,7 @@ def test_oversized_payload_is_refused_even_as_a_blob(client: redis.Redis) -> Non
     w = store.open("a")
     with pytest.raises(InvalidInput, match="payload"):
         w.append(K.STEP_INTENT, step=0, tool="t", data={"args": {"x": "z" * 5000}})
-    assert client.xlen(keys.saga_log(w.saga_id)) == 1
+    assert client.xlen(store.keys.log(w.saga_id)) == 1
     assert not list(client.scan_iter(match="*:blob:*"))
 
 
@@ -195,7 +195,7 @@ def test_meta_projection_is_rebuildable_from_the_log(store: EventStore,
     """The cached projection can be deleted and rebuilt to the same values."""
     w = committed_saga(store)
     before = store.meta(w.saga_id)
-    client.delete(keys.saga_meta(w.saga_id))
+    client.delete(store.keys.meta(w.saga_id))
     after = store.rebuild_meta(w.saga_id)
     assert {k: before[k] for k in after} == after
 
@@ -206,12 +206,12 @@ def test_lease_is_acquired_renewed_and_released_with_the_append(store: EventStor
     """'acquire' takes a free lease with a TTL on Redis's clock; 'release' drops it."""
     w = store.open("a")
     w.append(K.STEP_INTENT, step=0, tool="t", lease=Lease("w1", "acquire", 5000))
-    assert client.get(keys.saga_lease(w.saga_id)) == b"w1"
-    assert 0 < client.pttl(keys.saga_lease(w.saga_id)) <= 5000
+    assert client.get(store.keys.lease(w.saga_id)) == b"w1"
+    assert 0 < client.pttl(store.keys.lease(w.saga_id)) <= 5000
     w.append(K.STEP_STARTED, step=0, lease=Lease("w1", "acquire", 9000))
-    assert client.pttl(keys.saga_lease(w.saga_id)) > 5000
+    assert client.pttl(store.keys.lease(w.saga_id)) > 5000
     w.append(K.STEP_SUCCEEDED, step=0, lease=Lease("w1", "release"))
-    assert client.get(keys.saga_lease(w.saga_id)) is None
+    assert client.get(store.keys.lease(w.saga_id)) is None
 
 
 def test_append_reloads_the_script_after_redis_lost_it(store: EventStore,
@@ -250,16 +250,16 @@ def test_a_guard_refuses_the_append_and_writes_nothing(store: EventStore,
     from saga_store.log.stream import SideWrite
     from saga_store.protocol.vocab import Fence
     w = store.open("agent-x")
-    guard = [SideWrite("absent", keys.saga_driver(w.saga_id))]
-    client.set(keys.saga_driver(w.saga_id), "1")
-    before = client.xlen(keys.saga_log(w.saga_id))
+    guard = [SideWrite("absent", store.keys.driver(w.saga_id))]
+    client.set(store.keys.driver(w.saga_id), "1")
+    before = client.xlen(store.keys.log(w.saga_id))
     with pytest.raises(FencedOff) as refused:
         w.append_many([(K.SAGA_FAILED, {"data": {"reason": "gone"}})], side=guard)
     assert refused.value.reason is Fence.GUARD
-    assert client.xlen(keys.saga_log(w.saga_id)) == before
-    client.delete(keys.saga_driver(w.saga_id))
+    assert client.xlen(store.keys.log(w.saga_id)) == before
+    client.delete(store.keys.driver(w.saga_id))
     w.append_many([(K.SAGA_FAILED, {"data": {"reason": "gone"}})], side=guard)
-    assert client.xlen(keys.saga_log(w.saga_id)) == before + 1
+    assert client.xlen(store.keys.log(w.saga_id)) == before + 1
 
 
 @pytest.mark.cluster

@@ -20,7 +20,7 @@ from saga_store.verify.checker import Verifier
 
 from ..helpers import committed_saga
 
-pytestmark = pytest.mark.real_redis
+pytestmark = [pytest.mark.real_redis, pytest.mark.layout(1)]  # a store of layout 1 migrated
 
 
 def test_a_migration_killed_after_recording_the_layout_is_finished_by_the_next_run(

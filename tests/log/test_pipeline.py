@@ -132,3 +132,28 @@ def test_group_commit_resends_a_round_cut_off_by_a_dropped_connection(
     pipe = lean(c)
     pipe.incr("k")
     assert pipe.execute() == [2]
+
+
+def test_the_lean_pipeline_packs_every_command_as_redis_py_would(client: redis.Redis) -> None:
+    """Its own packing (hiredis straight, without redis-py's pass over the
+    arguments) makes the very bytes redis-py makes, and hands anything that pass
+    would change (a command name with a space, a memoryview) to redis-py."""
+    from saga_store.log.pipeline import pack
+    conn = client.connection_pool.get_connection()
+    try:
+        stack = [(("SET", "k", "é"), {}), ((b"ZADD", b"z", 1.5, "m"), {}),
+                 (("EVAL", "return 1", 0, 10**20, -3), {}),
+                 (("XADD", "s", "0-1", "b", b"\0\xff"), {})]
+        assert b"".join(pack(conn, stack)) == \
+            b"".join(conn.pack_commands([args for args, _ in stack]))
+        odd = [*stack, (("CLIENT SETNAME", "x"), {}), (("SET", "m", memoryview(b"v")), {})]
+        assert b"".join(bytes(p) for p in pack(conn, odd)) == \
+            b"".join(bytes(p) for p in conn.pack_commands([args for args, _ in odd]))
+    finally:
+        client.connection_pool.release(conn)
+    pipe = lean(client)
+    pipe.execute_command("SET", "k", "é")
+    pipe.execute_command("ZADD", "z", 1.5, "m")
+    pipe.execute_command("GET", "k")
+    pipe.execute_command("ZSCORE", "z", "m")
+    assert pipe.execute()[2:] == ["é".encode(), 1.5]

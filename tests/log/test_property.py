@@ -9,7 +9,6 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from saga_store import keys
 from saga_store.log.chain import Chain
 from saga_store.log.store import EventStore
 from saga_store.ops.connection import embedded
@@ -36,7 +35,7 @@ def test_any_single_byte_change_in_redis_is_detected(chain_pick: int, entry_pick
     store = EventStore(client)
     sagas = [committed_saga(store, steps=2).saga_id, committed_saga(store, steps=1).saga_id]
     chain_id = [*sagas, store.log.layout.ledger_of(sagas[0])][chain_pick]
-    key = keys.log_key_for(chain_id)
+    key = store.keys.chain_log(chain_id)
     entries = read_stream(client, key)
     eid, fields = entries[entry_pick % len(entries)]
     fields = {**fields, field: _flip(fields[field], pos, delta)}

@@ -76,6 +76,7 @@ def test_a_forged_entry_is_set_aside_and_the_other_buckets_seal(
     assert [f.reason for f in Verifier(store.log).verify().failures] == ["rejected_entry"]
 
 
+@pytest.mark.layout(buckets=1)
 def test_a_bucket_over_one_batch_is_sealed_whole(client: redis.Redis) -> None:
     store, _ = pending_store(client, sagas=300, buckets=1)  # 600 entries, batches of 500
     (chain,) = store.ledger.backlog()

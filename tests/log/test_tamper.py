@@ -112,7 +112,7 @@ def test_event_spliced_from_another_saga_is_detected(store: EventStore,
                                                      client: redis.Redis) -> None:
     """An event of saga B, re-linked into saga A by a SHA-256 forger, is refused as wrong_chain."""
     a, b = committed_saga(store), committed_saga(store)
-    b_entries = read_stream(client, keys.saga_log(b.saga_id))
+    b_entries = read_stream(client, store.keys.log(b.saga_id))
 
     def splice(es: list[Entry]) -> list[Entry]:
         es[4] = (es[4][0], dict(b_entries[4][1]))
@@ -133,7 +133,7 @@ def test_tail_cut_after_close_is_caught_by_the_ledger(store: EventStore,
 
 def test_whole_saga_deleted_is_caught_by_the_ledger(store: EventStore, client: redis.Redis) -> None:
     w = committed_saga(store)
-    client.delete(keys.saga_log(w.saga_id))
+    client.delete(store.keys.log(w.saga_id))
     rep = report_for(store, w.saga_id)
     assert rep.reason == "saga_deleted"
 
@@ -160,7 +160,7 @@ def test_full_rewrite_including_the_ledger_needs_an_anchor(store: EventStore,
         [es[0], edit_body(es[1], lambda b: b["data"].update(args={"n": -1})), *es[2:]], 1, SHA,
         w.saga_id))
     new_head = store.log.head(w.saga_id)
-    new_first = read_stream(client, keys.saga_log(w.saga_id))[0][1][b"h"]
+    new_first = read_stream(client, store.keys.log(w.saga_id))[0][1][b"h"]
 
     def fix_ledger(es: list[Entry]) -> list[Entry]:
         out = []
@@ -208,7 +208,7 @@ def test_rollback_to_an_older_snapshot_is_caught_by_the_anchor(store: EventStore
     ledger_before = {k: read_stream(client, k) for k in every}
     later = committed_saga(store)
     anchor = store.ledger.anchor()
-    client.delete(keys.saga_log(later.saga_id))
+    client.delete(store.keys.log(later.saga_id))
     for k, entries in ledger_before.items():  # every ledger chain as it was
         client.delete(k)
         if entries:

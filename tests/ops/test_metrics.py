@@ -170,14 +170,15 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(
 def test_the_approvals_gauge_counts_what_waits_for_a_person(client: redis.Redis) -> None:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from saga_store import keys
     from saga_store.approval import requests as approvals
+    from saga_store.log.layout import names_of
     from saga_store.ops.metrics import RedisCollector
     reg = CollectorRegistry()
     reg.register(RedisCollector(client))
     assert "saga_approvals_pending 0.0" in generate_latest(reg).decode()
-    client.zadd(keys.APPROVALS, {approvals.member("01M8Q7MTHMG2KCVRH5MMK3YGPB", 2): 1e15,
-                                 approvals.member("01M8Q7MTHMG2KCVRH5MMK3YGPC", 0): 1e15})
+    names = names_of(client)
+    for sid, step in (("01M8Q7MTHMG2KCVRH5MMK3YGPB", 2), ("01M8Q7MTHMG2KCVRH5MMK3YGPC", 0)):
+        client.zadd(names.approvals(sid), {approvals.member(sid, step): 1e15})
     text = generate_latest(reg).decode()
     assert "saga_approvals_pending 2.0" in text
     assert 'saga_sagas{state="needs_attention"} 0.0' in text  # the others still line up

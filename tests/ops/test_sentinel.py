@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from saga_store import Registry, SagaStore, Settings, keys
+from saga_store import Registry, SagaStore, Settings
 from saga_store.errors import InvalidInput, StoreUnavailable
 from saga_store.ops.connection import connect, connect_queue, queue_url
 from saga_store.ops.sentinel import parse
@@ -126,7 +126,7 @@ def test_the_log_on_a_sentinel_managed_redis(
     primary, replica, port = managed
     store = EventStore(connect(f"redis+sentinel://127.0.0.1:{port}/{SERVICE}"))
     w = committed_saga(store)
-    assert redis.Redis(port=primary.port).exists(keys.saga_log(w.saga_id))
+    assert redis.Redis(port=primary.port).exists(store.keys.log(w.saga_id))
     assert Verifier(store.log).verify().ok
-    assert_eventually(lambda: redis.Redis(port=replica.port).exists(keys.saga_log(w.saga_id)),
+    assert_eventually(lambda: redis.Redis(port=replica.port).exists(store.keys.log(w.saga_id)),
                       what="the replica to hold the saga")
