@@ -268,11 +268,11 @@ def _migrate_to_3(ctx: Context, store: Any, buckets: int, dry_run: bool,
     from saga_store.log.rekey import move_to_3
     from saga_store.ops import fleet
     first = None
-    if store.log.layout.version < 2 or store.redis.get(keys.LAYOUT) is None:
+    if store.redis.get(keys.LAYOUT) is None:  # read, not created (a dry run writes nothing)
         first = run_migration(store.ledger, buckets, dry_run=dry_run)  # to layout 2 first
         if first["from"] is None:
             raise InvalidInput("no store here (no ledger, no layout): nothing to migrate; "
-                               "a new store takes SAGA_LAYOUT=3 (check SAGA_REDIS_URL)")
+                               "a new store is created with layout 3 (check SAGA_REDIS_URL)")
         if dry_run:
             if as_json:
                 emit_json({**first, "then": "3"})
@@ -289,19 +289,27 @@ def _migrate_to_3(ctx: Context, store: Any, buckets: int, dry_run: bool,
     done = move_to_3(store.log, dry_run=dry_run)
     if first is not None:
         done["before"] = first
+    moved = (f"{done['keys']} keys of {done['sagas']} sagas under their buckets' tags, "
+             f"{done['indexed']} index entries moved")
     if as_json:
         emit_json(done)
-    elif not done["changed"] and not dry_run:
+    elif dry_run and done["from"] == done["to"] and not (done["keys"] or done["indexed"]):
         click.echo(f"already layout {done['to']}: nothing to do")
     elif dry_run:
-        click.echo(f"would move layout {done['from']} to {done['to']}: {done['keys']} keys of "
-                   f"{done['sagas']} sagas renamed, {done['indexed']} index entries moved; "
-                   "nothing changed")
+        click.echo(f"would move layout {done['from']} to {done['to']}: {moved}; nothing "
+                   "changed")
+    elif not done["changed"]:
+        click.echo(f"already layout {done['to']}: nothing to do")
+    elif done["from"] == done["to"]:
+        click.echo(f"layout {done['to']}: moved what processes still running with layout 2 "
+                   f"wrote: {moved}")
     else:
-        click.echo(f"migrated: layout {done['from']} -> {done['to']}: {done['keys']} keys of "
-                   f"{done['sagas']} sagas under their buckets' tags, {done['indexed']} index "
-                   "entries moved; every chain is as it was (start the workers again; "
-                   "'saga verify' checks it)")
+        click.echo(f"migrated: layout {done['from']} -> {done['to']}: {moved}; every chain "
+                   "is as it was (start the workers again; 'saga verify' checks it)")
+    if done.get("kept"):
+        click.echo(f"kept under their old names, as their new names exist (a saga written "
+                   f"under both layouts: look at it by hand): {', '.join(done['kept'][:10])}",
+                   err=True)
 
 
 COMMANDS = [verify, anchor, export, migrate]

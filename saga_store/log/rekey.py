@@ -30,9 +30,13 @@ from saga_store.faults import fault
 from saga_store.ids import agent_of, check_saga_id
 from saga_store.log.layout import Layout
 from saga_store.log.layout import parse as layout_of
+from saga_store.log.scripts import TAKE_OVER_LEASE
 from saga_store.log.stream import SagaLog
+from saga_store.mcp.holders import holder_gone, holder_token
 
 SAGA_SUFFIXES = ("log", "meta", "lease", "driver", "secrets")
+MIGRATION_LOCK = f"{keys.PREFIX}:migrating"  # held by the one run at work
+LOCK_MS = 120_000  # renewed before each batch
 _BLOB = re.compile(r"blob:[0-9a-f]{64}")
 BATCH = 200  # keys copied per round trip
 
@@ -64,7 +68,12 @@ def _old_saga_key(key: str) -> tuple[str, str] | None:
 def move_to_3(log: SagaLog, *, dry_run: bool = False) -> dict[str, Any]:
     """Move the store on ``log`` from layout 2 to 3; returns what it did (or, with
     ``dry_run``, would do). Raises :class:`InvalidInput` for a store of another
-    layout than 2 or 3 (a store of layout 1 is moved to 2 first: ``saga migrate``)."""
+    layout than 2 or 3 (a store of layout 1 is moved to 2 first: ``saga migrate``),
+    and while another migration holds the store's lock.
+
+    Of a store already of layout 3, it moves what a process left running with
+    layout 2 wrote since (keys under old names, entries in the old indexes), but
+    never over a key of the new name: that saga is reported, not overwritten."""
     r = log.redis
     raw = r.get(keys.LAYOUT)
     before = layout_of(raw)
@@ -72,9 +81,7 @@ def move_to_3(log: SagaLog, *, dry_run: bool = False) -> dict[str, Any]:
         raise InvalidInput("no layout is recorded here (no store, or one written before "
                            "ledger buckets): run 'saga migrate' first, then '--to 3'")
     out: dict[str, Any] = {"from": before.record(), "dry_run": dry_run}
-    if before.version == 3:
-        return {**out, "to": before.record(), "changed": False, "keys": 0, "indexed": 0}
-    if before.version != 2:
+    if before.version not in (2, 3):
         raise InvalidInput(f"layout {before.record()}: run 'saga migrate' (to layout 2) "
                            "first, then 'saga migrate --to 3'")
     target = Layout(3, before.buckets)
@@ -88,13 +95,81 @@ def move_to_3(log: SagaLog, *, dry_run: bool = False) -> dict[str, Any]:
     moves = [(f"{old.base(sid)}:{suffix}", f"{new.base(sid)}:{suffix}")
              for sid, suffixes in sorted(found.items()) for suffix in sorted(suffixes)]
     indexed = _index_entries(r, old, new)
-    if dry_run:
-        return {**out, "to": target.record(), "changed": False, "sagas": len(found),
-                "keys": len(moves), "indexed": len(indexed)}
+    summary = {"to": target.record(), "sagas": len(found), "keys": len(moves),
+               "indexed": len(indexed), "kept": []}
+    if dry_run or (before.version == 3 and not moves and not indexed):
+        return {**out, **summary, "changed": False}
+    token = holder_token("migrate")
+    if not _lock(r, token):
+        raise InvalidInput("another 'saga migrate --to 3' is running on this store (its "
+                           f"lock, {MIGRATION_LOCK}, lapses {LOCK_MS // 1000} s after it "
+                           "stopped); wait for it, then run it again")
+    try:
+        kept = _move(r, moves, replace=before.version == 2, raw=raw, token=token)
+        _move_indexes(r, new, indexed)
+        fault("rekey_after_indexes")
+        for src in (keys.ACTIVE, keys.APPROVALS, keys.NEEDS_ATTENTION):
+            r.delete(src)
+        # the layout last: until it is recorded every process reads the old names,
+        # and a run killed before it is finished by the next one
+        _still(r, raw, token)
+        r.set(keys.LAYOUT, target.record())
+    finally:
+        _release(r, token)
+    log.forget_layout()
+    return {**out, **summary, "kept": kept, "changed": True}
+
+
+def _lock(r: Any, token: str) -> bool:
+    """Take the store's migration lock: free, or held by a run that is gone (a
+    process of this host that no longer exists: a run killed part-way, which the
+    next run finishes at once instead of waiting for the lock to lapse)."""
+    if r.set(MIGRATION_LOCK, token, nx=True, px=LOCK_MS):
+        return True
+    held = r.get(MIGRATION_LOCK)
+    if held is None:
+        return bool(r.set(MIGRATION_LOCK, token, nx=True, px=LOCK_MS))
+    return holder_gone(held.decode()) and bool(
+        r.eval(TAKE_OVER_LEASE, 1, MIGRATION_LOCK, held, token, LOCK_MS))
+
+
+def _still(r: Any, raw: Any, token: str) -> None:
+    """Raise unless the layout is as this run read it and its lock is still its own
+    (renewed): a run that lost either writes nothing more."""
+    pipe = r.pipeline(transaction=False)
+    pipe.get(keys.LAYOUT)
+    pipe.get(MIGRATION_LOCK)
+    layout_now, holder = pipe.execute()
+    if layout_now != raw or holder is None or holder.decode() != token:
+        raise InvalidInput(f"{keys.LAYOUT} or the migration's lock changed while the keys "
+                           "moved (another migration?): run 'saga migrate --to 3' again")
+    r.pexpire(MIGRATION_LOCK, LOCK_MS)
+
+
+def _release(r: Any, token: str) -> None:
+    held = r.get(MIGRATION_LOCK)
+    if held is not None and held.decode() == token:
+        r.pexpire(MIGRATION_LOCK, 0)
+
+
+def _move(r: Any, moves: list[tuple[str, str]], *, replace: bool, raw: Any,
+          token: str) -> list[str]:
+    """Copy then drop each key, a batch at a time, checking before each batch that
+    the run still holds the store; returns the keys kept under their old names
+    (``replace`` False: their new name exists already)."""
+    kept: list[str] = []
     for i in range(0, len(moves), BATCH):
-        _copy(r, moves[i:i + BATCH])
+        batch = moves[i:i + BATCH]
+        _still(r, raw, token)
+        refused = _copy(r, batch, replace)
         fault("rekey_after_copy")
-        _drop(r, [src for src, _ in moves[i:i + BATCH]])
+        kept += refused
+        _drop(r, [src for src, _ in batch if src not in refused])
+    return kept
+
+
+def _move_indexes(r: Any, new: keys.SagaKeys,
+                  indexed: list[tuple[str, float | None, bytes]]) -> None:
     for dest, score, member in indexed:
         if score is None:
             r.sadd(dest, member)
@@ -102,19 +177,7 @@ def move_to_3(log: SagaLog, *, dry_run: bool = False) -> dict[str, Any]:
         agent = agent_of(member.decode())
         if agent is not None and dest == new.active(member.decode()):
             r.sadd(keys.AGENTS, agent)  # listed before its entry, as a schedule does
-        r.zadd(dest, {member: score})
-    fault("rekey_after_indexes")
-    for src in (keys.ACTIVE, keys.APPROVALS, keys.NEEDS_ATTENTION):
-        r.delete(src)
-    # the layout last: until it is recorded every process reads the old names, and a
-    # run killed before it is finished by the next one
-    if r.get(keys.LAYOUT) != raw:
-        raise InvalidInput(f"{keys.LAYOUT} changed while the keys moved: is another "
-                           "migration running? Run 'saga migrate --to 3' again")
-    r.set(keys.LAYOUT, target.record())
-    log.forget_layout()
-    return {**out, "to": target.record(), "changed": True, "sagas": len(found),
-            "keys": len(moves), "indexed": len(indexed)}
+        r.zadd(dest, {member: score}, nx=True)  # a score the new index has stands
 
 
 def _index_entries(r: Any, old: keys.SagaKeys, new: keys.SagaKeys,
@@ -137,20 +200,29 @@ def _index_entries(r: Any, old: keys.SagaKeys, new: keys.SagaKeys,
     return out
 
 
-def _copy(r: Any, moves: list[tuple[str, str]]) -> None:
-    """Copy each key to its new name, with its time to live (REPLACE: a copy made by
-    a run that was killed is made again)."""
+def _copy(r: Any, moves: list[tuple[str, str]], replace: bool) -> list[str]:
+    """Copy each key to its new name, with its time to live (``replace``: a copy
+    made by a killed run is made again; else a key whose new name exists is left
+    where it is, and returned)."""
     pipe = r.pipeline(transaction=False)
     for src, _ in moves:
         pipe.dump(src)
         pipe.pttl(src)
     got = pipe.execute()
     pipe = r.pipeline(transaction=False)
-    for (_, dest), value, ttl in zip(moves, got[::2], got[1::2], strict=True):
-        if value is None:  # expired meanwhile (a lease, a secret): nothing to copy
+    sent = []
+    for (src, dest), value, ttl in zip(moves, got[::2], got[1::2], strict=True):
+        if value is None or int(ttl) == -2:  # expired meanwhile (a lease, a secret)
             continue
-        pipe.restore(dest, max(int(ttl), 0), value, replace=True)
-    pipe.execute()
+        pipe.restore(dest, max(int(ttl), 0), value, replace=replace)
+        sent.append(src)
+    refused = []
+    for src, reply in zip(sent, pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(reply, Exception):
+            if "BUSYKEY" not in str(reply):
+                raise reply
+            refused.append(src)
+    return refused
 
 
 def _drop(r: Any, sources: list[str]) -> None:

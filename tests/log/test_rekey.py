@@ -154,3 +154,68 @@ def test_migrate_to_3_refuses_while_a_worker_is_alive(client: redis.Redis,
         assert client.get(keys.LAYOUT) == b"2 16"
     assert EventStore(client).log.layout.version == 2
     assert client.exists(OLD.log(ids["committed"]))  # nothing moved
+
+
+def test_a_second_migration_is_refused_while_one_holds_the_store(
+        client: redis.Redis, redis_url: str) -> None:
+    """Two runs at once could copy a key over what the first run's layout-3 writers
+    appended since: the second is refused, and writes nothing."""
+    from saga_store.log.rekey import MIGRATION_LOCK
+    ids = _old_store(client)
+    client.set(MIGRATION_LOCK, "another-run", px=60_000)
+    before = {k: client.dump(k) for k in client.scan_iter(count=1000)}
+    refused = CliRunner().invoke(cli, ["migrate", "--to", "3"], env=_env(redis_url))
+    assert refused.exit_code != 0
+    assert "another 'saga migrate --to 3' is running" in refused.output
+    assert {k: client.dump(k) for k in client.scan_iter(count=1000)} == before
+    client.delete(MIGRATION_LOCK)
+    anchor = EventStore(client).ledger.anchor()
+    assert CliRunner().invoke(cli, ["migrate", "--to", "3"], env=_env(redis_url)).exit_code == 0
+    _check_moved(client, ids, anchor)
+    assert not client.exists(MIGRATION_LOCK)  # given up with the last write
+
+
+def test_what_a_process_left_on_layout_2_wrote_is_moved_by_running_it_again(
+        client: redis.Redis, redis_url: str) -> None:
+    """A client started before the migration keeps its layout and writes a saga
+    under the old names: 'saga migrate --to 3' again moves it; a saga whose new name
+    exists already is kept where it is and named, never overwritten."""
+    ids = _old_store(client)
+    straggler = EventStore(client)  # reads layout 2 now, and keeps it
+    assert straggler.log.layout.version == 2
+    env = _env(redis_url)
+    assert CliRunner().invoke(cli, ["migrate", "--to", "3"], env=env).exit_code == 0
+    late = committed_saga(straggler).saga_id  # under ss:{S}:..., into ss:active etc.
+    assert client.exists(OLD.log(late))
+    both = ids["committed"]  # a saga written under both names: the new one stands
+    client.xadd(OLD.log(both), {"b": b"stale"}, id="0-1")
+    dry = CliRunner().invoke(cli, ["migrate", "--to", "3", "--dry-run"], env=env)
+    assert dry.exit_code == 0, dry.output
+    assert "would move layout 3 16 to 3 16" in dry.output
+    again = CliRunner().invoke(cli, ["migrate", "--to", "3"], env=env)
+    assert again.exit_code == 0, again.output
+    assert "moved what processes still running with layout 2 wrote" in again.output
+    assert OLD.log(both) in again.output  # kept, and said so
+    store = EventStore(client)
+    assert not client.exists(OLD.log(late))
+    assert store.log.head(late).seq >= 1
+    assert client.exists(OLD.log(both))
+    assert store.log.head(both).seq >= 1  # the saga itself untouched
+    store.ledger.seal()
+    report = Verifier(store.log).verify()
+    assert report.ok, report.failures
+
+
+def test_dry_runs_write_nothing_on_an_empty_redis_or_a_store_of_layout_3(
+        client: redis.Redis, redis_url: str) -> None:
+    env = _env(redis_url)
+    dry = CliRunner().invoke(cli, ["migrate", "--to", "3", "--dry-run"], env=env)
+    assert "no store here" in dry.output
+    assert client.dbsize() == 0
+    EventStore(client, Settings(buckets=8)).open("agent-x")
+    before = {k: client.dump(k) for k in client.scan_iter(count=1000)}
+    for args in (["--dry-run"], []):
+        out = CliRunner().invoke(cli, ["migrate", "--to", "3", *args], env=env)
+        assert out.exit_code == 0, out.output
+        assert "already layout 3 8: nothing to do" in out.output
+    assert {k: client.dump(k) for k in client.scan_iter(count=1000)} == before
