@@ -11,6 +11,7 @@ import os
 import re
 import threading
 import time
+from collections.abc import Callable
 
 from saga_store.errors import InvalidInput
 
@@ -75,9 +76,10 @@ def agent_of(saga_id: str) -> str | None:
     return head if sep and SCOPED_AGENT.fullmatch(head) else None
 
 
-def valid_id(value: object) -> bool:
+def valid_id(value: object, check: Callable[[object], str] = check_id) -> bool:
+    """Whether ``check`` (default: any id's) takes ``value``."""
     try:
-        check_id(value)
+        check(value)
     except InvalidInput:
         return False
     return True

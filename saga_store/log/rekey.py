@@ -27,7 +27,7 @@ from typing import Any
 from saga_store import keys
 from saga_store.errors import InvalidInput
 from saga_store.faults import fault
-from saga_store.ids import agent_of, check_saga_id
+from saga_store.ids import agent_of, check_saga_id, valid_id
 from saga_store.log.layout import Layout
 from saga_store.log.layout import parse as layout_of
 from saga_store.log.scripts import TAKE_OVER_LEASE
@@ -41,15 +41,6 @@ _BLOB = re.compile(r"blob:[0-9a-f]{64}")
 BATCH = 200  # keys copied per round trip
 
 
-def valid_id(value: str) -> bool:
-    """Whether ``value`` is a usable saga id."""
-    try:
-        check_saga_id(value)
-    except InvalidInput:
-        return False
-    return True
-
-
 def _old_saga_key(key: str) -> tuple[str, str] | None:
     """(saga id, suffix) of a layout-2 saga key ``ss:{S}:<suffix>``, else None (an
     agent's index ss:{A_}:active and its dedupe records keep their names)."""
@@ -57,7 +48,7 @@ def _old_saga_key(key: str) -> tuple[str, str] | None:
     if not key.startswith(head):
         return None
     sid, sep, suffix = key[len(head):].partition("}:")
-    if not sep or not valid_id(sid):
+    if not sep or not valid_id(sid, check_saga_id):
         return None
     # exact suffixes: a key of layout 3 (ss:{b<n>}:S:log) has one more segment
     if suffix in SAGA_SUFFIXES or _BLOB.fullmatch(suffix):
@@ -187,15 +178,15 @@ def _index_entries(r: Any, old: keys.SagaKeys, new: keys.SagaKeys,
     out: list[tuple[str, float | None, bytes]] = []
     for member, score in r.zrange(keys.ACTIVE, 0, -1, withscores=True):
         sid = member.decode("utf-8", "replace")
-        if valid_id(sid):
+        if valid_id(sid, check_saga_id):
             out.append((new.active(sid), score, member))
     for member, score in r.zrange(keys.APPROVALS, 0, -1, withscores=True):
         sid = member.decode("utf-8", "replace").rpartition(":")[0]
-        if valid_id(sid):
+        if valid_id(sid, check_saga_id):
             out.append((new.approvals(sid), score, member))
     for member in r.smembers(keys.NEEDS_ATTENTION):
         sid = member.decode("utf-8", "replace")
-        if valid_id(sid):
+        if valid_id(sid, check_saga_id):
             out.append((new.needs_attention(sid), None, member))
     return out
 
