@@ -276,7 +276,7 @@ class ChainWriter:
         self.store, self.saga_id, self.head = store, saga_id, head
         self.lease = lease  # carried by every append that names no lease of its own
         self._last_kind = ""
-        self._rode = False  # the last prepared append pushes its ledger entry itself
+        self._rode = False  # the last prepared append pushes its closing entry itself
         self._pushed = 0  # the pending list's length after the last applied append
 
     def append(self, kind: str, *, lease: Lease | None = None, phase: Phase | None = None,
@@ -303,6 +303,7 @@ class ChainWriter:
         of layout 3 pushes the saga's closing ledger entry (``ledger``: an opening's)."""
         bodies = [body_dict(self.saga_id, 0, kind, **f) for kind, f in items]
         meta = dict(meta or {})
+        close_rides = False  # whether this append pushes the saga's closing entry itself
         last = items[-1][0]
         moved = next((kind for kind, _ in reversed(items) if kind in _META), None)
         if moved is not None and "state" not in meta:
@@ -311,6 +312,7 @@ class ChainWriter:
             if status in FINAL and self.store.keys.bucketed:  # the entry goes with it
                 meta[CLOSE_FLAG] = 1
                 ledger = self.store.ledger.closing_entry(self.saga_id, str(status))
+                close_rides = True
             elif status in FINAL:  # its ledger entry is owed until pushed
                 meta[CLOSE_FLAG] = 0
         if last in TERMINAL_KINDS:  # nothing of it runs again: its secrets and lease go
@@ -320,7 +322,7 @@ class ChainWriter:
                                       lease=lease if lease is not None else self.lease,
                                       phase=phase, meta=meta, side=side, ledger=ledger)
         self._last_kind = last
-        self._rode = call.rides_ledger
+        self._rode = close_rides  # else a close is pushed after it (applied, close_on)
         return call
 
     def applied(self, call: PreparedAppend, reply: Any, *, ledger: bool = True) -> Head:

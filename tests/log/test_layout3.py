@@ -142,3 +142,17 @@ def test_the_sweepers_share_the_buckets_under_leases_and_find_a_due_saga_in_any(
     b.sweep()
     assert sorted(looked["b"]) == sorted(ids)
     assert sorted(in_flight(client, names)) == sorted(ids)
+
+
+def test_a_saga_opened_and_closed_in_one_append_gets_both_ledger_entries(
+        client: redis.Redis) -> None:
+    """The opening's entry rides on the append; the close, which that append did
+    not carry (its meta is the opening's), is pushed after it as on layout 2."""
+    store = _store(client)
+    store.ledger.deferred = True
+    store.open("agent-x", saga_id="order-9", then=[(K.SAGA_COMMITTED, {})])
+    assert [e["kind"] for e in _pending(client, store, "order-9")] == \
+        [K.LEDGER_OPENED, K.LEDGER_CLOSED]
+    store.ledger.seal()
+    entries = [e["data"]["saga_id"] for c in store.ledger.chains() for e in store.log.bodies(c)]
+    assert entries.count("order-9") == 2
