@@ -7,12 +7,16 @@ store is created, default 1,024); each bucket has its own ledger chain
 (``ledger:<n>``, keys ``ss:ledger:{b<n>}:...``, one hash tag per bucket, so on
 Redis Cluster the ledger's work spreads over every master), and a root chain
 (``ledger:root``) records the buckets' heads; ``saga anchor`` signs the root.
+Layout 3 (the default for a store created now, ``SAGA_LAYOUT``): as 2, and a
+saga's own keys and its bucket's indexes carry the bucket's hash tag too (see
+:class:`keys.SagaKeys`); ``saga migrate --to 3`` moves a store of layout 2
+(:mod:`saga_store.log.rekey`).
 
 A store of layout 1 keeps working as it is; ``saga migrate`` moves it to layout
 2 without rewriting anything: its one chain stays, frozen, as the ``ledger``
 chain the root's first entry records, and new entries go to the buckets.
 
-    ss:layout   string  "<version> <buckets>", e.g. "2 1024" (absent: layout 1 if
+    ss:layout   string  "<version> <buckets>", e.g. "3 1024" (absent: layout 1 if
                         a ledger exists, else nothing was written yet)
 """
 

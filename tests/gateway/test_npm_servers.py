@@ -302,7 +302,11 @@ reversibility = "readonly"
     guarded = anyio.run(go, True)
     assert "SAMPLED-42" in direct[0][0]
     assert "file:///srv/r1" in direct[0][1]
-    assert guarded == direct
+    assert guarded[0] == direct[0]  # the same answers, through the gateway
+    # the same requests reached the client; how often the server asks for the roots
+    # depends on timing (it asks once when the session is initialized, and again for
+    # the tool if that first answer has not reached it yet), so not the count
+    assert sorted(set(guarded[1])) == sorted(set(direct[1]))
     assert any(a.startswith("sampling:") and a.endswith("hello") for a in guarded[1])
     assert "roots" in guarded[1]
 
