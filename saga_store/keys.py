@@ -1,7 +1,9 @@
 """Every Redis key Saga Store uses, in one place.
 
-All keys of one saga share the hash tag ``{<saga_id>}``, so every script
-touches a single Redis Cluster slot.
+All keys of one saga share one hash tag, so every script touches a single Redis
+Cluster slot: ``{<saga_id>}`` of layouts 1 and 2 (below), its bucket's ``{b<n>}``
+of layout 3, shared with the bucket's indexes and ledger keys (``SagaKeys``
+names them; every key user asks it).
 
     ss:{S}:log            stream   the saga's events; entry id 0-(seq+1);
                                    fields b (canonical body), h (hash, 32 raw
@@ -139,35 +141,28 @@ def agent_idem(agent: str, key: str) -> str:
     return f"{PREFIX}:{{{agent}_}}:idem:{key}"
 
 
-def saga_log(saga_id: str) -> str:
-    return f"{PREFIX}:{{{saga_id}}}:log"
 
 
-def saga_meta(saga_id: str) -> str:
-    return f"{PREFIX}:{{{saga_id}}}:meta"
 
 
-def saga_lease(saga_id: str) -> str:
-    return f"{PREFIX}:{{{saga_id}}}:lease"
 
 
-def saga_blob(saga_id: str, digest_hex: str) -> str:
-    return f"{PREFIX}:{{{saga_id}}}:blob:{digest_hex}"
 
 
-def saga_driver(saga_id: str) -> str:
-    """The lease of a client-driven saga's caller (see ``Saga.keepalive``)."""
-    return f"{PREFIX}:{{{saga_id}}}:driver"
 
 
-def saga_secrets(saga_id: str) -> str:
-    return f"{PREFIX}:{{{saga_id}}}:secrets"
 
 
 ACTIVE = f"{PREFIX}:active"
 NEEDS_ATTENTION = f"{PREFIX}:needs_attention"
 APPROVALS = f"{PREFIX}:approvals"
 ATTENTION_ACKS = f"{PREFIX}:attention:acks"
+
+
+def bucket_of(saga_id: str, buckets: int) -> int:
+    """A saga's bucket: CRC-32 of its id, modulo the number of buckets (its keys'
+    tag of layout 3, and its ledger chain of layouts 2 and 3)."""
+    return zlib.crc32(saga_id.encode()) % buckets
 
 
 class SagaKeys:
@@ -201,8 +196,7 @@ class SagaKeys:
         return self.version >= 3
 
     def bucket_of(self, saga_id: str) -> int:
-        """The saga's bucket: CRC-32 of its id, modulo the number of buckets."""
-        return zlib.crc32(saga_id.encode()) % self.buckets
+        return bucket_of(saga_id, self.buckets)
 
     def bucket_tag(self, bucket: int) -> str:
         return f"{PREFIX}:{{b{bucket}}}"
@@ -320,9 +314,6 @@ def agent_ctx(agent_id: str) -> str:
     return f"{PREFIX}:ctx:{{{agent_id}}}"
 
 
-def log_key_for(chain_id: str) -> str:
-    """The stream that holds the chain ``chain_id`` (a saga id, or a ledger chain)."""
-    return ledger_log(chain_id) if is_ledger(chain_id) else saga_log(chain_id)
 
 
 def saga_id_from_log_key(key: str) -> str | None:

@@ -22,7 +22,6 @@ chain the root's first entry records, and new entries go to the buckets.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,8 +42,7 @@ class Layout:
     buckets: int
 
     def bucket_of(self, saga_id: str) -> int:
-        """The saga's bucket: CRC-32 of its id, modulo the number of buckets."""
-        return zlib.crc32(saga_id.encode()) % self.buckets
+        return keys.bucket_of(saga_id, self.buckets)
 
     def ledger_of(self, saga_id: str) -> str:
         """The ledger chain that takes ``saga_id``'s entries from now on."""
