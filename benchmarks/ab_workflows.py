@@ -10,6 +10,8 @@ workflows/s, p99 and CPU per workflow (workers, Redis, the submitting driver).
     python -m benchmarks.ab_workflows /tmp/before . --reps 4 [--n 500] [--workers 26]
 
 A checkout may carry its own worker count and Python as ``DIR:WORKERS:PYTHON``.
+``--kind async`` runs asyncio workers instead (bench_workflows' ASYNC_PROCS
+processes; ``--concurrency`` slots each), with the async step tool.
 To measure a checkout older than this file, copy this file and
 ``bench_workflows.py`` into its ``benchmarks/``.
 """
@@ -32,23 +34,26 @@ FAIL_RATIOS = (0.0, 0.2)
 BATCH = {"batch": os.environ["AB_BATCH"] != "0"} if "AB_BATCH" in os.environ else {}
 
 
-def child(n: int, workers: int) -> None:
+def child(n: int, workers: int, kind: str, concurrency: int) -> None:
     """Serve runs for the checkout in the current directory: one line in (the fail
     ratio), one JSON line out."""
     sys.path.insert(0, os.getcwd())
     from benchmarks import bench_workflows as bw
     rng = random.Random(7)
-    with bw.durable(workers) as d:
+    bw.ASYNC_CONCURRENCY = concurrency
+    with bw.durable(workers, kind) as d:
         print("ready", flush=True)
         for line in sys.stdin:
             row = d.measure(bw.plans(n, float(line), rng), **BATCH)
             print(json.dumps(row), flush=True)
 
 
-def spawn(spec: str, n: int, workers: int) -> subprocess.Popen[str]:
+def spawn(spec: str, n: int, workers: int, kind: str,
+          concurrency: int) -> subprocess.Popen[str]:
     path, w, python = ([*spec.split(":"), "", ""])[:3]
     cmd = [python or python_of(path), "-m", "benchmarks.ab_workflows", "--child",
-           "--n", str(n), "--workers", w or str(workers)]
+           "--n", str(n), "--workers", w or str(workers), "--kind", kind,
+           "--concurrency", str(concurrency)]
     proc = subprocess.Popen(cmd, cwd=path, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -63,14 +68,17 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--n", type=int, default=500)
     ap.add_argument("--workers", type=int, default=26)
+    ap.add_argument("--kind", choices=["rq", "async"], default="rq")
+    ap.add_argument("--concurrency", type=int, default=256,
+                    help="slots per asyncio worker (with --kind async)")
     ap.add_argument("--child", action="store_true")
     a = ap.parse_args()
     if a.child:
-        child(a.n, a.workers)
+        child(a.n, a.workers, a.kind, a.concurrency)
         return
     if len(a.checkouts) != 2:
         ap.error("give two checkouts (directories), A and B")
-    kids = [spawn(c, a.n, a.workers) for c in a.checkouts]
+    kids = [spawn(c, a.n, a.workers, a.kind, a.concurrency) for c in a.checkouts]
     rows: dict[tuple[int, float], list[dict[str, float]]] = {
         (i, f): [] for i in range(2) for f in FAIL_RATIOS}
     for rep in range(a.reps):

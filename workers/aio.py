@@ -1,23 +1,23 @@
 """The asyncio worker: one process runs up to N steps (and unwinds) at once.
 
-It is a :class:`StepWorker` with another main loop: N step threads, each of
-which takes jobs off RQ's queues itself, through RQ's own
-``Queue.dequeue_any`` (one queue: BLMOVE onto the queue's intermediate list;
-several: BLPOP, as RQ's worker does), with the same job class, so the
-intermediate list, RQ's registries and ``rq info`` see what they see for any
-RQ worker, and the worker registers, beats and dies as RQ's do. A thread runs
-its job through :meth:`StepWorker.run_job`: the same refusal rules,
-acknowledgement, drivers and metrics as the RQ worker, with a
-:class:`StepRunner` of its own (a runner carries the plan's next step between
-calls, so it is never shared). A job never changes threads between the
-dequeue's reply and the tool.
+It is a :class:`StepWorker` with another main loop. One dequeuing thread takes
+jobs off RQ's queues through RQ's own ``Queue.dequeue_any`` (one queue: BLMOVE
+onto the queue's intermediate list; several: BLPOP, as RQ's worker does), with
+the same job class, so the intermediate list, RQ's registries and ``rq info``
+see what they see for any RQ worker, and the worker registers, beats and dies
+as RQ's do. It takes a job only while fewer than N are in flight, and hands
+each to the event loop.
 
-Async tools run on an event loop of the step thread's own: the thread would
-wait for the call anyway, and handing each call to the process's loop and back
-cost the workers 8-22% more CPU per workflow, measured side by side
-(benchmarks/RESULTS.md). Sync tools run on the step thread itself, where they
-cannot be stopped at their timeout; the process's watchdog keeps their lease
-(see :mod:`.watchdog`).
+On the loop each job is a task that drives its work (:meth:`StepWorker.job_work`:
+the same refusal rules, acknowledgement, drivers and metrics as the RQ worker,
+with a :class:`StepRunner` of its own) with :func:`.invoke.adrive`. The work's
+Redis round trips run on the loop's thread, between two tool calls; an async
+tool is awaited on the loop, so a step waiting on its tool holds no thread; a
+sync tool runs on a pool of N threads, where it cannot be stopped at its
+timeout and the process's watchdog keeps its lease (see :mod:`.watchdog`).
+With no thread per step, N steps in flight cost N tasks, not N threads
+competing for the interpreter: a thread per slot cost the workers about twice
+the CPU per workflow at 256 slots (benchmarks/RESULTS.md).
 
 The sweeper, the durability check, RQ's maintenance, the heartbeat and the
 suspension check run on a thread of their own every :data:`CHORES_EVERY_S`, so
@@ -38,6 +38,7 @@ import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import redis
@@ -48,7 +49,7 @@ from rq.worker import WorkerStatus
 
 from saga_store.log.pipeline import group_commit
 
-from .invoke import Invoker
+from .invoke import Invoker, adrive
 from .step import StepRunner
 from .worker import SUSPENSION_CHECK_EVERY_S, StepWorker
 
@@ -82,9 +83,11 @@ class AsyncWorker(StepWorker):
             # the steps' appends and reads go out together (off by default: it has
             # not shown a gain here, benchmarks/RESULTS.md "Group commit")
             group_commit(log_client)
-        self._local = threading.local()
-        self._count = threading.Lock()  # guards the counts and the back-off below
-        self._said_at = 0.0
+        self._count = threading.Lock()  # guards the counts
+        self._free = threading.Semaphore(self.concurrency)  # slots: taken by the dequeuer
+        self._invoker = Invoker()
+        self._tools = ThreadPoolExecutor(self.concurrency, thread_name_prefix="saga-tool")
+        self._runners: list[StepRunner] = []  # idle runners, kept for their metric children
         self._in_flight = 0
         self._suspended = False
         self._stop_at = 0.0
@@ -110,54 +113,68 @@ class AsyncWorker(StepWorker):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         chores = asyncio.create_task(self._chores())
-        all_done = asyncio.Event()
-        left = [self.concurrency]
+        dequeuer_done = asyncio.Event()
+        tasks: set[asyncio.Task[None]] = set()
 
-        def slot_ended() -> None:
-            left[0] -= 1
-            if not left[0]:
-                all_done.set()
+        def start(got: tuple[Any, Queue]) -> None:
+            task = loop.create_task(self._drive(*got))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
 
-        def slot(n: int) -> None:
+        def dequeuer() -> None:
             try:
-                self._slot(burst)
+                self._dequeue_loop(burst, lambda got: loop.call_soon_threadsafe(start, got))
             except BaseException:  # never a reason for the process to stop serving
-                log.exception("Worker %s: step thread %d failed", self.name, n)
+                log.exception("Worker %s: the dequeuing thread failed", self.name)
             finally:
-                loop.call_soon_threadsafe(slot_ended)
+                loop.call_soon_threadsafe(dequeuer_done.set)
 
-        threads = [threading.Thread(target=slot, args=(n,), name=f"saga-step-{n}",
-                                    daemon=True) for n in range(self.concurrency)]
+        thread = threading.Thread(target=dequeuer, name="saga-dequeue", daemon=True)
         try:
-            for t in threads:
-                t.start()
-            await all_done.wait()
+            thread.start()
+            await dequeuer_done.wait()
+            while tasks:  # what is in flight finishes
+                await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             chores.cancel()
+            self._tools.shutdown(wait=False)
         log.info("Worker %s: stopped", self.name)
 
-    def _slot(self, burst: bool) -> None:
-        """One step thread: it takes a job off the queues itself and runs it, until
-        asked to stop (or, in burst mode, until nothing is queued or in flight). A
-        job goes from the dequeue's reply to the tool on this thread, with no hand
-        over between threads: each hand over cost a wake-up of the loop and of the
-        next thread, about a third of the no-op round trip."""
+    def _dequeue_loop(self, burst: bool, hand_over: Callable[[tuple[Any, Queue]], Any]) -> None:
+        """The dequeuing thread: a job off the queues whenever a slot is free, handed
+        to the loop, until asked to stop (or, in burst mode, until nothing is queued
+        or in flight)."""
         while not self._stop_requested:
+            if not self._free.acquire(timeout=SUSPENSION_CHECK_EVERY_S):
+                continue  # every slot busy: look at the stop request again
             got = self._next_job(burst)
             if got is None:
+                self._free.release()
                 if burst and not self._busy():
                     return
                 continue
             with self._count:
                 self._in_flight += 1
-            try:
-                self._run(*got)
-            finally:
-                with self._count:
-                    self._in_flight -= 1
-                    self.completed += 1
-                    if self._stop_requested and not self._in_flight:
-                        log.info("Worker %s: the jobs in flight are done", self.name)
+            hand_over(got)
+
+    async def _drive(self, job: Any, queue: Queue) -> None:
+        """One job, as a task on the loop. Whatever it raises stays here: the log
+        keeps the step's state and the sweeper redelivers what is owed."""
+        runner = self._runners.pop() if self._runners else StepRunner(
+            self.saga_store, self.name, keep_going=lambda: not self._stop_requested,
+            invoker=self._invoker)
+        try:
+            await adrive(self.job_work(job, queue, runner), self._invoker, self._tools)
+        except Exception:
+            log.exception("job %s could not be finished; it will be redelivered", job.id)
+        finally:
+            self._runners.append(runner)  # a runner carries nothing past its job's end
+            self._free.release()
+            with self._count:
+                self._in_flight -= 1
+                self.completed += 1
+                if self._stop_requested and not self._in_flight:
+                    log.info("Worker %s: the jobs in flight are done", self.name)
 
     def _busy(self) -> bool:
         with self._count:
@@ -174,14 +191,10 @@ class AsyncWorker(StepWorker):
         try:
             got = self._dequeue(timeout)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            with self._count:  # one line per back-off for the whole process
-                wait = self._connection_wait = min(self._connection_wait * 2,
-                                                   self.max_connection_wait_time)
-                now = time.monotonic()
-                say, self._said_at = now - self._said_at >= wait, now
-            if say:
-                log.error("Worker %s: could not reach Redis to dequeue (%s); again in %.0f s",
-                          self.name, exc, wait)
+            wait = self._connection_wait = min(self._connection_wait * 2,
+                                               self.max_connection_wait_time)
+            log.error("Worker %s: could not reach Redis to dequeue (%s); again in %.0f s",
+                      self.name, exc, wait)
             time.sleep(wait)
             return None
         except Exception:  # a job hash of the wrong type, say: never the end of the worker
@@ -211,23 +224,6 @@ class AsyncWorker(StepWorker):
         pipe.lpush(queue.key, job.id)
         pipe.lrem(queue.intermediate_queue_key, 1, job.id)
         pipe.execute()
-
-    def _run(self, job: Any, queue: Queue) -> None:
-        """One job, on a step thread. Whatever it raises stays here: the log keeps
-        the step's state and the sweeper redelivers what is owed."""
-        try:
-            self.run_job(job, queue, self._runner())
-        except BaseException:
-            log.exception("job %s could not be finished; it will be redelivered", job.id)
-
-    def _runner(self) -> StepRunner:
-        """This thread's runner; its async tools run on an event loop of its own."""
-        runner: StepRunner | None = getattr(self._local, "runner", None)
-        if runner is None:
-            runner = self._local.runner = StepRunner(
-                self.saga_store, self.name, keep_going=lambda: not self._stop_requested,
-                invoker=Invoker())
-        return runner
 
     # -- beside the jobs ------------------------------------------------------
 
@@ -274,9 +270,10 @@ class AsyncWorker(StepWorker):
 
 
 def connections_for(concurrency: int) -> int:
-    """Redis connections a worker running ``concurrency`` jobs may hold at once: three
-    per step thread (its blocking dequeue's, its lean pipeline's and one checked out
-    of the pool), and a few for the chores (sweeper included) and RQ's pubsub."""
+    """Redis connections a worker running ``concurrency`` jobs may hold at once: a
+    few per sync-tool thread (a lease renewal, the tool's own use of the store), and
+    a few for the loop, the dequeuing thread, the chores (sweeper included) and RQ's
+    pubsub."""
     return 3 * concurrency + 16
 
 

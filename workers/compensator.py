@@ -37,7 +37,7 @@ from saga_store.tools.registry import Registry
 from saga_store.tools.spec import StepContext, ToolSpec
 from saga_store.verify.checker import read_verified
 
-from .invoke import Invoker
+from .invoke import Call, Invoker, Pause, Work, drive
 from .step import keep_lease
 
 log = logging.getLogger("saga_store.compensator")
@@ -46,8 +46,8 @@ MAX_REDECIDE = 50
 
 def run_compensation(store: SagaStore, worker: str, saga_id: str, ack: Any = None,
                      invoker: Invoker | None = None) -> str:
-    """One delivery of a saga's unwind; ``invoker`` runs its tools (the asyncio
-    worker's runs async ones on its loop)."""
+    """One delivery of a saga's unwind, run on this thread; ``invoker`` runs its
+    tools."""
     return Compensator(store, worker, invoker).run(saga_id, ack)
 
 
@@ -87,15 +87,20 @@ class Compensator:
         self._released = False
 
     def run(self, saga_id: str, ack: Any = None) -> str:
+        return drive(self.work(saga_id, ack), self.invoker)
+
+    def work(self, saga_id: str, ack: Any = None) -> Work[str]:
+        """:meth:`run` as work that yields its tool calls and back-offs (see
+        :mod:`.invoke`)."""
         fault("comp_after_dequeue")
-        what = self._run(saga_id)
+        what = yield from self._run(saga_id)
         if ack is not None:
             pipe = lean(self.store.queues)
             ack(pipe)
             pipe.execute()
         return what
 
-    def _run(self, saga_id: str) -> str:
+    def _run(self, saga_id: str) -> Work[str]:
         r, lease_ms = self.store.redis, self.store.settings.lease_ms
         token = f"{self.worker}:comp:{os.urandom(6).hex()}"
         pipe = lean(r)
@@ -113,7 +118,7 @@ class Compensator:
         try:
             for _ in range(MAX_REDECIDE):
                 try:
-                    return self._unwind(saga_id, token, ctx)
+                    return (yield from self._unwind(saga_id, token, ctx))
                 except FencedOff:
                     return "fenced"
                 except ConflictError:
@@ -123,7 +128,7 @@ class Compensator:
             if not self._released:  # the closing append gives it up itself
                 release_lease(r, self.store.events.keys.lease(saga_id), token)
 
-    def _unwind(self, saga_id: str, token: str, ctx: list[Any] | None) -> str:
+    def _unwind(self, saga_id: str, token: str, ctx: list[Any] | None) -> Work[str]:
         bodies, head, verdict = read_verified(self.store.events.log, saga_id)
         if not verdict.ok:  # a compensation's arguments come from this log: never forged ones
             log.error("saga %s: its log does not verify (%s at seq %s); nothing is undone "
@@ -149,16 +154,17 @@ class Compensator:
                 writer.append(act.items, lease)
             elif isinstance(act, unwind.Probe):
                 probed.add(act.step)
-                writer.append(unwind.probed(act, self._probe(act, state, lease.token)), lease)
+                found = yield from self._probe(act, state, lease.token)
+                writer.append(unwind.probed(act, found), lease)
             elif isinstance(act, unwind.Compensate):
-                self._compensate(writer, state, act, lease)
+                yield from self._compensate(writer, state, act, lease)
             elif isinstance(act, unwind.Close):
                 return self._close(writer, state, act, token)
             else:
                 return str(act.status)
 
     def _compensate(self, writer: Writer, state: SagaState, act: unwind.Compensate,
-                    lease: Lease) -> None:
+                    lease: Lease) -> Work[None]:
         """One try of a compensation: its intent, the call, its outcome (and the
         saga stuck when the tries are used up); waits out the backoff after a failure."""
         writer.append([act.intent], lease)
@@ -168,10 +174,8 @@ class Compensator:
                           state.agent_id)
         with tracing.tool_span(act.undo.tool, st.tool_call_id, state.saga_id, act.step,
                                parent=st.trace, compensation=True) as span:
-            outcome = self.invoker.invoke(self.store.registry.get(act.undo.tool), act.args,
-                                          ctx, keepalive=keep_lease(self.store,
-                                                                    state.saga_id,
-                                                                    lease.token))
+            outcome = yield Call(self.store.registry.get(act.undo.tool), act.args, ctx,
+                                 keepalive=keep_lease(self.store, state.saga_id, lease.token))
             tracing.outcome(span, outcome.kind, outcome.error)
         fault("comp_after_tool")
         items, retry_in = unwind.compensated(state, act, outcome, self.tools.resume_hint)
@@ -180,7 +184,7 @@ class Compensator:
         if outcome.ok:
             fault("comp_after_outcome")  # its retraction rides on the next append
         if retry_in is not None:
-            time.sleep(retry_in * (0.5 + random.random()))  # jitter: retries don't march in step
+            yield Pause(retry_in * (0.5 + random.random()))  # jitter: retries don't march in step
 
     def _close(self, writer: Writer, state: SagaState, act: unwind.Close, token: str) -> str:
         fault("comp_before_close")
@@ -210,7 +214,7 @@ class Compensator:
         if self.store.metrics is not None:
             self.store.metrics.compensations.labels(tool, str(outcome.kind)).inc()
 
-    def _probe(self, act: unwind.Probe, state: SagaState, token: str) -> Any:
+    def _probe(self, act: unwind.Probe, state: SagaState, token: str) -> Work[Any]:
         """Ask the probe tool whether the in-doubt call happened: it gets the step's
         arguments and idempotency key and returns a result dict (it happened),
         ``{"happened": false}`` (it did not), or raises (still unknown)."""
@@ -219,9 +223,8 @@ class Compensator:
         args = {k: v for k, v in (st.args or {}).items() if k in spec.params}
         ctx = StepContext(st.idem_key or "", state.saga_id, st.step, 1, st.tool_call_id,
                           state.agent_id)
-        outcome = self.invoker.invoke(spec, args, ctx,
-                                      keepalive=keep_lease(self.store, state.saga_id,
-                                                           token))
+        outcome = yield Call(spec, args, ctx, keepalive=keep_lease(self.store, state.saga_id,
+                                                                   token))
         return outcome.result if outcome.ok else None
 
 

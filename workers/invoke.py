@@ -8,6 +8,13 @@ outcome waits for the call to return (or raise), and says in doubt if that was
 past the timeout; the watchdog (:mod:`.watchdog`) keeps the lease meanwhile. Async tools run
 under ``asyncio.wait_for`` on the invoker's own event loop (one per invoker,
 so one per worker thread).
+
+The step driver and the compensator do not call tools themselves: they are
+generators that yield each :class:`Call` (and each :class:`Pause` of a
+back-off) to whoever runs them. :func:`drive` runs one on the calling thread
+(the RQ worker, the inline executor); the asyncio worker runs many at once on
+its event loop with :func:`adrive`, awaiting async tools there and sending
+sync ones to a thread pool, so a step waiting on its tool holds no thread.
 """
 
 from __future__ import annotations
@@ -16,8 +23,10 @@ import asyncio
 import signal
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Generator, Mapping
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 
@@ -29,6 +38,74 @@ from saga_store.tools.secrets import scrub
 from saga_store.tools.spec import StepContext, ToolSpec
 
 from .watchdog import Keepalive, Watch, Watchdog, process_watchdog
+
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Call:
+    """A tool call that a step's work asks its runner to make; the outcome (or what
+    the call raised) comes back at the ``yield``."""
+
+    spec: ToolSpec
+    args: Mapping[str, Any]
+    ctx: StepContext
+    secrets: Mapping[str, Any] | None = None
+    keepalive: Keepalive | None = None
+
+
+@dataclass(frozen=True)
+class Pause:
+    """A wait a step's work asks for (a back-off between compensation tries)."""
+
+    seconds: float
+
+
+# a step's (or an unwind's) work: it yields the calls and pauses it needs, and
+# returns what happened
+Work = Generator["Call | Pause", Any, T]
+
+
+def drive(work: Work[T], invoker: Invoker) -> T:
+    """Run ``work`` to its end on this thread: each call through ``invoker``, each
+    pause slept."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            req = work.throw(error) if error is not None else work.send(value)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        value = error = None
+        try:
+            if isinstance(req, Pause):
+                time.sleep(req.seconds)
+            else:
+                value = invoker.invoke(req.spec, req.args, req.ctx, req.secrets, req.keepalive)
+        except BaseException as exc:  # raised at the yield, as if the work had called
+            error = exc
+
+
+async def adrive(work: Work[T], invoker: Invoker, pool: Executor) -> T:
+    """Run ``work`` to its end on the running event loop: async tools awaited here,
+    sync tools on ``pool``, pauses awaited. Between two yields the work runs on the
+    loop's thread (its Redis round trips included)."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            req = work.throw(error) if error is not None else work.send(value)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        value = error = None
+        try:
+            if isinstance(req, Pause):
+                await asyncio.sleep(req.seconds)
+            else:
+                value = await invoker.ainvoke(req, pool)
+        except Exception as exc:  # cancellation is not the tool's: it ends the drive
+            error = exc
 
 
 class StepTimeout(BaseException):
@@ -70,26 +147,43 @@ class Invoker:
             try:
                 raw = self._call(spec, kwargs, ctx, watch)
             except StepTimeout:
-                return Outcome(OutcomeKind.IN_DOUBT, error=f"timed out after {spec.timeout:g} "
-                               "s; the call may or may not have taken effect", tries=tries)
+                return _timed_out(spec, tries)
             except Exception as exc:  # any exception fails the step (contract)
-                retryable = isinstance(exc, StepError) and exc.retryable
-                if retryable and tries < spec.retry.max_attempts:
+                failed = _raised(spec, exc, secrets, tries)
+                if failed is None:
                     time.sleep(spec.retry.backoff(tries))
                     continue
-                error = scrub(f"{type(exc).__name__}: {exc}", secrets)[:2000]
-                return Outcome.failed(error, retryable=retryable, tries=tries)
+                return failed
+            return _returned(spec, args, raw, tries)
+
+    async def ainvoke(self, call: Call, pool: Executor) -> Outcome:
+        """:meth:`invoke` for the running event loop: an async tool is awaited on it
+        (its back-offs too); a sync one runs on ``pool``, watched as off the main
+        thread."""
+        spec, args = call.spec, call.args
+        if not spec.is_async:
+            return await asyncio.get_running_loop().run_in_executor(
+                pool, self.invoke, spec, args, call.ctx, call.secrets, call.keepalive)
+        kwargs = spec.kwargs(args)
+        for pre in spec.preconditions:
+            if not _holds(pre, args):
+                return Outcome.failed(f"precondition {_name(pre)} does not hold")
+        if spec.takes_ctx:
+            kwargs = {**kwargs, "ctx": call.ctx}
+        tries = 0
+        while True:
+            tries += 1
             try:
-                result = as_result(raw)
-            except InvalidInput as exc:  # it returned: whatever it does has been done
-                return Outcome(OutcomeKind.IN_DOUBT, error=f"the tool returned, but not a "
-                               f"result that can be logged ({exc}); its effect is assumed to "
-                               "stand", tries=tries)
-            for post in spec.postconditions:
-                if not _holds(post, args, result):
-                    return Outcome.succeeded(result, tries=tries,
-                                             postcondition_failed=_name(post))
-            return Outcome.succeeded(result, tries=tries)
+                raw = await asyncio.wait_for(spec.fn(**kwargs), spec.timeout)
+            except TimeoutError:
+                return _timed_out(spec, tries)
+            except Exception as exc:  # any exception fails the step (contract)
+                failed = _raised(spec, exc, call.secrets, tries)
+                if failed is None:
+                    await asyncio.sleep(spec.retry.backoff(tries))
+                    continue
+                return failed
+            return _returned(spec, args, raw, tries)
 
     def _call(self, spec: ToolSpec, kwargs: dict[str, Any], ctx: StepContext,
               watch: Watch | None) -> Any:
@@ -105,6 +199,34 @@ class Invoker:
         if watch is None:
             return _with_alarm(spec, kwargs)
         return _unstoppable(spec, kwargs, watch)
+
+
+def _timed_out(spec: ToolSpec, tries: int) -> Outcome:
+    return Outcome(OutcomeKind.IN_DOUBT, error=f"timed out after {spec.timeout:g} s; the call "
+                   "may or may not have taken effect", tries=tries)
+
+
+def _raised(spec: ToolSpec, exc: Exception, secrets: Mapping[str, Any] | None,
+            tries: int) -> Outcome | None:
+    """The outcome of a try that raised ``exc``, or None: try again after the back-off."""
+    retryable = isinstance(exc, StepError) and exc.retryable
+    if retryable and tries < spec.retry.max_attempts:
+        return None
+    error = scrub(f"{type(exc).__name__}: {exc}", secrets)[:2000]
+    return Outcome.failed(error, retryable=retryable, tries=tries)
+
+
+def _returned(spec: ToolSpec, args: Mapping[str, Any], raw: Any, tries: int) -> Outcome:
+    """The outcome of a try that returned ``raw``."""
+    try:
+        result = as_result(raw)
+    except InvalidInput as exc:  # it returned: whatever it does has been done
+        return Outcome(OutcomeKind.IN_DOUBT, error=f"the tool returned, but not a result that "
+                       f"can be logged ({exc}); its effect is assumed to stand", tries=tries)
+    for post in spec.postconditions:
+        if not _holds(post, args, result):
+            return Outcome.succeeded(result, tries=tries, postcondition_failed=_name(post))
+    return Outcome.succeeded(result, tries=tries)
 
 
 def _unstoppable(spec: ToolSpec, kwargs: dict[str, Any], watch: Watch) -> Any:

@@ -52,7 +52,7 @@ from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.vocab import Follow, LeaseMode, OutcomeKind, Phase
 from saga_store.tools.spec import StepContext, ToolSpec
 
-from .invoke import Invoker
+from .invoke import Call, Invoker, Work, drive
 from .watchdog import Keepalive
 
 log = logging.getLogger("saga_store.worker")
@@ -91,12 +91,17 @@ class StepRunner:
         """Handle one delivery; returns what happened (for logs and metrics).
         ``extra(pipe)`` adds the job's acknowledgement to the last round trip;
         ``reads`` are the log reads of :func:`queue_reads`, if already done."""
+        return drive(self.work(saga_id, step, intent_seq, extra, reads), self.invoker)
+
+    def work(self, saga_id: str, step: int, intent_seq: int, extra: Any = None,
+             reads: Any = None) -> Work[str]:
+        """:meth:`run` as work that yields its tool calls (see :mod:`.invoke`)."""
         check_saga_id(saga_id)
         fault("after_dequeue")
         for _ in range(MAX_REDECIDE):
             view = self.read(saga_id, step, intent_seq, reads)
             reads = None
-            what = self._decide(saga_id, step, intent_seq, view, extra)
+            what = yield from self._decide(saga_id, step, intent_seq, view, extra)
             if what != "conflict":
                 break
         else:
@@ -106,14 +111,14 @@ class StepRunner:
         while self._next is not None:  # the plan's next steps, already claimed
             nxt, self._next = self._next, None
             fault("after_started")
-            what = self._execute(nxt.writer, saga_id, nxt.step, nxt.view, nxt.token, None,
-                                 nxt.spec)
+            what = yield from self._execute(nxt.writer, saga_id, nxt.step, nxt.view,
+                                            nxt.token, None, nxt.spec)
             self.counts[what] = self.counts.get(what, 0) + 1
         if self._unwind:
             self._unwind = False
-            from .compensator import run_compensation
+            from .compensator import Compensator
             self.counts["unwound"] = self.counts.get("unwound", 0) + 1
-            run_compensation(self.store, self.name, saga_id, invoker=self.invoker)
+            yield from Compensator(self.store, self.name, self.invoker).work(saga_id)
         return what
 
     def read(self, saga_id: str, step: int, intent_seq: int, reads: Any = None) -> StepView:
@@ -182,7 +187,7 @@ class StepRunner:
         return True
 
     def _decide(self, saga_id: str, step: int, intent_seq: int, view: StepView,
-                extra: Any) -> str:
+                extra: Any) -> Work[str]:
         writer = ChainWriter(self.store.events, saga_id, view.head)
         spec, unknown = self._spec(view)
         facts = None if spec is None else ToolFacts(
@@ -239,10 +244,10 @@ class StepRunner:
             project(self.store.events, saga_id)
         view.ctx_seq = writer.head.seq  # step_started has no projection of its own
         fault("after_started")
-        return self._execute(writer, saga_id, step, view, token, extra, spec)
+        return (yield from self._execute(writer, saga_id, step, view, token, extra, spec))
 
     def _execute(self, writer: ChainWriter, saga_id: str, step: int, view: StepView,
-                 token: str, extra: Any, spec: ToolSpec) -> str:
+                 token: str, extra: Any, spec: ToolSpec) -> Work[str]:
         """Call the tool of a started step (this worker holds the lease), then record
         the outcome."""
         assert view.intent is not None
@@ -256,8 +261,8 @@ class StepRunner:
         with tracing.tool_span(spec.name, ctx.tool_call_id, saga_id, step,
                                parent=data.get("trace")) as span:
             try:
-                outcome = self.invoker.invoke(spec, args, ctx, secrets,
-                                              keepalive=keep_lease(self.store, saga_id, token))
+                outcome = yield Call(spec, args, ctx, secrets,
+                                     keep_lease(self.store, saga_id, token))
             except InvalidInput as exc:  # the logged args no longer fit the tool
                 outcome = Outcome.failed(str(exc))
             tracing.outcome(span, outcome.kind, outcome.error)

@@ -39,6 +39,7 @@ from saga_store.ops.durability import DurabilityWatch
 from saga_store.settings import Settings
 from saga_store.tools.registry import Registry
 
+from .invoke import Work, drive
 from .step import StepRunner, queue_reads
 from .sweeper import Sweeper
 
@@ -136,9 +137,13 @@ class StepWorker(SimpleWorker):
             self._state = WorkerStatus.IDLE
 
     def run_job(self, job: Any, queue: Queue, runner: StepRunner) -> None:
-        """Run one dequeued job with ``runner`` (the asyncio worker has one per
-        thread), or refuse it: any job that is not one of ours is acknowledged,
-        counted and never run."""
+        """Run one dequeued job with ``runner`` on this thread, or refuse it: any job
+        that is not one of ours is acknowledged, counted and never run."""
+        drive(self.job_work(job, queue, runner), runner.invoker)
+
+    def job_work(self, job: Any, queue: Queue, runner: StepRunner) -> Work[None]:
+        """:meth:`run_job` as work that yields its tool calls (the asyncio worker
+        runs many at once on its loop; ``runner`` is the job's own)."""
         decoded = jobs.decode(job._data)  # raw bytes: never RQ's deserializer
         ack = _acker(queue, job.id)
         if decoded is None or not jobs.named_by(job.id, *decoded):
@@ -157,11 +162,11 @@ class StepWorker(SimpleWorker):
                 saga_id, step, intent_seq = args
                 pre = job.prefetched
                 reads = pre[1] if pre and pre[0] == (saga_id, intent_seq) else None
-                runner.run(str(saga_id), int(step), int(intent_seq), ack, reads)
+                yield from runner.work(str(saga_id), int(step), int(intent_seq), ack, reads)
             else:
-                from .compensator import run_compensation
-                run_compensation(self.saga_store, self.name, str(args[0]), ack,
-                                 runner.invoker)
+                from .compensator import Compensator
+                yield from Compensator(self.saga_store, self.name, runner.invoker).work(
+                    str(args[0]), ack)
         except StopRequested:
             raise
         except (redis.ConnectionError, redis.TimeoutError, StoreUnavailable) as exc:

@@ -101,8 +101,13 @@ class OutageRetry(Retry):
                 started = started or now
                 if self.deadline_s is not None and now - started >= self.deadline_s:
                     raise
+                if failures == 1:
+                    # most often a connection that went stale while it sat in the
+                    # pool (Redis restarted meanwhile): the retry reconnects at once,
+                    # and only a second failure in a row is an outage worth a line
+                    continue
                 OUTAGE.failed(error)
-                wait = delay(failures, self.base, self.cap)
+                wait = delay(failures - 1, self.base, self.cap)
                 if self.deadline_s is not None:
                     wait = min(wait, max(0.0, started + self.deadline_s - now))
                 time.sleep(wait)
