@@ -37,8 +37,8 @@ import os
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import redis
@@ -47,9 +47,7 @@ from rq.queue import Queue
 from rq.suspension import is_suspended
 from rq.worker import WorkerStatus
 
-from saga_store.log.pipeline import group_commit
-
-from .invoke import Invoker, adrive
+from .invoke import Invoker, Sends, adrive
 from .step import StepRunner
 from .worker import SUSPENSION_CHECK_EVERY_S, StepWorker
 
@@ -79,15 +77,16 @@ class AsyncWorker(StepWorker):
             if pool is not None:
                 pool.max_connections = max(pool.max_connections,
                                            connections_for(self.concurrency))
-        if os.environ.get("SAGA_GROUP_COMMIT", "0") == "1":
-            # the steps' appends and reads go out together (off by default: it has
-            # not shown a gain here, benchmarks/RESULTS.md "Group commit")
-            group_commit(log_client)
         self._count = threading.Lock()  # guards the counts
         self._free = threading.Semaphore(self.concurrency)  # slots: taken by the dequeuer
         self._invoker = Invoker()
         self._tools = ThreadPoolExecutor(self.concurrency, thread_name_prefix="saga-tool")
         self._runners: list[StepRunner] = []  # idle runners, kept for their metric children
+        pool = getattr(log_client, "connection_pool", None)
+        # the round trips of the steps ready in one turn of the loop go out together
+        # (group commit; SAGA_GROUP_COMMIT=0: each alone; a cluster: each alone)
+        self._sends = Sends(pool) if pool is not None and \
+            os.environ.get("SAGA_GROUP_COMMIT", "1") != "0" else None
         self._in_flight = 0
         self._suspended = False
         self._stop_at = 0.0
@@ -164,7 +163,8 @@ class AsyncWorker(StepWorker):
             self.saga_store, self.name, keep_going=lambda: not self._stop_requested,
             invoker=self._invoker)
         try:
-            await adrive(self.job_work(job, queue, runner), self._invoker, self._tools)
+            await adrive(self.job_work(job, queue, runner), self._invoker, self._tools,
+                         self._sends)
         except Exception:
             log.exception("job %s could not be finished; it will be redelivered", job.id)
         finally:

@@ -32,13 +32,13 @@ from pydantic import BaseModel
 
 from saga_store.errors import InvalidInput, StepError
 from saga_store.log.canonical import MAX_DEPTH, check_json
+from saga_store.log.pipeline import lean_round
 from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.vocab import OutcomeKind
 from saga_store.tools.secrets import scrub
 from saga_store.tools.spec import StepContext, ToolSpec
 
 from .watchdog import Keepalive, Watch, Watchdog, process_watchdog
-
 
 T = TypeVar("T")
 
@@ -62,9 +62,19 @@ class Pause:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Send:
+    """A round trip a step's work asks for: ``trip`` (a lean pipeline or a
+    :class:`~saga_store.execution.trip.Trip`) executed, its replies (errors in
+    place) coming back at the ``yield``. On the asyncio worker the round trips
+    of every step ready in one turn of the loop go out together."""
+
+    trip: Any
+
+
 # a step's (or an unwind's) work: it yields the calls and pauses it needs, and
 # returns what happened
-Work = Generator["Call | Pause", Any, T]
+Work = Generator["Call | Pause | Send", Any, T]
 
 
 def drive(work: Work[T], invoker: Invoker) -> T:
@@ -79,7 +89,9 @@ def drive(work: Work[T], invoker: Invoker) -> T:
             return stop.value  # type: ignore[no-any-return]
         value = error = None
         try:
-            if isinstance(req, Pause):
+            if isinstance(req, Send):
+                value = req.trip.execute(raise_on_error=False)
+            elif isinstance(req, Pause):
                 time.sleep(req.seconds)
             else:
                 value = invoker.invoke(req.spec, req.args, req.ctx, req.secrets, req.keepalive)
@@ -87,10 +99,12 @@ def drive(work: Work[T], invoker: Invoker) -> T:
             error = exc
 
 
-async def adrive(work: Work[T], invoker: Invoker, pool: Executor) -> T:
+async def adrive(work: Work[T], invoker: Invoker, pool: Executor,
+                 sends: Sends | None = None) -> T:
     """Run ``work`` to its end on the running event loop: async tools awaited here,
-    sync tools on ``pool``, pauses awaited. Between two yields the work runs on the
-    loop's thread (its Redis round trips included)."""
+    sync tools on ``pool``, pauses awaited, round trips through ``sends`` (or made
+    at once). Between two yields the work runs on the loop's thread (its other
+    Redis round trips included)."""
     value: Any = None
     error: BaseException | None = None
     while True:
@@ -100,12 +114,62 @@ async def adrive(work: Work[T], invoker: Invoker, pool: Executor) -> T:
             return stop.value  # type: ignore[no-any-return]
         value = error = None
         try:
-            if isinstance(req, Pause):
+            if isinstance(req, Send):
+                value = await sends.send(req.trip) if sends is not None else \
+                    req.trip.execute(raise_on_error=False)
+            elif isinstance(req, Pause):
                 await asyncio.sleep(req.seconds)
             else:
                 value = await invoker.ainvoke(req, pool)
         except Exception as exc:  # cancellation is not the tool's: it ends the drive
             error = exc
+
+
+class Sends:
+    """The round trips the works on one event loop ask for in one turn of it, sent
+    together: one write and one read of all their replies on the loop's own
+    connection, each work getting its own (group commit). Under ``appendfsync
+    always`` Redis fsyncs once for them all. A batch is answered only with its own
+    replies, so nothing counts as done before Redis said so; a round cut short by a
+    lost connection is sent again whole under the client's retry policy (the
+    append script recognises an append that did land). A trip that is not one
+    plain lean pipeline on ``pool`` (a split queue Redis, a cluster) goes alone."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+        self._waiting: list[tuple[Any, asyncio.Future[list[Any]]]] = []
+        self.rounds = self.batches = 0  # for measurement: batches per round
+
+    def send(self, trip: Any) -> asyncio.Future[list[Any]]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[Any]] = loop.create_future()
+        pipe = getattr(trip, "log", trip)
+        if getattr(pipe, "connection_pool", None) is not self.pool or \
+                getattr(trip, "queue", pipe) is not pipe:
+            try:
+                fut.set_result(trip.execute(raise_on_error=False))
+            except Exception as exc:
+                fut.set_exception(exc)
+            return fut
+        if not self._waiting:
+            loop.call_soon(self._round)  # after every work ready in this turn has run
+        self._waiting.append((pipe, fut))
+        return fut
+
+    def _round(self) -> None:
+        taken, self._waiting = self._waiting, []
+        self.rounds += 1
+        self.batches += len(taken)
+        stacks = [pipe.take() for pipe, _ in taken]
+        try:
+            replies = lean_round(self.pool, [(pipe, stack) for (pipe, _), stack
+                                             in zip(taken, stacks, strict=True)])
+        except Exception as exc:
+            for _, fut in taken:
+                fut.set_exception(exc)
+            return
+        for (_, fut), got in zip(taken, replies, strict=True):
+            fut.set_result(got)
 
 
 class StepTimeout(BaseException):

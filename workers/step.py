@@ -39,7 +39,7 @@ from saga_store.faults import fault
 from saga_store.ids import check_saga_id
 from saga_store.keys import SagaKeys
 from saga_store.log.events import EventKind as K
-from saga_store.log.pipeline import execute, lean
+from saga_store.log.pipeline import lean
 from saga_store.log.scripts import RENEW_LEASE
 from saga_store.log.store import ChainWriter
 from saga_store.log.stream import Head, Lease, body_and_hash
@@ -52,7 +52,7 @@ from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.vocab import Follow, LeaseMode, OutcomeKind, Phase
 from saga_store.tools.spec import StepContext, ToolSpec
 
-from .invoke import Call, Invoker, Work, drive
+from .invoke import Call, Invoker, Send, Work, drive
 from .watchdog import Keepalive
 
 log = logging.getLogger("saga_store.worker")
@@ -211,8 +211,8 @@ class StepRunner:
         ttl = self.store.settings.lease_ms + (int(spec.timeout * 1000) if spec else 0)
         if decided.act is Act.FAIL:
             assert decided.outcome is not None
-            return self._finish(writer, saga_id, step, view, token, extra, decided.outcome,
-                                spec, acquire=ttl)
+            return (yield from self._finish(writer, saga_id, step, view, token, extra,
+                                            decided.outcome, spec, acquire=ttl))
         assert spec is not None
         if decided.act is Act.GATE:
             assert decided.verdict is not None
@@ -228,7 +228,7 @@ class StepRunner:
         # events already in the log (the previous step's outcome, say) ride along
         caught_up = self._project_known(pipe, saga_id, view, view.events)
         try:
-            writer.applied(call, queued(pipe.execute(raise_on_error=False)))
+            writer.applied(call, queued((yield Send(pipe))))
         except FencedOff as exc:
             if exc.lease_lost:  # another worker is running it: this copy is a duplicate
                 if metrics is not None:
@@ -268,11 +268,12 @@ class StepRunner:
             tracing.outcome(span, outcome.kind, outcome.error)
         if metrics is not None:
             self._child(metrics.step_seconds, spec.name).observe(time.perf_counter() - began)
-        return self._finish(writer, saga_id, step, view, token, extra, outcome, spec)
+        return (yield from self._finish(writer, saga_id, step, view, token, extra, outcome,
+                                        spec))
 
     def _finish(self, writer: ChainWriter, saga_id: str, step: int, view: StepView,
                 token: str, extra: Any, outcome: Outcome, spec: ToolSpec | None,
-                acquire: int = 0) -> str:
+                acquire: int = 0) -> Work[str]:
         """Append the outcome (and what follows from it), releasing the lease, or
         keeping it for the plan's next step when this worker runs that one too."""
         for _ in range(MAX_REDECIDE):
@@ -298,7 +299,8 @@ class StepRunner:
                                   "assumed to stand", tries=outcome.tries)
                 continue
             fault("after_tool")
-            if follow in (Follow.NEXT, Follow.EAGER) and not acquire:
+            all_in_one = follow in (Follow.NEXT, Follow.EAGER) and not acquire
+            if all_in_one:
                 # plan: outcome, next job (or the claim of the next step), dedupe record
                 # and acknowledgement in one round trip; if the append loses, a queued
                 # next job finds no intent at its seq and is dropped. The projection of
@@ -309,7 +311,11 @@ class StepRunner:
                                     items, writer.head.seq + len(items))
                 if follow is Follow.EAGER:  # events already in the log: safe to project now
                     self._project_known(trip.log, saga_id, view, view.events)
-                reply = queued(trip.execute(raise_on_error=False))
+                reply = queued((yield Send(trip)))
+            elif not self.store.settings.wait_replicas:
+                pipe = lean(self.store.redis)
+                queued = call.queue(pipe)
+                reply = queued((yield Send(pipe)))
             else:
                 reply = None
             try:
@@ -342,7 +348,7 @@ class StepRunner:
                 agent_id=view.agent_id, conversation_id=view.conversation_id,
                 events=appended, ctx_seq=view.ctx_seq), token, claim[0])
         self._unwind = follow is Follow.UNWIND
-        if reply is not None:
+        if all_in_one:
             return outcome.kind  # all sent with the append
         trip = self.store.trip()
         settle = writer.close_on(trip.log) if writer.closed else None  # the ledger's entry
@@ -352,7 +358,12 @@ class StepRunner:
         # ss:active is the sweeper's cue to project: leave it only once that is done
         if follow is Follow.COMMITTED and inline:
             self._closed(trip.log, saga_id)
-        execute(trip, *([settle] if settle else []))
+        replies = yield Send(trip)
+        if settle:
+            settle(replies)
+        for got in replies:
+            if isinstance(got, Exception):
+                raise got
         if not inline:
             project(self.store.events, saga_id)
             if follow is Follow.COMMITTED:

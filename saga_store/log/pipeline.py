@@ -13,14 +13,9 @@ saw any error is dropped, so no unread reply can reach the next batch.
 Only non-transactional pipelines of plain commands: no MULTI, no WATCH, no
 registered Script objects (the append script goes as EVAL), nothing that blocks.
 
-Group commit (:func:`group_commit`, used by the asyncio worker): the lean
-pipelines of all threads of a process go out together. The first thread to
-execute becomes the leader: it takes every batch waiting, writes them in one
-send on the group's connection and reads their replies in order, handing each
-batch its own; threads that came meanwhile wait for the next round. Every
-batch still waits for its own replies before it returns, so nothing counts as
-done before Redis said so; Redis reads the batches in one go, and under
-``appendfsync always`` their writes share its fsync.
+Group commit: :func:`lean_round` sends the batches of many works in one write
+and reads each its own replies (the asyncio worker's
+:class:`~saga_store.workers.invoke.Sends`, once per turn of its loop).
 """
 
 from __future__ import annotations
@@ -34,8 +29,6 @@ import redis
 from redis.client import Pipeline
 from redis.exceptions import ResponseError
 
-from saga_store.errors import StoreUnavailable
-
 _pack_command: Any
 try:
     from hiredis import pack_command as _pack_command
@@ -44,19 +37,17 @@ except ImportError:  # redis-py packs without it
 
 
 class LeanPipeline(Pipeline):
+    def take(self) -> list[Any]:
+        """The commands queued, taken off the pipeline (for :func:`lean_round`)."""
+        stack, self.command_stack = self.command_stack, []
+        return stack
+
     def execute(self, raise_on_error: bool = True) -> list[Any]:
         stack = self.command_stack
         if not stack:
             return []
         self.command_stack = []
-        group: GroupCommit | None = getattr(self.connection_pool, "_saga_group", None)
         conn = _connection(self.connection_pool)
-        if group is not None:  # the same retry policy: a dropped round is sent again
-            out: list[Any] = conn.retry.call_with_retry(lambda: group.run(self, stack, conn),
-                                                        lambda *_: None)
-            if raise_on_error:
-                self.raise_first_error(stack, out)  # type: ignore[no-untyped-call]
-            return out
 
         def run() -> list[Any]:
             return self._send_and_read(conn, stack, raise_on_error)
@@ -122,97 +113,27 @@ def pack(conn: Any, stack: list[Any]) -> list[bytes]:
     return [b"".join(out)]
 
 
-class _Batch:
-    __slots__ = ("done", "error", "packed", "pipe", "replies", "stack")
+def lean_round(pool: Any, batches: list[tuple[LeanPipeline, list[Any]]]) -> list[list[Any]]:
+    """Each batch's replies (errors in place), the batches sent in one write on this
+    thread's lean connection to ``pool`` and their replies read in order; a round
+    cut short by a lost connection is sent again whole, under the connection's
+    retry policy (see :class:`LeanPipeline`)."""
+    conn = _connection(pool)
 
-    def __init__(self, pipe: LeanPipeline, stack: list[Any], packed: list[bytes]) -> None:
-        self.pipe, self.stack, self.packed = pipe, stack, packed
-        self.done = threading.Event()
-        self.replies: list[Any] = []
-        self.error: BaseException | None = None
-
-
-class GroupCommit:
-    """The lean pipelines of one pool's threads, sent together (see the module)."""
-
-    def __init__(self, pool: Any) -> None:
-        self.pool = pool
-        self._lock = threading.Lock()
-        self._waiting: list[_Batch] = []
-        self._leading = False
-        self.rounds = self.batches = 0  # for measurement: batches per round
-
-    def run(self, pipe: LeanPipeline, stack: list[Any], packer: Any) -> list[Any]:
-        """Send ``stack`` in the next round (``packer``: a connection to pack it
-        with; the group writes on its own) and return its replies."""
-        batch = _Batch(pipe, stack, pack(packer, stack))
-        with self._lock:
-            self._waiting.append(batch)
-            lead = not self._leading
-            if lead:
-                self._leading = True
-        if lead:
-            self._lead()
-        batch.done.wait()
-        if batch.error is not None:
-            raise batch.error
-        return batch.replies
-
-    def _lead(self) -> None:
-        """Send rounds until no batch waits; then the next thread to come leads."""
-        while True:
-            with self._lock:
-                taken, self._waiting = self._waiting, []
-                if not taken:
-                    self._leading = False
-                    return
-            self.rounds += 1
-            self.batches += len(taken)
-            self._round(taken)
-
-    def _round(self, taken: list[_Batch]) -> None:
-        conn = _group_connection(self.pool)
+    def run() -> list[list[Any]]:
         try:
             conn.connect()  # see LeanPipeline._send_and_read
-            conn.send_packed_command([chunk for b in taken for chunk in b.packed])
-            for i, b in enumerate(taken):
-                try:
-                    b.replies = b.pipe._read(conn, b.stack)
-                except BaseException as exc:
-                    conn.disconnect()  # never leave replies unread on a kept connection
-                    for rest in taken[i:]:
-                        rest.error = exc
-                    raise
-        except BaseException as exc:
-            conn.disconnect()
-            for b in taken:
-                if not b.replies and b.error is None:
-                    b.error = exc
-        finally:
-            for b in taken:
-                b.done.set()
+            conn.send_packed_command([chunk for pipe, stack in batches
+                                      for chunk in pack(conn, stack)])
+            return [pipe._read(conn, stack) for pipe, stack in batches]
+        except BaseException:
+            conn.disconnect()  # never leave replies unread on a kept connection
+            raise
 
+    def drop(error: Exception, *_: Any) -> None:
+        conn.disconnect()
 
-def group_commit(client: redis.Redis) -> GroupCommit:
-    """Send the lean pipelines of all threads on ``client``'s pool together (a
-    standalone Redis only: on a cluster each node has its own round trip)."""
-    pool: Any = getattr(client, "connection_pool", None)
-    if pool is None:
-        raise StoreUnavailable("group commit (SAGA_GROUP_COMMIT=1) needs a standalone "
-                               "Redis for the log; unset it on a Redis Cluster")
-    group: GroupCommit | None = getattr(pool, "_saga_group", None)
-    if group is None:
-        group = pool._saga_group = GroupCommit(pool)
-    return group
-
-
-def _group_connection(pool: Any) -> Any:
-    """The group's own connection, made once per process (a fork makes its own)."""
-    forks, conn = getattr(pool, "_saga_group_conn", (-1, None))
-    if forks != _forks[0] or conn is None:
-        conn = pool.make_connection()
-        pool._saga_group_conn = (_forks[0], conn)
-    return conn
+    return conn.retry.call_with_retry(run, drop)  # type: ignore[no-any-return]
 
 
 def execute(pipe: Any, *then: Callable[[list[Any]], Any]) -> list[Any]:

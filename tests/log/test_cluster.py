@@ -3,17 +3,21 @@ and the lean pipeline's batches per node, redirects included."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import redis
+from saga_store.workers.invoke import Invoker, Send, Sends, Work, adrive
 
 from saga_store import Registry, SagaStore
 from saga_store.errors import InvalidInput, StoreUnavailable
 from saga_store.log.events import EventKind as K
 from saga_store.log.layout import names_of
-from saga_store.log.pipeline import group_commit, lean
+from saga_store.log.pipeline import lean
 from saga_store.log.store import EventStore
 from saga_store.ops import cluster as clusters
 from saga_store.ops.connection import connect, fail_fast, queue_url
@@ -193,11 +197,25 @@ def test_an_append_sent_again_recognises_its_own_success(client: redis.Redis,
     assert head.seq == 1
 
 
-def test_group_commit_and_fail_fast_on_a_cluster(servers: RedisClusterServers,
-                                                 client: redis.Redis) -> None:
-    """Group commit needs one connection: refused, saying so; fail_fast answers."""
-    with pytest.raises(StoreUnavailable, match="SAGA_GROUP_COMMIT"):
-        group_commit(client)
+def test_group_commit_sends_a_cluster_batch_alone_and_fail_fast_answers(
+        servers: RedisClusterServers, client: redis.Redis) -> None:
+    """Group commit shares one connection, so a cluster's batch (a round trip per
+    node) goes alone, with its own replies; fail_fast answers."""
+    other = redis.Redis()  # a pool the cluster's batch is not on
+    sends = Sends(other.connection_pool)
+
+    def work() -> Work[list[Any]]:
+        pipe = lean(client)
+        pipe.set("a", "1")
+        pipe.set("b", "2")
+        pipe.incr("a")
+        return (yield Send(pipe))
+
+    async def main() -> list[Any]:
+        with ThreadPoolExecutor(1) as pool:
+            return await adrive(work(), Invoker(), pool, sends)
+    assert asyncio.run(main()) == [True, True, 2]
+    assert sends.rounds == 0
     quick = fail_fast(client)
     assert quick.ping()
     quick.close()

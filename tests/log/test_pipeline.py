@@ -3,12 +3,16 @@ thread, dropped with the thread."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 import redis
+from saga_store.workers.invoke import Invoker, Send, Sends, Work, adrive
 
 from saga_store.log.pipeline import lean
 from saga_store.testing import assert_eventually
@@ -77,61 +81,67 @@ def test_a_forked_child_makes_its_own_connection(client: redis.Redis) -> None:
     assert child_id != parent_id
 
 
-def test_group_commit_gives_each_thread_its_own_replies(redis_url: str) -> None:
-    """Many threads' pipelines go out in shared rounds; each gets exactly its own
-    replies (errors included, in place), as without the group."""
-    from saga_store.log.pipeline import group_commit
+def test_group_commit_gives_each_work_on_the_loop_its_own_replies(redis_url: str) -> None:
+    """The round trips of many works on one event loop go out in shared rounds (one
+    per turn of the loop); each gets exactly its own replies (errors included, in
+    place), as each alone would."""
     c = redis.Redis.from_url(redis_url)
-    group = group_commit(c)
+    sends = Sends(c.connection_pool)
     wrong: list[str] = []
-    start = threading.Barrier(16)
 
-    def work(t: int) -> None:
-        start.wait()
-        for i in range(200):
+    def work(t: int) -> Work[None]:
+        for i in range(100):
             pipe = lean(c)
             pipe.incr(f"n:{t}")
             pipe.set(f"v:{t}", f"{t}-{i}")
             pipe.get(f"v:{t}")
             pipe.hget(f"v:{t}", "x")  # wrong type: an error in its place
-            got = pipe.execute(raise_on_error=False)
+            got = yield Send(pipe)
             if got[0] != i + 1 or got[1] is not True or got[2] != f"{t}-{i}".encode() \
                     or not isinstance(got[3], redis.ResponseError):
-                wrong.append(f"thread {t} call {i}: {got!r}")
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(16)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+                wrong.append(f"work {t} round trip {i}: {got!r}")
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            await asyncio.gather(*(adrive(work(t), Invoker(), pool, sends)
+                                   for t in range(16)))
+    asyncio.run(main())
     assert not wrong, wrong[:3]
-    assert group.batches == 16 * 200
-    assert group.rounds < group.batches  # batches did share rounds
+    assert sends.batches == 16 * 100
+    assert sends.rounds == 100  # the sixteen works' round trips went together each time
+    assert c.get("n:15") == b"100"
 
 
 def test_group_commit_resends_a_round_cut_off_by_a_dropped_connection(
         redis_url: str) -> None:
-    """The group's connection is killed by Redis between rounds: the next round is
-    refused, retried on a new connection under the client's retry policy, and every
-    batch gets its replies."""
+    """The loop's connection is killed by Redis between rounds: the next round is
+    refused, sent again whole on a new connection under the client's retry policy,
+    and every work gets its replies."""
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    from saga_store.log.pipeline import group_commit
     c = redis.Redis.from_url(redis_url, retry=Retry(NoBackoff(), 3))
-    group_commit(c)
-    pipe = lean(c)
-    pipe.set("k", "1")
-    assert pipe.execute() == [True]
+    sends = Sends(c.connection_pool)
     admin = redis.Redis.from_url(redis_url)
-    killed = 0
-    for info in admin.client_list():
-        if info["id"] != str(admin.client_id()):
-            admin.client_kill_filter(_id=info["id"])
-            killed += 1
-    assert killed >= 1
-    pipe = lean(c)
-    pipe.incr("k")
-    assert pipe.execute() == [2]
+
+    def work(key: str) -> Work[list[Any]]:
+        pipe = lean(c)
+        pipe.set(key, "1")
+        first = yield Send(pipe)
+        if key == "a":  # between the two rounds: drop every connection but the admin's
+            for info in admin.client_list():
+                if info["id"] != str(admin.client_id()):
+                    admin.client_kill_filter(_id=info["id"])
+        pipe = lean(c)
+        pipe.incr(key)
+        return [*first, *(yield Send(pipe))]
+
+    async def main() -> list[list[Any]]:
+        with ThreadPoolExecutor(1) as pool:
+            return await asyncio.gather(*(adrive(work(k), Invoker(), pool, sends)
+                                          for k in "abc"))
+    assert asyncio.run(main()) == [[True, 2]] * 3
+    assert sends.rounds == 2
 
 
 def test_the_lean_pipeline_packs_every_command_as_redis_py_would(client: redis.Redis) -> None:
