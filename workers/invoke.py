@@ -23,16 +23,18 @@ import asyncio
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Generator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import redis
 from pydantic import BaseModel
 
 from saga_store.errors import InvalidInput, StepError
 from saga_store.log.canonical import MAX_DEPTH, check_json
-from saga_store.log.pipeline import lean_round
+from saga_store.log.pipeline import pack
 from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.vocab import OutcomeKind
 from saga_store.tools.secrets import scrub
@@ -127,18 +129,25 @@ async def adrive(work: Work[T], invoker: Invoker, pool: Executor,
 
 class Sends:
     """The round trips the works on one event loop ask for in one turn of it, sent
-    together: one write and one read of all their replies on the loop's own
-    connection, each work getting its own (group commit). Under ``appendfsync
-    always`` Redis fsyncs once for them all. A batch is answered only with its own
-    replies, so nothing counts as done before Redis said so; a round cut short by a
-    lost connection is sent again whole under the client's retry policy (the
-    append script recognises an append that did land). A trip that is not one
+    together on a connection of their own (group commit): one write for all, each
+    work getting its own replies. The loop does not wait for them: the replies are
+    read when the socket says they are there, so the loop runs other steps while
+    Redis works (and, under ``appendfsync always``, fsyncs once for the whole
+    round), and several rounds may be in flight, answered in order. A batch is
+    answered only with its own replies, so nothing counts as done before Redis said
+    so. A connection lost with rounds in flight is replaced and every round in
+    flight sent again whole, under the client's retry policy, and read on the spot
+    (the append script recognises an append that did land). A trip that is not one
     plain lean pipeline on ``pool`` (a split queue Redis, a cluster) goes alone."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self._waiting: list[tuple[Any, asyncio.Future[list[Any]]]] = []
+        self._flying: deque[list[tuple[Any, list[Any], asyncio.Future[list[Any]]]]] = deque()
+        self._conn: Any = None
+        self._watched: int | None = None  # the socket the loop watches for replies
         self.rounds = self.batches = 0  # for measurement: batches per round
+        self.deepest = 0  # for measurement: the most rounds in flight at once
 
     def send(self, trip: Any) -> asyncio.Future[list[Any]]:
         loop = asyncio.get_running_loop()
@@ -156,20 +165,102 @@ class Sends:
         self._waiting.append((pipe, fut))
         return fut
 
+    def _connection(self) -> Any:
+        if self._conn is None:
+            self._conn = self.pool.make_connection()
+        return self._conn
+
     def _round(self) -> None:
         taken, self._waiting = self._waiting, []
+        batches = [(pipe, pipe.take(), fut) for pipe, fut in taken]
         self.rounds += 1
-        self.batches += len(taken)
-        stacks = [pipe.take() for pipe, _ in taken]
+        self.batches += len(batches)
+        self._flying.append(batches)
+        self.deepest = max(self.deepest, len(self._flying))
+        conn = self._connection()
         try:
-            replies = lean_round(self.pool, [(pipe, stack) for (pipe, _), stack
-                                             in zip(taken, stacks, strict=True)])
-        except Exception as exc:
-            for _, fut in taken:
-                fut.set_exception(exc)
+            conn.connect()  # see LeanPipeline._send_and_read
+            conn.send_packed_command([chunk for _, stack, _ in batches
+                                      for chunk in pack(conn, stack)])
+            self._watch(conn)
+        except Exception:
+            self._recover()
+
+    def _watch(self, conn: Any) -> None:
+        if isinstance(conn, redis.SSLConnection):  # TLS buffers what a poll cannot see
+            self._read_all(conn)
             return
-        for (_, fut), got in zip(taken, replies, strict=True):
-            fut.set_result(got)
+        fd = conn._sock.fileno()
+        if self._watched != fd:
+            self._unwatch()
+            asyncio.get_running_loop().add_reader(fd, self._on_readable)
+            self._watched = fd
+
+    def _unwatch(self) -> None:
+        if self._watched is not None:
+            asyncio.get_running_loop().remove_reader(self._watched)
+            self._watched = None
+
+    def _on_readable(self) -> None:
+        conn = self._conn
+        try:
+            while self._flying:
+                self._answer(self._flying[0], [pipe._read(conn, stack)
+                                               for pipe, stack, _ in self._flying[0]])
+                self._flying.popleft()
+                if not self._flying or not conn.can_read(0):
+                    break
+        except Exception:
+            self._recover()
+            return
+        if not self._flying:
+            self._unwatch()
+
+    def _read_all(self, conn: Any) -> None:
+        try:
+            while self._flying:
+                self._answer(self._flying[0], [pipe._read(conn, stack)
+                                               for pipe, stack, _ in self._flying[0]])
+                self._flying.popleft()
+        except Exception:
+            self._recover()
+
+    def _recover(self) -> None:
+        """The connection failed with rounds in flight: every one of them sent again,
+        whole, on a new connection, and read here (the loop waits, as any work on
+        it would for Redis to come back)."""
+        self._unwatch()
+        conn = self._connection()
+        conn.disconnect()  # never leave replies unread on a kept connection
+        rounds = list(self._flying)
+        self._flying.clear()
+        batches = [b for r in rounds for b in r]
+
+        def run() -> list[list[Any]]:
+            try:
+                conn.connect()
+                conn.send_packed_command([chunk for _, stack, _ in batches
+                                          for chunk in pack(conn, stack)])
+                return [pipe._read(conn, stack) for pipe, stack, _ in batches]
+            except BaseException:
+                conn.disconnect()
+                raise
+
+        try:
+            replies = conn.retry.call_with_retry(run, lambda *_: conn.disconnect())
+        except Exception as exc:
+            for _, _, fut in batches:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        self._answer(batches, replies)
+
+    @staticmethod
+    def _answer(batches: list[tuple[Any, list[Any], asyncio.Future[list[Any]]]],
+                replies: list[list[Any]]) -> None:
+        for (_, _, fut), got in zip(batches, replies, strict=True):
+            if not fut.done():  # a work cancelled meanwhile wants nothing
+                fut.set_result(got)
 
 
 class StepTimeout(BaseException):

@@ -13,9 +13,8 @@ saw any error is dropped, so no unread reply can reach the next batch.
 Only non-transactional pipelines of plain commands: no MULTI, no WATCH, no
 registered Script objects (the append script goes as EVAL), nothing that blocks.
 
-Group commit: :func:`lean_round` sends the batches of many works in one write
-and reads each its own replies (the asyncio worker's
-:class:`~saga_store.workers.invoke.Sends`, once per turn of its loop).
+Group commit, the batches of many steps in one write, each reading its own
+replies, is the asyncio worker's (:class:`~saga_store.workers.invoke.Sends`).
 """
 
 from __future__ import annotations
@@ -111,29 +110,6 @@ def pack(conn: Any, stack: list[Any]) -> list[bytes]:
     except TypeError:  # as redis-py would: split the name, convert memoryviews
         return conn.pack_commands([args for args, _ in stack])  # type: ignore[no-any-return]
     return [b"".join(out)]
-
-
-def lean_round(pool: Any, batches: list[tuple[LeanPipeline, list[Any]]]) -> list[list[Any]]:
-    """Each batch's replies (errors in place), the batches sent in one write on this
-    thread's lean connection to ``pool`` and their replies read in order; a round
-    cut short by a lost connection is sent again whole, under the connection's
-    retry policy (see :class:`LeanPipeline`)."""
-    conn = _connection(pool)
-
-    def run() -> list[list[Any]]:
-        try:
-            conn.connect()  # see LeanPipeline._send_and_read
-            conn.send_packed_command([chunk for pipe, stack in batches
-                                      for chunk in pack(conn, stack)])
-            return [pipe._read(conn, stack) for pipe, stack in batches]
-        except BaseException:
-            conn.disconnect()  # never leave replies unread on a kept connection
-            raise
-
-    def drop(error: Exception, *_: Any) -> None:
-        conn.disconnect()
-
-    return conn.retry.call_with_retry(run, drop)  # type: ignore[no-any-return]
 
 
 def execute(pipe: Any, *then: Callable[[list[Any]], Any]) -> list[Any]:

@@ -112,6 +112,57 @@ def test_group_commit_gives_each_work_on_the_loop_its_own_replies(redis_url: str
     assert c.get("n:15") == b"100"
 
 
+def test_group_commit_answers_rounds_in_flight_in_order(redis_url: str) -> None:
+    """The loop does not wait for a round's replies: rounds sent in fifty turns in a
+    row are in flight together, and each batch gets its own reply, in order."""
+    c = redis.Redis.from_url(redis_url)
+    sends = Sends(c.connection_pool)
+
+    async def main() -> list[list[Any]]:
+        futs = []
+        for _ in range(50):
+            pipe = lean(c)
+            pipe.incr("k")
+            futs.append(sends.send(pipe))
+            await asyncio.sleep(0)  # the next turn: this round goes, unanswered
+        return await asyncio.gather(*futs)
+    assert asyncio.run(main()) == [[n] for n in range(1, 51)]
+    assert sends.rounds == 50
+    assert sends.deepest > 1
+
+
+def test_group_commit_resends_every_round_in_flight_when_the_connection_drops(
+        redis_url: str) -> None:
+    """Redis drops the rounds' connection while rounds are in flight: every round
+    not yet answered is sent again, whole, on a new connection, and each batch still
+    gets its own replies, in order."""
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    c = redis.Redis.from_url(redis_url, retry=Retry(NoBackoff(), 3))
+    sends = Sends(c.connection_pool)
+    admin = redis.Redis.from_url(redis_url)
+    recovered = []
+    recover = sends._recover
+    sends._recover = lambda: (recovered.append(len(sends._flying)), recover())[1]  # type: ignore[method-assign]
+
+    async def main() -> list[list[Any]]:
+        futs = []
+        for i in range(50):
+            pipe = lean(c)
+            pipe.set(f"k{i}", f"v{i}")
+            pipe.get(f"k{i}")
+            futs.append(sends.send(pipe))
+            await asyncio.sleep(0)
+            if i == 25:
+                for info in admin.client_list():
+                    if info["id"] != str(admin.client_id()):
+                        admin.client_kill_filter(_id=info["id"])
+        return await asyncio.gather(*futs)
+    assert asyncio.run(main()) == [[True, f"v{i}".encode()] for i in range(50)]
+    assert recovered, "the dropped connection was never noticed"
+
+
 def test_group_commit_resends_a_round_cut_off_by_a_dropped_connection(
         redis_url: str) -> None:
     """The loop's connection is killed by Redis between rounds: the next round is
