@@ -24,7 +24,7 @@ from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.execution.enqueue import schedule, unschedule
 from saga_store.faults import fault
 from saga_store.keys import SagaKeys
-from saga_store.log.pipeline import execute, lean
+from saga_store.log.pipeline import lean
 from saga_store.log.store import ChainWriter
 from saga_store.log.stream import Lease, release_lease
 from saga_store.ops import tracing
@@ -37,7 +37,7 @@ from saga_store.tools.registry import Registry
 from saga_store.tools.spec import StepContext, ToolSpec
 from saga_store.verify.checker import read_verified
 
-from .invoke import Call, Invoker, Pause, Work, drive
+from .invoke import Call, Invoker, Pause, Send, Work, drive
 from .step import keep_lease
 
 log = logging.getLogger("saga_store.compensator")
@@ -105,7 +105,7 @@ class Compensator:
         token = f"{self.worker}:comp:{os.urandom(6).hex()}"
         pipe = lean(r)
         pipe.set(self.store.events.keys.lease(saga_id), token, nx=True, px=lease_ms)
-        [got] = pipe.execute()
+        [got] = _raising((yield Send(pipe)))
         if not got:
             return "busy"  # a step or another compensator holds the saga; swept later
         # should this process die, the sweeper looks as soon as the lease can lapse;
@@ -113,7 +113,7 @@ class Compensator:
         pipe = lean(r)
         schedule(pipe, self.store.events.keys, saga_id, lease_ms + 100)
         _context_of(pipe, self.store.events.keys, saga_id)
-        ctx: list[Any] | None = pipe.execute()[-1]
+        ctx: list[Any] | None = _raising((yield Send(pipe)))[-1]
         self._released = False
         try:
             for _ in range(MAX_REDECIDE):
@@ -151,15 +151,15 @@ class Compensator:
         while True:
             act = unwind.next_action(state, self.tools, frozenset(probed))
             if isinstance(act, unwind.Append):
-                writer.append(act.items, lease)
+                yield from writer.append(act.items, lease)
             elif isinstance(act, unwind.Probe):
                 probed.add(act.step)
                 found = yield from self._probe(act, state, lease.token)
-                writer.append(unwind.probed(act, found), lease)
+                yield from writer.append(unwind.probed(act, found), lease)
             elif isinstance(act, unwind.Compensate):
                 yield from self._compensate(writer, state, act, lease)
             elif isinstance(act, unwind.Close):
-                return self._close(writer, state, act, token)
+                return (yield from self._close(writer, state, act, token))
             else:
                 return str(act.status)
 
@@ -167,7 +167,7 @@ class Compensator:
                     lease: Lease) -> Work[None]:
         """One try of a compensation: its intent, the call, its outcome (and the
         saga stuck when the tries are used up); waits out the backoff after a failure."""
-        writer.append([act.intent], lease)
+        yield from writer.append([act.intent], lease)
         fault("comp_after_intent")
         st = state.steps[act.step]
         ctx = StepContext(act.key, state.saga_id, act.step, act.attempt, st.tool_call_id,
@@ -179,19 +179,20 @@ class Compensator:
             tracing.outcome(span, outcome.kind, outcome.error)
         fault("comp_after_tool")
         items, retry_in = unwind.compensated(state, act, outcome, self.tools.resume_hint)
-        writer.append(items, lease)
+        yield from writer.append(items, lease)
         self._count(act.undo.tool, outcome)
         if outcome.ok:
             fault("comp_after_outcome")  # its retraction rides on the next append
         if retry_in is not None:
             yield Pause(retry_in * (0.5 + random.random()))  # jitter: retries don't march in step
 
-    def _close(self, writer: Writer, state: SagaState, act: unwind.Close, token: str) -> str:
+    def _close(self, writer: Writer, state: SagaState, act: unwind.Close,
+               token: str) -> Work[str]:
         fault("comp_before_close")
         if act.attention:  # listed before the close is visible: whoever sees it can ack it
             self.store.redis.sadd(self.store.events.keys.needs_attention(state.saga_id),
                                   state.saga_id)
-        writer.append([act.item], Lease(token, LeaseMode.RELEASE))
+        yield from writer.append([act.item], Lease(token, LeaseMode.RELEASE))
         self._released = True
         fault("comp_after_close")
         ended = "needs_attention" if act.attention else "compensated"
@@ -204,7 +205,9 @@ class Compensator:
         writer.tell(pipe)  # the saga's close, before it leaves ss:active: the sweeper's cue
         settle = writer.chain.close_on(pipe)  # the ledger's closing entry, in the same trip
         unschedule(pipe, self.store.events.keys, state.saga_id)
-        execute(pipe, settle)
+        replies = yield Send(pipe)
+        settle(replies)
+        _raising(replies)
         notify.needs_attention(state.saga_id, state.agent_id, act.attention)
         return ended
 
@@ -241,11 +244,12 @@ class Writer:
         # whose context this is comes from the verified log, never from the cache
         self.agent, self.conversation = state.agent_id, state.conversation_id
 
-    def append(self, items: list[Item], lease: Lease) -> None:
+    def append(self, items: list[Item], lease: Lease) -> Work[None]:
         if not items:
             return
         # the closer settles the ledger entry itself, in its last round trip
-        events = self.chain.append_riding(items, self.tell, lease=lease, ledger=False)
+        pipe, done = self.chain.riding(items, self.tell, lease=lease, ledger=False)
+        events = done((yield Send(pipe)))
         self.known += events
         for ev in events:
             self.state.apply(ev)
@@ -257,6 +261,14 @@ class Writer:
             return
         tell(pipe, self.chain.store.keys, self.chain.saga_id, self.agent, self.conversation, later)
         self.cursor = later[-1]["seq"]
+
+
+def _raising(replies: list[Any]) -> list[Any]:
+    """``replies``, once none is an error (else the first error, raised)."""
+    for got in replies:
+        if isinstance(got, Exception):
+            raise got
+    return replies
 
 
 def _context_of(pipe: Any, names: SagaKeys, saga_id: str) -> None:

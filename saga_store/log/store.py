@@ -358,17 +358,30 @@ class ChainWriter:
         commands on it (commands about what is already in the log, such as context
         events: they stand whatever the append's fate). Returns the events as
         appended; raises as :meth:`applied` does, then a rider's error."""
+        pipe, done = self.riding(items, riders, lease=lease, phase=phase, ledger=ledger)
+        return done(pipe.execute(raise_on_error=False))
+
+    def riding(self, items: Sequence[tuple[str, Mapping[str, Any]]],
+               riders: Callable[[Any], None] | None = None, *,
+               lease: Lease | None = None, phase: Phase | None = None,
+               ledger: bool = True,
+               ) -> tuple[Any, Callable[[list[Any]], list[dict[str, Any]]]]:
+        """:meth:`append_riding` in two halves, for a caller that sends the round trip
+        itself: the lean pipeline with everything queued, and what to hand its
+        replies to (it returns the events as appended)."""
         call = self.prepare(items, lease=lease, phase=phase)
         pipe = lean(self.store.redis)
         if riders is not None:
             riders(pipe)
         queued = call.queue(pipe)
-        replies = pipe.execute(raise_on_error=False)
-        self.applied(call, queued(replies), ledger=ledger)
-        for got in queued.others(replies):
-            if isinstance(got, Exception):
-                raise got
-        return self.appended(items)
+
+        def done(replies: list[Any]) -> list[dict[str, Any]]:
+            self.applied(call, queued(replies), ledger=ledger)
+            for got in queued.others(replies):
+                if isinstance(got, Exception):
+                    raise got
+            return self.appended(items)
+        return pipe, done
 
     @property
     def closed(self) -> bool:

@@ -14,8 +14,11 @@ import pytest
 import redis
 from saga_store.workers.invoke import Invoker, Send, Sends, Work, adrive
 
+from saga_store.log.events import EventKind as K
 from saga_store.log.pipeline import lean
+from saga_store.log.store import ChainWriter, EventStore
 from saga_store.testing import assert_eventually
+from saga_store.verify.checker import Verifier
 
 pytestmark = pytest.mark.real_redis
 
@@ -161,6 +164,43 @@ def test_group_commit_resends_every_round_in_flight_when_the_connection_drops(
         return await asyncio.gather(*futs)
     assert asyncio.run(main()) == [[True, f"v{i}".encode()] for i in range(50)]
     assert recovered, "the dropped connection was never noticed"
+
+
+def test_group_commit_sends_the_append_by_sha_and_rides_out_a_script_flush(
+        store: EventStore) -> None:
+    """Appends go by EVALSHA, the script loaded on the connection first; after SCRIPT
+    FLUSH Redis answers NOSCRIPT, and the append goes again with the script's body:
+    each lands once, and the chain verifies."""
+    r = store.redis
+    sends = Sends(r.connection_pool)
+
+    def work(writer: ChainWriter) -> Work[None]:
+        for n in range(3):
+            if writer is writers[1] and n == 2:
+                r.script_flush()
+            call = writer.prepare([(K.STEP_INTENT, {"step": n, "tool": "t"})])
+            pipe = lean(r)
+            queued = call.queue(pipe)
+            writer.applied(call, queued((yield Send(pipe))))
+
+    async def main() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            await asyncio.gather(*(adrive(work(w), Invoker(), pool, sends)
+                                   for w in writers))
+    writers = [store.open("a"), store.open("a")]
+    before = r.info("commandstats")
+    asyncio.run(main())
+    after = r.info("commandstats")
+
+    def calls(name: str) -> int:
+        return int(after.get(f"cmdstat_{name}", {}).get("calls", 0)) - \
+            int(before.get(f"cmdstat_{name}", {}).get("calls", 0))
+    assert calls("evalsha") == 6  # every append by its digest first
+    # the last round came after the flush: both its appends again, with the body
+    assert calls("eval") == 2
+    for w in writers:
+        assert [e.get("step") for e in store.log.bodies(w.saga_id)] == [None, 0, 1, 2]
+    assert Verifier(store.log).verify().ok
 
 
 def test_group_commit_resends_a_round_cut_off_by_a_dropped_connection(
