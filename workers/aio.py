@@ -137,6 +137,11 @@ class AsyncWorker(StepWorker):
         finally:
             chores.cancel()
             self._tools.shutdown(wait=False)
+        sends = self._sends
+        if sends is not None and sends.rounds:
+            log.info("Worker %s: group commit sent %d round trips in %d rounds (%.1f a "
+                     "round), at most %d rounds in flight", self.name, sends.batches,
+                     sends.rounds, sends.batches / sends.rounds, sends.deepest)
         log.info("Worker %s: stopped", self.name)
 
     def _dequeue_loop(self, burst: bool, hand_over: Callable[[tuple[Any, Queue]], Any]) -> None:

@@ -97,3 +97,26 @@ def test_the_callers_context_crosses_the_hop_in_the_log(spans: Any, client: redi
     for s in steps:
         assert s.context.trace_id == submit.get_span_context().trace_id
         assert s.parent.span_id == submit.get_span_context().span_id
+
+
+def test_without_a_tracer_provider_no_span_is_made_but_the_callers_context_passes() -> None:
+    """With the API's own default provider (nothing records), a tool call makes no
+    span at all; a caller's context logged with the intent is still current in the
+    tool, so an instrumented client there passes it on. (In a process of its own:
+    a provider, once set, stays.)"""
+    import subprocess
+    import sys
+    code = """
+from opentelemetry import trace
+from saga_store.ops import tracing
+with tracing.tool_span("t", None, "s-1", 0, parent=None) as span:
+    assert span is None, span
+parent = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+with tracing.tool_span("t", None, "s-1", 0, parent=parent) as span:
+    got = trace.get_current_span().get_span_context()
+    assert format(got.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c", got
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.stdout.strip() == "ok", out.stderr
