@@ -35,6 +35,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -47,12 +48,35 @@ from rq.queue import Queue
 from rq.suspension import is_suspended
 from rq.worker import WorkerStatus
 
+from saga_store.execution import jobs
+from saga_store.ids import valid_id
+from saga_store.log.pipeline import lean
+
 from .invoke import Invoker, Sends, adrive
-from .step import StepRunner
-from .worker import SUSPENSION_CHECK_EVERY_S, StepWorker
+from .step import StepRunner, queue_reads
+from .worker import SUSPENSION_CHECK_EVERY_S, QueueJob, StepWorker
 
 log = logging.getLogger("saga_store.worker")
 DEFAULT_CONCURRENCY = 8
+# the most jobs one dequeue takes when more are queued and slots are free
+DEQUEUE_BATCH = 32
+# pop up to ARGV[1] job ids off the queues KEYS (in order), as RQ's dequeue would:
+# onto the intermediate list (the last key) when ARGV[2] is 1 (one queue)
+DEQUEUE_MORE = """
+local n, one = tonumber(ARGV[1]), ARGV[2] == '1'
+local out, last = {}, #KEYS - (one and 1 or 0)
+for i = 1, last do
+  while #out < 2 * n do
+    local id
+    if one then id = redis.call('LMOVE', KEYS[i], KEYS[#KEYS], 'LEFT', 'RIGHT')
+    else id = redis.call('LPOP', KEYS[i]) end
+    if not id then break end
+    out[#out + 1] = KEYS[i]
+    out[#out + 1] = id
+  end
+end
+return out
+"""
 CHORES_EVERY_S = 0.25
 # the pool and the terminal may both pass on one Ctrl+C: a second signal this soon
 # after the first is the same request
@@ -99,6 +123,8 @@ class AsyncWorker(StepWorker):
         (``with_scheduler``, which the pool passes) do not apply here."""
         self.bootstrap(logging_level)
         log.info("Worker %s: asyncio, up to %d jobs at once", self.name, self.concurrency)
+        if os.environ.get("SAGA_SWITCH_S"):
+            sys.setswitchinterval(float(os.environ["SAGA_SWITCH_S"]))
         try:
             asyncio.run(self._serve(burst))
         finally:
@@ -157,9 +183,20 @@ class AsyncWorker(StepWorker):
                 if burst and not self._busy():
                     return
                 continue
+            more = self._take_free_slots()
+            extra: list[tuple[Any, Queue]] = []
+            try:
+                extra = self._dequeue_more(more)
+            except redis.RedisError as exc:  # what it popped is redelivered from the log
+                log.warning("Worker %s: could not take more jobs at once (%s)", self.name,
+                            exc)
+            finally:
+                for _ in range(more - len(extra)):
+                    self._free.release()
             with self._count:
-                self._in_flight += 1
-            hand_over(got)
+                self._in_flight += 1 + len(extra)
+            for one in (got, *extra):
+                hand_over(one)
 
     async def _drive(self, job: Any, queue: Queue) -> None:
         """One job, as a task on the loop. Whatever it raises stays here: the log
@@ -180,6 +217,62 @@ class AsyncWorker(StepWorker):
                 self.completed += 1
                 if self._stop_requested and not self._in_flight:
                     log.info("Worker %s: the jobs in flight are done", self.name)
+
+    def _take_free_slots(self) -> int:
+        """How many more slots are free now (at most :data:`DEQUEUE_BATCH` - 1),
+        taken."""
+        n = 0
+        while n < DEQUEUE_BATCH - 1 and self._free.acquire(blocking=False):
+            n += 1
+        return n
+
+    def _dequeue_more(self, n: int) -> list[tuple[Any, Queue]]:
+        """Up to ``n`` more jobs already queued, in one round trip to pop them and one
+        to read them: RQ's own moves (LPOP in the queues' order; LMOVE onto the
+        intermediate list when the worker serves one queue, as RQ's dequeue does),
+        made by one script, and each job's ``data`` (with a step's log reads, as
+        :class:`StepJob` fetches them). A burst of queued sagas otherwise waits on
+        two round trips per job in this one thread."""
+        if n <= 0 or self._stop_requested:
+            return []
+        queues = self._ordered_queues
+        one = len(queues) == 1
+        keys = [q.key for q in queues] + ([queues[0].intermediate_queue_key] if one else [])
+        popped = self.connection.eval(DEQUEUE_MORE, len(keys), *keys, n, int(one))
+        if not popped:
+            return []
+        by_key = {q.key: q for q in queues}
+        pipe = lean(self.connection)
+        wanted = []
+        for queue_key, job_id in zip(popped[::2], popped[1::2], strict=True):
+            job = self.job_class(job_id.decode(), connection=self.connection,
+                                 serializer=self.serializer)
+            pipe.hget(job.key, "data")
+            ids = jobs.parse_step_job_id(job.id)
+            step = ids is not None and valid_id(ids[0]) and \
+                getattr(self.job_class, "names", None) is not None and \
+                not issubclass(self.job_class, QueueJob)
+            at = len(pipe)
+            if step:
+                queue_reads(pipe, self.job_class.names, *ids)
+            wanted.append((job, by_key[queue_key.decode()], ids if step else None,
+                           len(pipe) - at))
+        replies = iter(pipe.execute(raise_on_error=False))
+        out = []
+        for job, queue, ids, reads in wanted:
+            data = next(replies)
+            got = [next(replies) for _ in range(reads)]
+            if ids is not None and not any(isinstance(g, Exception) for g in got):
+                job.prefetched = (ids, got)
+            if isinstance(data, Exception):  # a job hash of the wrong type, say
+                log.error("Worker %s: job %s could not be read (%s); dropped", self.name,
+                          job.id, data)
+                continue
+            if data is None:
+                continue  # gone meanwhile: RQ's dequeue passes over it too
+            job.data = data
+            out.append((job, queue))
+        return out
 
     def _busy(self) -> bool:
         with self._count:

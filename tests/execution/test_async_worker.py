@@ -13,6 +13,7 @@ import orjson
 import pytest
 import redis
 from click.testing import CliRunner
+from rq.queue import Queue
 from saga_store.cli.main import cli
 
 from saga_store import Registry, SagaStore, Settings
@@ -170,6 +171,34 @@ def test_a_job_whose_hash_is_not_a_hash_does_not_stop_the_worker(
                                    "args": {"sku": "A", "qty": 1}}])
         assert store.wait(sid, timeout=30).status is Status.COMMITTED
         assert w.alive
+
+
+@pytest.mark.parametrize("queues", [(), ("--queues", jobs.STEP_QUEUE)])
+def test_a_burst_of_queued_sagas_is_taken_in_batches_each_run_once(
+        store: SagaStore, client: redis.Redis, worker_env: dict[str, str], ledger: Path,
+        tmp_path: Path, queues: tuple[str, ...]) -> None:
+    """Twenty sagas queued before the worker starts, a bad job among them: the worker
+    takes them several at a time (popped as RQ pops them: LPOP over the queues in
+    order, or LMOVE onto the intermediate list when it serves one queue), drops the
+    bad one, and runs every saga's effect once."""
+    ids = submit(store, 10, [{"tool": "reserve_inventory", "args": {"sku": "A", "qty": 1}}])
+    client.set(jobs.job_key("not-a-hash"), "x")
+    client.rpush(jobs.queue_key(jobs.STEP_QUEUE), "not-a-hash")
+    ids += submit(store, 10, [{"tool": "reserve_inventory", "args": {"sku": "A", "qty": 1}}])
+    log = tmp_path / "worker.log"
+    with workers(worker_env, TOOLS, *ASYNC, "32", *queues, log=log) as [w]:
+        for sid in ids:
+            assert store.wait(sid, timeout=30).status is Status.COMMITTED
+        assert w.alive
+    text = log.read_text()
+    assert "job not-a-hash could not be read" in text, text  # the batch's path took it
+    assert len(effects("reserve")) == 20
+    step_queue = Queue(jobs.STEP_QUEUE, connection=client)
+    # every saga's job acknowledged; the unreadable one left where RQ's own dequeue
+    # leaves it, for RQ's clean-up of the intermediate list
+    assert client.lrange(step_queue.intermediate_queue_key, 0, -1) == \
+        ([b"not-a-hash"] if queues else [])
+    assert client.llen(step_queue.key) == 0
 
 
 def test_a_sigkill_mid_step_is_recovered_by_another_worker(
