@@ -5,7 +5,9 @@ the same plans for every engine in a round:
 
 - Saga Store, its Redis with ``appendfsync everysec`` (the default we document) and
   ``appendfsync always`` (an fsync per write, the durability of the peers below);
-  one Redis and one set of workers, switched with CONFIG SET between runs;
+  one Redis and one set of workers, switched with CONFIG SET between runs; the
+  driver submits all N at once with ``submit_many`` (one pipelined round trip), as
+  the drivers below fire all N requests at once;
 - Restate: restate-server from npm (installed into .cache/npm-restate on first run),
   the workflow a service of the Python SDK (benchmarks/peers/restate_app.py) under
   hypercorn, invoked through the ingress over HTTP, all N in flight;
@@ -192,7 +194,7 @@ class SagaStoreEngine(Engine):
     def measure(self, fails: list[bool]) -> dict[str, float]:
         d = SagaStoreEngine.shared[self.kind]
         d.store.redis.config_set("appendfsync", self.appendfsync)
-        row = d.measure(fails)
+        row = d.measure(fails, batch=True)  # all at once, as the peers' drivers do
         row["cpu_ms_total"] = sum(v for k, v in row.items() if k.startswith("cpu_ms_"))
         return row
 
