@@ -35,7 +35,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -92,9 +91,9 @@ class AsyncWorker(StepWorker):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # a step thread keeps a lean connection and checks out another now and then;
-        # redis-py refuses a 101st connection by default ("Too many connections")
-        # (a cluster's node pools have no such limit)
+        # a sync tool's thread may check connections out (a lease renewal, the tool's
+        # own use of the store); redis-py refuses a 101st connection by default ("Too
+        # many connections") (a cluster's node pools have no such limit)
         log_client = self.saga_store.redis
         for client in {id(c): c for c in (self.connection, log_client)}.values():
             pool = getattr(client, "connection_pool", None)
@@ -123,8 +122,6 @@ class AsyncWorker(StepWorker):
         (``with_scheduler``, which the pool passes) do not apply here."""
         self.bootstrap(logging_level)
         log.info("Worker %s: asyncio, up to %d jobs at once", self.name, self.concurrency)
-        if os.environ.get("SAGA_SWITCH_S"):
-            sys.setswitchinterval(float(os.environ["SAGA_SWITCH_S"]))
         try:
             asyncio.run(self._serve(burst))
         finally:
@@ -187,9 +184,9 @@ class AsyncWorker(StepWorker):
             extra: list[tuple[Any, Queue]] = []
             try:
                 extra = self._dequeue_more(more)
-            except redis.RedisError as exc:  # what it popped is redelivered from the log
-                log.warning("Worker %s: could not take more jobs at once (%s)", self.name,
-                            exc)
+            except Exception:  # what it popped is redelivered from the log
+                log.exception("Worker %s: could not take more jobs at once; going on",
+                              self.name)
             finally:
                 for _ in range(more - len(extra)):
                     self._free.release()

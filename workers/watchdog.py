@@ -1,6 +1,6 @@
 """Keeping a saga's lease while a sync tool runs where nothing can stop it.
 
-Off the main thread (the asyncio worker's step threads, the inline executor) a
+Off the main thread (the asyncio worker's sync-tool pool, the inline executor) a
 sync tool runs on the calling thread: no signal reaches it there, so the step
 waits for it to return, and records it in doubt if that was past its timeout.
 Meanwhile the saga's lease must not lapse, or the sweeper would hand the step
