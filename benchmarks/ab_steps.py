@@ -49,6 +49,11 @@ def main() -> None:
                   f"{on_async:.3f} ms (runs " + ", ".join(
                       f"{r['round_trip_ms']['durable_async_worker']['p50']:.3f}"
                       for r in runs) + ")")
+        if all("durable_async_worker_async_tool" in r["round_trip_ms"] for r in runs):
+            aio = statistics.median(r["round_trip_ms"]["durable_async_worker_async_tool"]["p50"]
+                                    for r in runs)
+            print(f"{'AB'[i]} {a.checkouts[i]}: no-op async tool's round trip p50, asyncio "
+                  f"worker {aio:.3f} ms")
         tp = {w: statistics.median(r["throughput"][w]["durable_steps_per_s"] for r in runs)
               for w in runs[0]["throughput"]}
         summary.append((rt, tp))

@@ -70,12 +70,12 @@ def rss_mb(pid: int) -> float:
     return 0.0
 
 
-def round_trips(store: SagaStore, n: int) -> list[float]:
+def round_trips(store: SagaStore, n: int, tool: str = "noop") -> list[float]:
     out = []
     with store.saga(agent_id="bench") as saga:
         for i in range(n):
             t = time.perf_counter()
-            saga.call("noop", {"n": i})
+            saga.call(tool, {"n": i})
             out.append((time.perf_counter() - t) * 1000)
     return out
 
@@ -191,17 +191,21 @@ def run(quick: bool = False) -> dict[str, Any]:
         n = 300 if quick else 2000
         round_trips(store, 50)  # warm up every side
         round_trips(store_async, 50)
+        round_trips(store_async, 50, "aio_noop")
         bare_round_trips(r, 50)
-        durable, on_async, bare = [], [], []
+        durable, on_async, on_async_aio, bare = [], [], [], []
         for _ in range(4):  # interleaved blocks: all see the same noise
             durable += round_trips(store, n // 4)
             on_async += round_trips(store_async, n // 4)
+            on_async_aio += round_trips(store_async, n // 4, "aio_noop")
             bare += bare_round_trips(r, n // 4)
         stop(async_procs)
         out["round_trip_ms"] = {
             "durable": {"p50": statistics.median(durable), "p99": percentile(durable, 99)},
             "durable_async_worker": {"p50": statistics.median(on_async),
                                      "p99": percentile(on_async, 99)},
+            "durable_async_worker_async_tool": {"p50": statistics.median(on_async_aio),
+                                                "p99": percentile(on_async_aio, 99)},
             "bare_rq_simpleworker": {"p50": statistics.median(bare),
                                      "p99": percentile(bare, 99)}}
         first, last = flat_cost(store, 300 if quick else 1000)

@@ -15,6 +15,11 @@ def noop(n: int = 0) -> dict[str, Any]:
 
 
 @tool(reversibility=Reversibility.READONLY)
+async def aio_noop(n: int = 0) -> dict[str, Any]:
+    return {"n": n}
+
+
+@tool(reversibility=Reversibility.READONLY)
 def io_wait(ms: float = 10.0) -> dict[str, Any]:
     time.sleep(ms / 1000)
     return {}
