@@ -84,3 +84,18 @@ def hang(seconds: float, ctx: StepContext) -> dict[str, Any]:
     time.sleep(seconds)
     _record(ctx, started)
     return {}
+
+
+@tool(reversibility=Reversibility.READONLY, timeout=4)
+async def exits_async(ctx: StepContext) -> dict[str, Any]:
+    """A tool that calls sys.exit(): the worker must take it as the step's failure
+    to finish, never as its own end."""
+    effect("exit", ctx.idempotency_key)
+    raise SystemExit(3)
+
+
+@tool(reversibility=Reversibility.READONLY)
+def current_trace() -> dict[str, Any]:
+    """The trace id current where the tool runs (0: none)."""
+    from opentelemetry import trace
+    return {"trace_id": format(trace.get_current_span().get_span_context().trace_id, "032x")}

@@ -133,7 +133,9 @@ class AsyncWorker(StepWorker):
     async def _serve(self, burst: bool) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
+            # not the loop's handler: the loop may be held up waiting for Redis to
+            # come back, and a second signal must still exit at once
+            signal.signal(sig, lambda signum, _frame: self._on_signal(signum))
         chores = asyncio.create_task(self._chores())
         dequeuer_done = asyncio.Event()
         tasks: set[asyncio.Task[None]] = set()
@@ -204,9 +206,12 @@ class AsyncWorker(StepWorker):
         try:
             await adrive(self.job_work(job, queue, runner), self._invoker, self._tools,
                          self._sends)
-        except Exception:
+        except asyncio.CancelledError:
+            raise
+        except BaseException:  # SystemExit from a tool, say: never the end of the worker
             log.exception("job %s could not be finished; it will be redelivered", job.id)
         finally:
+            runner.reset()
             self._runners.append(runner)  # a runner carries nothing past its job's end
             self._free.release()
             with self._count:

@@ -2,12 +2,13 @@
 
 A call that runs past the tool's ``timeout`` is *in doubt*, not failed: it may
 have had its effect. Sync tools are interrupted with SIGALRM when they run on
-the main thread (as in an RQ worker); off it (the asyncio worker's threads, the
-inline executor) they run on the calling thread and cannot be stopped, so the
-outcome waits for the call to return (or raise), and says in doubt if that was
-past the timeout; the watchdog (:mod:`.watchdog`) keeps the lease meanwhile. Async tools run
-under ``asyncio.wait_for`` on the invoker's own event loop (one per invoker,
-so one per worker thread).
+the main thread (as in an RQ worker); off it (the asyncio worker's sync-tool
+pool, the inline executor) they run on the calling thread and cannot be stopped,
+so the outcome waits for the call to return (or raise), and says in doubt if that
+was past the timeout; the watchdog (:mod:`.watchdog`) keeps the lease meanwhile.
+Async tools run on the asyncio worker's loop under ``asyncio.timeout``, in the
+step's own task; elsewhere under ``asyncio.wait_for`` on the invoker's own event
+loop.
 
 The step driver and the compensator do not call tools themselves: they are
 generators that yield each :class:`Call` (and each :class:`Pause` of a
@@ -20,6 +21,7 @@ sync ones to a thread pool, so a step waiting on its tool holds no thread.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import signal
 import threading
@@ -110,25 +112,32 @@ async def adrive(work: Work[T], invoker: Invoker, pool: Executor,
     """Run ``work`` to its end on the running event loop: async tools awaited here,
     sync tools on ``pool``, pauses awaited, round trips through ``sends`` (or made
     at once). Between two yields the work runs on the loop's thread (its other
-    Redis round trips included)."""
+    Redis round trips included). Whatever a call raises goes into the work at its
+    ``yield``, as :func:`drive` does (SystemExit from a tool included);
+    cancellation does not, and closes the work (its ``finally`` blocks run now)."""
     value: Any = None
     error: BaseException | None = None
-    while True:
-        try:
-            req = work.throw(error) if error is not None else work.send(value)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        value = error = None
-        try:
-            if isinstance(req, Send):
-                value = await sends.send(req.trip) if sends is not None else \
-                    req.trip.execute(raise_on_error=False)
-            elif isinstance(req, Pause):
-                await asyncio.sleep(req.seconds)
-            else:
-                value = await invoker.ainvoke(req, pool)
-        except Exception as exc:  # cancellation is not the tool's: it ends the drive
-            error = exc
+    try:
+        while True:
+            try:
+                req = work.throw(error) if error is not None else work.send(value)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+            value = error = None
+            try:
+                if isinstance(req, Send):
+                    value = await sends.send(req.trip) if sends is not None else \
+                        req.trip.execute(raise_on_error=False)
+                elif isinstance(req, Pause):
+                    await asyncio.sleep(req.seconds)
+                else:
+                    value = await invoker.ainvoke(req, pool)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # raised at the yield, as if the work had called
+                error = exc
+    finally:
+        work.close()
 
 
 class Sends:
@@ -146,17 +155,20 @@ class Sends:
 
     The append script goes as EVALSHA, loaded on each new connection before its
     first round: 7 KB less to send and for Redis to hash per append. Should Redis
-    answer NOSCRIPT all the same (``SCRIPT FLUSH`` while the connection lived), the
-    batches concerned are sent again with the script's body, as any batch whose
-    replies were lost would be."""
+    answer NOSCRIPT all the same (``SCRIPT FLUSH`` while the connection lived), only
+    the refused appends go again, with the script's body, and the next round loads
+    it again first. The connection never sends a health-check PING of its own: its
+    replies belong to the rounds in flight."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool
         self._waiting: list[tuple[Any, asyncio.Future[list[Any]]]] = []
-        self._flying: deque[list[tuple[Any, list[Any], asyncio.Future[list[Any]]]]] = deque()
+        self._flying: deque[list[_Batch]] = deque()
         self._conn: Any = None
         self._loaded_on: Any = None  # the socket the append script was loaded on
-        self._watched: int | None = None  # the socket the loop watches for replies
+        self._reload = False  # NOSCRIPT seen: load the script again in the next round
+        self._watched: Any = None  # the socket the loop watches for replies
+        self._watched_fd = -1
         self.rounds = self.batches = 0  # for measurement: batches per round
         self.deepest = 0  # for measurement: the most rounds in flight at once
 
@@ -171,6 +183,9 @@ class Sends:
             except Exception as exc:
                 fut.set_exception(exc)
             return fut
+        if not pipe.command_stack:  # nothing to send, nothing to wait for
+            fut.set_result([])
+            return fut
         if not self._waiting:
             loop.call_soon(self._round)  # after every work ready in this turn has run
         self._waiting.append((pipe, fut))
@@ -179,19 +194,23 @@ class Sends:
     def _connection(self) -> Any:
         if self._conn is None:
             self._conn = self.pool.make_connection()
+            self._conn.health_check_interval = 0  # a PING would read a round's reply
         return self._conn
 
     def _round(self) -> None:
         taken, self._waiting = self._waiting, []
         batches = [(pipe, pipe.take(), fut) for pipe, fut in taken]
+        if self._reload and batches:  # its reply comes first, answered to nobody
+            batches.insert(0, (batches[0][0], [(("SCRIPT", "LOAD", APPEND), {})], None))
+            self._reload = False
         self.rounds += 1
-        self.batches += len(batches)
+        self.batches += len(taken)
         self._flying.append(batches)
         self.deepest = max(self.deepest, len(self._flying))
         conn = self._connection()
         try:
             self._connect(conn)
-            conn.send_packed_command(self._packed(conn, batches))
+            conn.send_packed_command(self._packed(conn, batches), check_health=False)
             self._watch(conn)
         except Exception:
             self._recover()
@@ -201,15 +220,16 @@ class Sends:
         append script (nothing is in flight on a new socket)."""
         conn.connect()
         if conn._sock is not self._loaded_on:
-            conn.send_command("SCRIPT", "LOAD", APPEND)
+            conn.send_command("SCRIPT", "LOAD", APPEND, check_health=False)
             sha = conn.read_response()
             if (sha.decode() if isinstance(sha, bytes) else sha) != APPEND_SHA:
                 raise redis.ResponseError("SCRIPT LOAD answered another SHA1 than the "
                                           "append script's")
             self._loaded_on = conn._sock
+            self._reload = False
 
     @staticmethod
-    def _packed(conn: Any, batches: list[tuple[Any, list[Any], Any]]) -> list[bytes]:
+    def _packed(conn: Any, batches: list[_Batch]) -> list[bytes]:
         """The batches' commands in Redis's protocol, the append script by its SHA1."""
         out: list[bytes] = []
         for _, stack, _ in batches:
@@ -218,20 +238,27 @@ class Sends:
                                for args, options in stack])
         return out
 
-    def _answer_all(self, batches: list[tuple[Any, list[Any], asyncio.Future[list[Any]]]],
-                    replies: list[list[Any]]) -> None:
-        """Hand each batch its replies; a batch that met NOSCRIPT goes again, with the
-        script's body, on the loop thread's own lean connection."""
+    def _answer_all(self, batches: list[_Batch], replies: list[list[Any]]) -> None:
+        """Hand each batch its replies. An append refused with NOSCRIPT goes again
+        with the script's body, alone (the batch's other commands ran once already),
+        on the loop thread's own lean connection."""
         for (pipe, stack, fut), got in zip(batches, replies, strict=True):
-            if any(isinstance(r, redis.exceptions.NoScriptError) for r in got):
-                self._loaded_on = None
-                pipe.command_stack = stack
+            if fut is None:
+                continue  # the round's SCRIPT LOAD
+            refused = [i for i, r in enumerate(got)
+                       if isinstance(r, redis.exceptions.NoScriptError)]
+            if refused:
+                self._reload = True
+                pipe.command_stack = [stack[i] for i in refused]
                 try:
-                    got = pipe.execute(raise_on_error=False)
+                    again = pipe.execute(raise_on_error=False)
                 except Exception as exc:
                     if not fut.done():
                         fut.set_exception(exc)
                     continue
+                got = list(got)
+                for i, r in zip(refused, again, strict=True):
+                    got[i] = r
             if not fut.done():  # a work cancelled meanwhile wants nothing
                 fut.set_result(got)
 
@@ -239,15 +266,16 @@ class Sends:
         if isinstance(conn, redis.SSLConnection):  # TLS buffers what a poll cannot see
             self._read_all(conn)
             return
-        fd = conn._sock.fileno()
-        if self._watched != fd:
+        sock = conn._sock
+        if sock is not self._watched:  # a new socket may reuse the old one's number
             self._unwatch()
-            asyncio.get_running_loop().add_reader(fd, self._on_readable)
-            self._watched = fd
+            self._watched_fd = sock.fileno()
+            asyncio.get_running_loop().add_reader(self._watched_fd, self._on_readable)
+            self._watched = sock
 
     def _unwatch(self) -> None:
         if self._watched is not None:
-            asyncio.get_running_loop().remove_reader(self._watched)
+            asyncio.get_running_loop().remove_reader(self._watched_fd)
             self._watched = None
 
     def _on_readable(self) -> None:
@@ -278,17 +306,16 @@ class Sends:
         """The connection failed with rounds in flight: every one of them sent again,
         whole, on a new connection, and read here (the loop waits, as any work on
         it would for Redis to come back)."""
-        self._unwatch()
+        self._unwatch()  # before the socket closes: its number may come back
         conn = self._connection()
         conn.disconnect()  # never leave replies unread on a kept connection
-        rounds = list(self._flying)
+        batches = [b for r in self._flying for b in r if b[2] is not None]
         self._flying.clear()
-        batches = [b for r in rounds for b in r]
 
         def run() -> list[list[Any]]:
             try:
                 self._connect(conn)
-                conn.send_packed_command(self._packed(conn, batches))
+                conn.send_packed_command(self._packed(conn, batches), check_health=False)
                 return [pipe._read(conn, stack) for pipe, stack, _ in batches]
             except BaseException:
                 conn.disconnect()
@@ -298,10 +325,14 @@ class Sends:
             replies = conn.retry.call_with_retry(run, lambda *_: conn.disconnect())
         except Exception as exc:
             for _, _, fut in batches:
-                if not fut.done():
+                if fut is not None and not fut.done():
                     fut.set_exception(exc)
             return
         self._answer_all(batches, replies)
+
+
+# a batch of a round: its pipeline, its commands, and who waits for its replies
+_Batch = tuple[Any, list[Any], "asyncio.Future[list[Any]] | None"]
 
 
 class StepTimeout(BaseException):
@@ -357,9 +388,10 @@ class Invoker:
         (its back-offs too); a sync one runs on ``pool``, watched as off the main
         thread."""
         spec, args = call.spec, call.args
-        if not spec.is_async:
+        if not spec.is_async:  # on a pool thread, in the step's context (its span)
             return await asyncio.get_running_loop().run_in_executor(
-                pool, self.invoke, spec, args, call.ctx, call.secrets, call.keepalive)
+                pool, contextvars.copy_context().run, self.invoke, spec, args, call.ctx,
+                call.secrets, call.keepalive)
         kwargs = spec.kwargs(args)
         for pre in spec.preconditions:
             if not _holds(pre, args):
@@ -370,7 +402,10 @@ class Invoker:
         while True:
             tries += 1
             try:
-                raw = await asyncio.wait_for(spec.fn(**kwargs), spec.timeout)
+                # in this task, not one of its own (as wait_for would make): a
+                # SystemExit from the tool then reaches the step, not the loop
+                async with asyncio.timeout(spec.timeout):
+                    raw = await spec.fn(**kwargs)
             except TimeoutError:
                 return _timed_out(spec, tries)
             except Exception as exc:  # any exception fails the step (contract)

@@ -86,6 +86,12 @@ class StepRunner:
         self._unwind = False  # this worker unwinds the saga it just failed
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
 
+    def reset(self) -> None:
+        """Forget what a delivery left behind (a claimed next step, an unwind due),
+        should it have ended by raising before it got to them."""
+        self._next = None
+        self._unwind = False
+
     def run(self, saga_id: str, step: int, intent_seq: int, extra: Any = None,
             reads: Any = None) -> str:
         """Handle one delivery; returns what happened (for logs and metrics).

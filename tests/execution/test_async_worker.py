@@ -19,7 +19,7 @@ from saga_store.cli.main import cli
 from saga_store import Registry, SagaStore, Settings
 from saga_store.execution import jobs
 from saga_store.protocol.state import Status
-from saga_store.testing import assert_eventually
+from saga_store.testing import RedisServer, assert_eventually
 from saga_store.testing.workers import WorkerProcess, workers
 from saga_store.verify.checker import Verifier
 
@@ -154,6 +154,48 @@ def test_a_second_sigterm_exits_at_once_and_the_sweeper_redelivers(
     assert state.status is Status.COMMITTED
     assert len(effects("started")) == 2  # attempt 1 cut short, attempt 2 finished
     assert len(effects("reserve")) == 1
+
+
+def test_a_tool_calling_sys_exit_does_not_end_the_worker(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """An async tool raising SystemExit: logged, the step left to the sweeper; the
+    worker stays up and runs the sagas queued beside it."""
+    submit(store, 1, [{"tool": "exits_async", "args": {}}])
+    with workers(worker_env, TOOLS, *ASYNC, "2") as [w]:
+        assert_eventually(lambda: effects("exit"), timeout=30, what="the tool to exit")
+        ids = submit(store, 3, [{"tool": "reserve_inventory",
+                                 "args": {"sku": "A", "qty": 1}}])
+        for sid in ids:
+            assert store.wait(sid, timeout=30).status is Status.COMMITTED
+        assert w.alive
+    assert len(effects("reserve")) == 3
+
+
+def test_a_second_sigterm_exits_at_once_while_redis_is_unreachable(
+        worker_env: dict[str, str], ledger: Path) -> None:
+    """Redis goes away while a step is inside its tool; the step's outcome then waits
+    for Redis on the loop. SIGTERM, then another: the worker still exits at once
+    (status 1), the signals not waiting for the loop."""
+    with RedisServer() as srv:
+        own = SagaStore(redis.Redis.from_url(srv.url), Registry.from_modules(TOOLS),
+                        Settings(lease_ms=1000))
+        own.submit([sleep_step("timed_async_sleep", 1.0)], agent_id="agent-1")
+        env = {**worker_env, "SAGA_REDIS_URL": srv.url}
+        w = WorkerProcess(env, TOOLS, *ASYNC, "4", kind="async").start()
+        try:
+            assert_eventually(lambda: effects("started"), timeout=30,
+                              what="the step in flight")
+            srv.kill()
+            time.sleep(2.0)  # the tool is done: its outcome waits for Redis
+            assert w.alive
+            assert w.proc is not None
+            w.proc.send_signal(signal.SIGTERM)
+            time.sleep(1.5)  # a second signal within a second is taken for the same one
+            t0 = time.monotonic()
+            assert w.terminate(timeout=10) == 1
+            assert time.monotonic() - t0 < 2.0
+        finally:
+            w.kill()
 
 
 def test_a_job_whose_hash_is_not_a_hash_does_not_stop_the_worker(

@@ -7,6 +7,7 @@ import asyncio
 import gc
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -113,6 +114,39 @@ def test_group_commit_gives_each_work_on_the_loop_its_own_replies(redis_url: str
     assert sends.batches == 16 * 100
     assert sends.rounds == 100  # the sixteen works' round trips went together each time
     assert c.get("n:15") == b"100"
+
+
+def test_group_commit_answers_an_empty_batch_at_once(redis_url: str) -> None:
+    """A batch with nothing queued gets no replies, at once, as execute() gives it."""
+    c = redis.Redis.from_url(redis_url)
+    sends = Sends(c.connection_pool)
+
+    async def main() -> list[Any]:
+        return await asyncio.wait_for(sends.send(lean(c)), 5)
+    assert asyncio.run(main()) == []
+    assert sends.rounds == 0
+
+
+def test_group_commit_sends_no_health_check_between_rounds_in_flight(
+        redis_url: str) -> None:
+    """A client with a health-check interval: the group's connection, idle past it
+    with a round unanswered, sends the next round without a PING. (The PING's reply
+    would be the round's: redis-py takes the connection for broken and the round
+    is sent again, so its INCR ran twice.)"""
+    c = redis.Redis.from_url(redis_url, health_check_interval=1)
+    sends = Sends(c.connection_pool)
+
+    async def main() -> tuple[list[Any], list[Any]]:
+        first = lean(c)
+        first.incr("n")
+        f1 = sends.send(first)
+        await asyncio.sleep(0)  # the first round goes; its reply is not read yet
+        time.sleep(1.2)  # the loop held up past the health-check interval
+        second = lean(c)
+        second.get("n")
+        f2 = sends.send(second)
+        return await asyncio.wait_for(f1, 5), await asyncio.wait_for(f2, 5)
+    assert asyncio.run(main()) == ([1], [b"1"])
 
 
 def test_group_commit_answers_rounds_in_flight_in_order(redis_url: str) -> None:

@@ -120,3 +120,27 @@ print("ok")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_a_sync_tool_on_the_asyncio_worker_runs_in_its_calls_span(spans: Any) -> None:
+    """The asyncio worker runs a sync tool on a pool thread: the tool call's span is
+    still the current one there (an instrumented client in the tool is its child)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from saga_store.workers.invoke import Call, Invoker
+
+    from saga_store.ops import tracing
+    from saga_store.tools.spec import StepContext
+
+    spec = Registry.from_modules("tests.timing_tools").get("current_trace")
+    ctx = StepContext("k" * 16, "s-1", 0, 1, None, None)
+
+    async def main() -> tuple[str, dict[str, Any]]:
+        with tracing.tool_span("current_trace", None, "s-1", 0, parent=None) as span, \
+                ThreadPoolExecutor(1) as pool:
+            want = format(span.get_span_context().trace_id, "032x")
+            return want, (await Invoker().ainvoke(Call(spec, {}, ctx), pool)).result
+    want, got = asyncio.run(main())
+    assert got == {"trace_id": want}
+    assert want != "0" * 32
