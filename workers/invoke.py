@@ -85,16 +85,29 @@ class Send:
 Work = Generator["Call | Pause | Send", Any, T]
 
 
+@dataclass(frozen=True)
+class _Done:
+    value: Any
+
+
+def _resume(work: Work[Any], value: Any, error: BaseException | None) -> Any:
+    """The work's next request, given the answer to its last (``error``: raised
+    at its ``yield``); :class:`_Done` with what it returned once it ends."""
+    try:
+        return work.throw(error) if error is not None else work.send(value)
+    except StopIteration as stop:
+        return _Done(stop.value)
+
+
 def drive(work: Work[T], invoker: Invoker) -> T:
     """Run ``work`` to its end on this thread: each call through ``invoker``, each
     pause slept."""
     value: Any = None
     error: BaseException | None = None
     while True:
-        try:
-            req = work.throw(error) if error is not None else work.send(value)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
+        req = _resume(work, value, error)
+        if isinstance(req, _Done):
+            return req.value  # type: ignore[no-any-return]
         value = error = None
         try:
             if isinstance(req, Send):
@@ -119,10 +132,9 @@ async def adrive(work: Work[T], invoker: Invoker, pool: Executor,
     error: BaseException | None = None
     try:
         while True:
-            try:
-                req = work.throw(error) if error is not None else work.send(value)
-            except StopIteration as stop:
-                return stop.value  # type: ignore[no-any-return]
+            req = _resume(work, value, error)
+            if isinstance(req, _Done):
+                return req.value  # type: ignore[no-any-return]
             value = error = None
             try:
                 if isinstance(req, Send):
