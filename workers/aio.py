@@ -165,7 +165,7 @@ class AsyncWorker(StepWorker):
         sends = self._sends
         if sends is not None and sends.rounds:
             log.info("Worker %s: group commit sent %d round trips in %d rounds (%.1f a "
-                     "round), at most %d rounds in flight", self.name, sends.batches,
+                     "round; most in flight at once: %d)", self.name, sends.batches,
                      sends.rounds, sends.batches / sends.rounds, sends.deepest)
         log.info("Worker %s: stopped", self.name)
 
