@@ -37,7 +37,7 @@ except ImportError:  # redis-py packs without it
 
 class LeanPipeline(Pipeline):
     def take(self) -> list[Any]:
-        """The commands queued, taken off the pipeline (for :func:`lean_round`)."""
+        """The commands queued, taken off the pipeline (group commit sends them)."""
         stack, self.command_stack = self.command_stack, []
         return stack
 
