@@ -24,7 +24,7 @@ from saga_store.errors import ConflictError, FencedOff, InvalidInput
 from saga_store.execution.enqueue import schedule, unschedule
 from saga_store.faults import fault
 from saga_store.keys import SagaKeys
-from saga_store.log.pipeline import lean
+from saga_store.log.pipeline import answered, lean
 from saga_store.log.store import ChainWriter
 from saga_store.log.stream import Lease, release_lease
 from saga_store.ops import tracing
@@ -105,7 +105,7 @@ class Compensator:
         token = f"{self.worker}:comp:{os.urandom(6).hex()}"
         pipe = lean(r)
         pipe.set(self.store.events.keys.lease(saga_id), token, nx=True, px=lease_ms)
-        [got] = _raising((yield Send(pipe)))
+        [got] = answered((yield Send(pipe)))
         if not got:
             return "busy"  # a step or another compensator holds the saga; swept later
         # should this process die, the sweeper looks as soon as the lease can lapse;
@@ -113,7 +113,7 @@ class Compensator:
         pipe = lean(r)
         schedule(pipe, self.store.events.keys, saga_id, lease_ms + 100)
         _context_of(pipe, self.store.events.keys, saga_id)
-        ctx: list[Any] | None = _raising((yield Send(pipe)))[-1]
+        ctx: list[Any] | None = answered((yield Send(pipe)))[-1]
         self._released = False
         try:
             for _ in range(MAX_REDECIDE):
@@ -205,9 +205,7 @@ class Compensator:
         writer.tell(pipe)  # the saga's close, before it leaves ss:active: the sweeper's cue
         settle = writer.chain.close_on(pipe)  # the ledger's closing entry, in the same trip
         unschedule(pipe, self.store.events.keys, state.saga_id)
-        replies = yield Send(pipe)
-        settle(replies)
-        _raising(replies)
+        answered((yield Send(pipe)), settle)
         notify.needs_attention(state.saga_id, state.agent_id, act.attention)
         return ended
 
@@ -261,14 +259,6 @@ class Writer:
             return
         tell(pipe, self.chain.store.keys, self.chain.saga_id, self.agent, self.conversation, later)
         self.cursor = later[-1]["seq"]
-
-
-def _raising(replies: list[Any]) -> list[Any]:
-    """``replies``, once none is an error (else the first error, raised)."""
-    for got in replies:
-        if isinstance(got, Exception):
-            raise got
-    return replies
 
 
 def _context_of(pipe: Any, names: SagaKeys, saga_id: str) -> None:

@@ -39,7 +39,7 @@ from saga_store.faults import fault
 from saga_store.ids import check_saga_id
 from saga_store.keys import SagaKeys
 from saga_store.log.events import EventKind as K
-from saga_store.log.pipeline import lean
+from saga_store.log.pipeline import answered, lean
 from saga_store.log.scripts import RENEW_LEASE
 from saga_store.log.store import ChainWriter
 from saga_store.log.stream import Head, Lease, body_and_hash
@@ -364,12 +364,7 @@ class StepRunner:
         # ss:active is the sweeper's cue to project: leave it only once that is done
         if follow is Follow.COMMITTED and inline:
             self._closed(trip.log, saga_id)
-        replies = yield Send(trip)
-        if settle:
-            settle(replies)
-        for got in replies:
-            if isinstance(got, Exception):
-                raise got
+        answered((yield Send(trip)), *([settle] if settle else []))
         if not inline:
             project(self.store.events, saga_id)
             if follow is Follow.COMMITTED:

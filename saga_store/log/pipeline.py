@@ -115,7 +115,12 @@ def pack(conn: Any, stack: list[Any]) -> list[bytes]:
 def execute(pipe: Any, *then: Callable[[list[Any]], Any]) -> list[Any]:
     """Execute ``pipe``, hand all its replies to each of ``then`` (each reads its own
     commands' replies, errors included), then raise the first error left."""
-    replies: list[Any] = pipe.execute(raise_on_error=False)
+    return answered(pipe.execute(raise_on_error=False), *then)
+
+
+def answered(replies: list[Any], *then: Callable[[list[Any]], Any]) -> list[Any]:
+    """``replies`` (a round trip's, errors in place) handed to each of ``then``, then
+    returned, once none is an error (else the first error, raised)."""
     for taker in then:
         taker(replies)
     for got in replies:
