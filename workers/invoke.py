@@ -398,12 +398,27 @@ class Invoker:
     async def ainvoke(self, call: Call, pool: Executor) -> Outcome:
         """:meth:`invoke` for the running event loop: an async tool is awaited on it
         (its back-offs too); a sync one runs on ``pool``, watched as off the main
-        thread."""
+        thread. A tool that raises what only a process's end should (SystemExit,
+        KeyboardInterrupt, another BaseException) leaves its step in doubt; the
+        worker goes on."""
         spec, args = call.spec, call.args
-        if not spec.is_async:  # on a pool thread, in the step's context (its span)
-            return await asyncio.get_running_loop().run_in_executor(
-                pool, contextvars.copy_context().run, self.invoke, spec, args, call.ctx,
-                call.secrets, call.keepalive)
+        try:
+            if not spec.is_async:  # on a pool thread, in the step's context (its span)
+                return await asyncio.get_running_loop().run_in_executor(
+                    pool, contextvars.copy_context().run, self.invoke, spec, args,
+                    call.ctx, call.secrets, call.keepalive)
+            return await self._atries(spec, args, call)
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the step's own task is cancelled: not the tool's doing
+            return _interrupted(spec, exc, call.secrets)
+        except Exception:
+            raise
+        except BaseException as exc:
+            return _interrupted(spec, exc, call.secrets)
+
+    async def _atries(self, spec: ToolSpec, args: Mapping[str, Any], call: Call) -> Outcome:
         kwargs = spec.kwargs(args)
         for pre in spec.preconditions:
             if not _holds(pre, args):
@@ -447,6 +462,14 @@ class Invoker:
 def _timed_out(spec: ToolSpec, tries: int) -> Outcome:
     return Outcome(OutcomeKind.IN_DOUBT, error=f"timed out after {spec.timeout:g} s; the call "
                    "may or may not have taken effect", tries=tries)
+
+
+def _interrupted(spec: ToolSpec, exc: BaseException,
+                 secrets: Mapping[str, Any] | None) -> Outcome:
+    """The outcome of a call that raised what only a process's end should."""
+    what = scrub(f"{type(exc).__name__}({str(exc)[:200]})", secrets)
+    return Outcome(OutcomeKind.IN_DOUBT, error=f"{spec.name} raised {what}, which ends a "
+                   "process, not a call; whether it took effect is not known")
 
 
 def _raised(spec: ToolSpec, exc: Exception, secrets: Mapping[str, Any] | None,
