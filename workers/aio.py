@@ -47,13 +47,11 @@ from rq.queue import Queue
 from rq.suspension import is_suspended
 from rq.worker import WorkerStatus
 
-from saga_store.execution import jobs
-from saga_store.ids import valid_id
 from saga_store.log.pipeline import lean
 
 from .invoke import Invoker, Sends, adrive
-from .step import StepRunner, queue_reads
-from .worker import SUSPENSION_CHECK_EVERY_S, QueueJob, StepWorker
+from .step import StepRunner
+from .worker import SUSPENSION_CHECK_EVERY_S, StepWorker
 
 log = logging.getLogger("saga_store.worker")
 DEFAULT_CONCURRENCY = 8
@@ -249,31 +247,16 @@ class AsyncWorker(StepWorker):
         for queue_key, job_id in zip(popped[::2], popped[1::2], strict=True):
             job = self.job_class(job_id.decode(), connection=self.connection,
                                  serializer=self.serializer)
-            pipe.hget(job.key, "data")
-            ids = jobs.parse_step_job_id(job.id)
-            step = ids is not None and valid_id(ids[0]) and \
-                getattr(self.job_class, "names", None) is not None and \
-                not issubclass(self.job_class, QueueJob)
-            at = len(pipe)
-            if step:
-                queue_reads(pipe, self.job_class.names, *ids)
-            wanted.append((job, by_key[queue_key.decode()], ids if step else None,
-                           len(pipe) - at))
-        replies = iter(pipe.execute(raise_on_error=False))
+            wanted.append((job, by_key[queue_key.decode()], job.fetch_on(pipe)))
+        replies = pipe.execute(raise_on_error=False)
         out = []
-        for job, queue, ids, reads in wanted:
-            data = next(replies)
-            got = [next(replies) for _ in range(reads)]
-            if ids is not None and not any(isinstance(g, Exception) for g in got):
-                job.prefetched = (ids, got)
-            if isinstance(data, Exception):  # a job hash of the wrong type, say
+        for job, queue, take in wanted:
+            try:
+                if take(replies):  # else gone meanwhile: RQ's dequeue passes over it too
+                    out.append((job, queue))
+            except redis.RedisError as exc:  # a job hash of the wrong type, say
                 log.error("Worker %s: job %s could not be read (%s); dropped", self.name,
-                          job.id, data)
-                continue
-            if data is None:
-                continue  # gone meanwhile: RQ's dequeue passes over it too
-            job.data = data
-            out.append((job, queue))
+                          job.id, exc)
         return out
 
     def _busy(self) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import redis
@@ -58,29 +59,50 @@ class StepJob(Job):
     def refresh(self) -> None:
         """Fetch ``data``; for a step job, read the log in the same round trip (the
         reads are only used if ``data`` then proves to be one of our jobs)."""
+        pipe = lean(self.connection)
+        take = self.fetch_on(pipe)
+        if not take(pipe.execute()):
+            raise NoSuchJobError(f"no such job: {self.key}")
+
+    def fetch_on(self, pipe: Any) -> Callable[[list[Any]], bool]:
+        """Queue this job's fetch on ``pipe`` (its ``data``; for a step job, the log's
+        reads too); returns what takes the pipeline's replies from where this job's
+        start (the first one taken off the list): it sets ``data`` and the reads,
+        and says False when the job's hash is gone, or raises a reply's error."""
+        at = len(pipe)
+        pipe.hget(self.key, "data")
+        ids = self._step_ids()
+        if ids is not None:
+            queue_reads(pipe, self.names, *ids)
+        n = len(pipe) - at
+
+        def take(replies: list[Any]) -> bool:
+            data, *reads = replies[:n]
+            del replies[:n]
+            if isinstance(data, Exception):
+                raise data
+            if ids is not None and not any(isinstance(r, Exception) for r in reads):
+                self.prefetched = (ids, reads)
+            if data is None:
+                return False
+            self.data = data  # jobs.decode inflates and parses it, as JSON only
+            return True
+        return take
+
+    def _step_ids(self) -> tuple[str, int] | None:
+        """The step job's saga and intent seq when its log can be read with it."""
         ids = jobs.parse_step_job_id(self.id)
         if ids is None or not valid_id(ids[0]) or self.names is None:
-            data = self.connection.hget(self.key, "data")
-        else:
-            pipe = lean(self.connection)
-            pipe.hget(self.key, "data")
-            queue_reads(pipe, self.names, *ids)
-            data, *reads = pipe.execute()
-            self.prefetched = (ids, reads)
-        if data is None:
-            raise NoSuchJobError(f"no such job: {self.key}")
-        self.data = data  # jobs.decode inflates and parses it, as JSON only
+            return None
+        return ids
 
 
 class QueueJob(StepJob):
     """A job whose queue is not on the log's Redis: its ``data`` only, the log is
     read apart (one round trip cannot span two servers)."""
 
-    def refresh(self) -> None:
-        data = self.connection.hget(self.key, "data")
-        if data is None:
-            raise NoSuchJobError(f"no such job: {self.key}")
-        self.data = data
+    def _step_ids(self) -> tuple[str, int] | None:
+        return None
 
 
 class StepWorker(SimpleWorker):
