@@ -21,12 +21,14 @@ from saga_store.client.api import SagaStore
 from saga_store.execution import jobs
 from saga_store.execution.enqueue import enqueue_step
 from saga_store.ops.metrics import exported_names
+from saga_store.settings import Settings
 from saga_store.testing import assert_eventually, free_port
 from saga_store.testing.workers import workers
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "grafana" / "dashboards" / "saga-store.json"
 TOOLS = "tests.ledger_tools"
 CARD = "4111111111111111"
+LONG_LEASE_MS = 60_000
 
 
 def dashboard_exprs() -> list[str]:
@@ -72,7 +74,13 @@ def test_a_worker_pool_exports_one_endpoint_without_ids(
     port = free_port()
     # a counter moves just after the append it counts, so it may trail the log for a
     # moment (the chaos soak allows the same); the test waits for the exact counts,
-    # and a count that overshoots or never arrives still fails it
+    # and a count that overshoots or never arrives still fails it. The exact counts
+    # need a lease longer than the test: with the suite's 1 s lease, a loaded machine
+    # that starts the workers late has the sweeper redeliver the first steps, rightly,
+    # and each redelivery is one more duplicate delivery
+    store = SagaStore(client, saga_store.registry, Settings(lease_ms=LONG_LEASE_MS),
+                      queues=saga_store.queues)
+    env = {**worker_env, "SAGA_LEASE_MS": str(LONG_LEASE_MS)}
     expected = ['saga_steps_total{outcome="succeeded",tool="reserve_inventory"} 2.0',
                 'saga_steps_total{outcome="failed",tool="fail_always"} 1.0',
                 'saga_compensations_total{outcome="succeeded",tool="release_inventory"} 1.0',
@@ -80,11 +88,12 @@ def test_a_worker_pool_exports_one_endpoint_without_ids(
                 "saga_compensation_lag_seconds_count 1.0",
                 "saga_refused_jobs_total 1.0",
                 'saga_dedupe_hits_total{kind="duplicate_delivery"} 1.0',
+                "saga_redeliveries_total 0.0",
                 'saga_queue_depth{queue="saga-steps"}',
                 "saga_approvals_pending 0.0"]
     seen: list[str] = []
-    with workers(worker_env, TOOLS, "-n", "2", "--metrics-port", str(port)):
-        ids = _workload(saga_store, client)
+    with workers(env, TOOLS, "-n", "2", "--metrics-port", str(port)):
+        ids = _workload(store, client)
 
         def ready() -> str | None:
             t = _scrape(port)
