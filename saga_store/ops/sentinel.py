@@ -17,7 +17,8 @@ from typing import Any
 from urllib.parse import unquote
 
 import redis
-from redis.sentinel import Sentinel
+from redis.connection import SSLConnection
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from saga_store.errors import InvalidInput
 from saga_store.ops.backoff import OutageRetry
@@ -58,6 +59,28 @@ def parse(url: str) -> dict[str, Any]:
             "ssl": SCHEMES[scheme.lower()]}
 
 
+class PrimaryConnection(SentinelManagedConnection):
+    """A connection that asks the sentinels where the primary is each time it
+    opens a socket, however it comes to open one. redis-py asks them only when a
+    connection is taken from the pool; a command that lost its socket and is
+    retried (the outage policy) reopens it from inside the send, at the address it
+    had: after a failover, the dead primary's, for the whole retry window."""
+
+    # no-untyped-call below: the library leaves these untyped
+    def _connect(self) -> Any:  # every socket, however it comes to be opened
+        if self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        return super()._connect()  # type: ignore[no-untyped-call]
+
+    def _connect_retry(self) -> None:
+        if not self._sock:  # the address is asked for once, by _connect
+            self.connect_to((self.host, self.port))  # type: ignore[no-untyped-call]
+
+
+class PrimarySSLConnection(PrimaryConnection, SSLConnection):
+    pass
+
+
 def connect_sentinel(url: str, timeout_s: float) -> redis.Redis:
     """A client on the primary the sentinels of ``url`` name (see the module)."""
     p = parse(url)
@@ -74,6 +97,7 @@ def connect_sentinel(url: str, timeout_s: float) -> redis.Redis:
     client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
         p["service"], host=host, port=port, db=p["db"], username=p["username"],
         password=p["password"],
-        ssl=p["ssl"], socket_connect_timeout=timeout_s, health_check_interval=30,
+        connection_class=PrimarySSLConnection if p["ssl"] else PrimaryConnection,
+        socket_connect_timeout=timeout_s, health_check_interval=30,
         retry=OutageRetry(0))
     return client

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -87,9 +88,36 @@ def test_no_sentinel_answering_is_a_clear_error_at_once() -> None:
                 what="SAGA_QUEUE_URL")
 
 
+def test_a_command_waiting_when_the_primary_dies_goes_on_at_the_new_one(
+        managed: tuple[RedisServer, RedisServer, int]) -> None:
+    """A worker waits in a blocking pop most of its life. Killed under it, the
+    primary takes the pop's socket along; the pop's retry must ask the sentinels
+    again and wait on the promoted replica, not knock at the dead address for the
+    whole retry window (what redis-py's reconnect from inside a send did)."""
+    primary, replica, port = managed
+    client = connect(f"redis+sentinel://127.0.0.1:{port}/{SERVICE}", retry_s=60)
+    got: list[object] = []
+    waiter = threading.Thread(target=lambda: got.append(client.blpop(["jobs"], 0)),
+                              daemon=True)
+    waiter.start()
+    assert_eventually(lambda: redis.Redis(port=primary.port).info("clients")[
+        "blocked_clients"] == 1, what="the pop to wait on the primary")
+    primary.kill()
+    s = redis.Redis(port=port, decode_responses=True)
+    assert_eventually(lambda: int(s.sentinel_get_master_addr_by_name(SERVICE)[1])
+                      == replica.port, timeout=30, interval=0.1,
+                      what="the sentinel to promote the replica")
+    new = redis.Redis(port=replica.port)
+    assert_eventually(lambda: new.info("clients")["blocked_clients"] == 1, timeout=20,
+                      what="the pop to wait again, on the new primary")
+    new.rpush("jobs", b"j1")
+    waiter.join(timeout=10)
+    assert got == [(b"jobs", b"j1")]
+
+
 def test_the_queues_ride_out_a_sentinel_failover(
         managed: tuple[RedisServer, RedisServer, int], redis_url: str,
-        worker_env: dict[str, str], ledger: Path) -> None:
+        worker_env: dict[str, str], ledger: Path, worker_kind: str) -> None:
     """The log on its own Redis, the queues on a Sentinel-managed primary: a saga
     runs, the primary is SIGKILLed, the sentinel promotes the replica, and the next
     saga runs through the new primary, each step's effect once."""
