@@ -49,6 +49,51 @@ HEARTBEAT_EVERY_S = 5.0
 SUSPENSION_CHECK_EVERY_S = 1.0
 
 
+def readable(job_id: bytes | str) -> bool:
+    """Whether a job id popped off a queue can name a job (RQ reads it as UTF-8)."""
+    if isinstance(job_id, str):
+        return True
+    try:
+        job_id.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def drop_unreadable(connection: Any, queue_key: bytes | str, job_id: bytes,
+                    intermediate: str | None) -> None:
+    """Log and forget a job id that is not UTF-8 (anyone who may push onto the
+    queue can push one; RQ's dequeue raises on it and its worker quits), taking it
+    off ``intermediate`` too when the pop moved it there."""
+    if intermediate is not None:
+        connection.lrem(intermediate, 1, job_id)
+    key = queue_key.decode(errors="replace") if isinstance(queue_key, bytes) else queue_key
+    log.error("%s held a job id that is not UTF-8 (%r); dropped it", key, job_id[:80])
+
+
+class SagaQueue(Queue):
+    """RQ's queue, whose pops pass over a job id that is not UTF-8 (dropped, with
+    a log line) instead of raising in the worker's dequeue."""
+
+    @classmethod
+    def lpop(cls, queue_keys: list[str], timeout: int | None,
+             connection: Any = None) -> Any:
+        while True:
+            got = super().lpop(queue_keys, timeout, connection=connection)
+            if got is None or readable(got[1]):
+                return got
+            drop_unreadable(connection, got[0], got[1], None)
+
+    @classmethod
+    def lmove(cls, connection: Any, queue_key: str, timeout: int | None) -> Any:
+        while True:
+            got = super().lmove(connection, queue_key, timeout)
+            if got is None or readable(got[1]):
+                return got
+            drop_unreadable(connection, queue_key, got[1], cls.from_queue_key(
+                queue_key, connection=connection).intermediate_queue_key)
+
+
 class StepJob(Job):
     """RQ's job model, fetched lightly: a saga job needs only its ``data`` (ids),
     so the worker reads that one field instead of parsing the whole hash."""
@@ -118,10 +163,14 @@ class StepWorker(SimpleWorker):
     # outage would leave workers idle up to a minute after Redis is back
     max_connection_wait_time = 5.0
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, queues: Any, *args: Any, **kwargs: Any) -> None:
         kwargs["serializer"] = JSONSerializer
         kwargs["job_class"] = StepJob if self.log_url is None else QueueJob
-        super().__init__(*args, **kwargs)
+        # queues by name, so RQ makes them of queue_class (RQ's pool hands in its own)
+        kwargs["queue_class"] = SagaQueue
+        one = isinstance(queues, str | Queue)
+        queues = [q.name if isinstance(q, Queue) else q for q in ([queues] if one else queues)]
+        super().__init__(queues, *args, **kwargs)
         registry = Registry.from_modules(*self.tools_modules)
         from prometheus_client import CollectorRegistry
 

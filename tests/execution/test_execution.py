@@ -186,6 +186,31 @@ def test_a_job_naming_os_system_is_refused(client: redis.Redis, worker_env: dict
     assert "refused job" in log.read_text()
 
 
+@pytest.mark.parametrize("serves", [(), ("--queues", jobs.STEP_QUEUE)])
+def test_a_job_id_that_is_not_utf8_is_dropped_and_the_worker_goes_on(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path, tmp_path: Path, worker_kind: str, serves: tuple[str, ...]) -> None:
+    """Whoever may push onto a queue (an agent's user may) can push a job id that
+    is not UTF-8. RQ's dequeue raised on it and its worker quit; each such id took
+    a worker down. It is dropped with a log line, off the intermediate list too
+    when the pop moved it there (a worker of one queue), and the saga queued
+    behind it runs."""
+    step_queue = jobs.queue_key(jobs.STEP_QUEUE)
+    for junk in (b"\xff\xfe", b"saga-step-\xc3(", b"\x80" * 300):
+        client.rpush(step_queue, junk)
+    sid = saga_store.submit(ORDER[:1], agent_id="agent-j")
+    log = tmp_path / "worker.log"
+    with workers(worker_env, TOOLS, *serves, log=log) as (w,):
+        assert saga_store.wait(sid, timeout=60).status is Status.COMMITTED
+        assert w.alive
+    text = log.read_text()
+    assert text.count("a job id that is not UTF-8") == 3, text
+    assert "Traceback" not in text
+    assert client.llen(step_queue) == 0
+    assert client.llen(Queue(jobs.STEP_QUEUE, connection=client).intermediate_queue_key) == 0
+    assert len(effects("reserve")) == 1
+
+
 def test_invalid_arguments_write_nothing_then_abort(saga_store: SagaStore,
                                                     client: redis.Redis) -> None:
     """The first invalid call is a repairable error; the second aborts the saga."""
