@@ -277,8 +277,19 @@ class StepWorker(SimpleWorker):
             with contextlib.suppress(redis.RedisError):
                 self.durability.check()
         if super().should_run_maintenance_tasks:
+            self._drop_unreadable_moved()
             # no-untyped-call: the library leaves it untyped
             super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
+
+    def _drop_unreadable_moved(self) -> None:
+        """Job ids that are not UTF-8 left on the queues' intermediate lists (by a
+        worker killed between its pop and dropping one): RQ's clean-up reads every
+        id there as UTF-8, and the error would end this worker."""
+        for q in self.queues:
+            key = q.intermediate_queue_key
+            for job_id in self.connection.lrange(key, 0, -1):
+                if not readable(job_id):
+                    drop_unreadable(self.connection, key, job_id, key)
 
     # -- RQ bookkeeping, throttled ----------------------------------------
 
