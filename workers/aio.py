@@ -51,7 +51,7 @@ from saga_store.log.pipeline import lean
 
 from .invoke import Invoker, Sends, adrive
 from .step import StepRunner
-from .worker import SUSPENSION_CHECK_EVERY_S, StepWorker, drop_unreadable, readable
+from .worker import SUSPENSION_CHECK_EVERY_S, StepWorker, drop_unusable, usable
 
 log = logging.getLogger("saga_store.worker")
 DEFAULT_CONCURRENCY = 8
@@ -245,8 +245,8 @@ class AsyncWorker(StepWorker):
         pipe = lean(self.connection)
         wanted = []
         for queue_key, job_id in zip(popped[::2], popped[1::2], strict=True):
-            if not readable(job_id):
-                drop_unreadable(self.connection, queue_key, job_id,
+            if not usable(job_id):
+                drop_unusable(self.connection, queue_key, job_id,
                                 queues[0].intermediate_queue_key if one else None)
                 continue
             job = self.job_class(job_id.decode(), connection=self.connection,

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import redis
 from rq.exceptions import NoSuchJobError, StopRequested
+from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
@@ -49,48 +51,67 @@ HEARTBEAT_EVERY_S = 5.0
 SUSPENSION_CHECK_EVERY_S = 1.0
 
 
-def readable(job_id: bytes | str) -> bool:
-    """Whether a job id popped off a queue can name a job (RQ reads it as UTF-8)."""
-    if isinstance(job_id, str):
-        return True
-    try:
-        job_id.decode()
-    except UnicodeDecodeError:
-        return False
-    return True
+# the job ids RQ takes (its own rule, from rq 2.8): these characters, before any ':'
+JOB_ID = re.compile(rb"[A-Za-z0-9_-]+")
 
 
-def drop_unreadable(connection: Any, queue_key: bytes | str, job_id: bytes,
-                    intermediate: str | None) -> None:
-    """Log and forget a job id that is not UTF-8 (anyone who may push onto the
-    queue can push one; RQ's dequeue raises on it and its worker quits), taking it
-    off ``intermediate`` too when the pop moved it there."""
+def usable(job_id: bytes | str) -> bool:
+    """Whether RQ can make a job of an id popped off a queue. Anyone who may push
+    onto a queue (an agent's user may) can push one it cannot: not UTF-8, or with
+    a space, a dot, a NUL... RQ's dequeue raises on it, and its worker quits."""
+    raw = job_id.encode() if isinstance(job_id, str) else job_id
+    return JOB_ID.fullmatch(raw.split(b":", 1)[0]) is not None
+
+
+def drop_unusable(connection: Any, queue_key: bytes | str, job_id: bytes,
+                  intermediate: str | None) -> None:
+    """Log and forget a job id RQ cannot take (see :func:`usable`), taking it off
+    ``intermediate`` too when the pop moved it there."""
     if intermediate is not None:
         connection.lrem(intermediate, 1, job_id)
     key = queue_key.decode(errors="replace") if isinstance(queue_key, bytes) else queue_key
-    log.error("%s held a job id that is not UTF-8 (%r); dropped it", key, job_id[:80])
+    log.error("%s held a job id RQ cannot take (%r); dropped it", key, job_id[:80])
+
+
+class SagaIntermediateQueue(IntermediateQueue):
+    """RQ's intermediate list, whose clean-up passes over (and drops) job ids RQ
+    cannot take: RQ's own reads each one as a job and raises, which ends the
+    worker."""
+
+    def get_job_ids(self) -> list[str]:
+        out = []
+        for job_id in self.connection.lrange(self.key, 0, -1):
+            if usable(job_id):
+                out.append(job_id.decode())
+            else:
+                drop_unusable(self.connection, self.key, job_id, self.key)
+        return out
 
 
 class SagaQueue(Queue):
-    """RQ's queue, whose pops pass over a job id that is not UTF-8 (dropped, with
-    a log line) instead of raising in the worker's dequeue."""
+    """RQ's queue, whose pops and intermediate list pass over job ids RQ cannot
+    take (dropped, with a log line) instead of raising in the worker."""
+
+    @property
+    def intermediate_queue(self) -> IntermediateQueue:
+        return SagaIntermediateQueue(self.key, connection=self.connection)
 
     @classmethod
     def lpop(cls, queue_keys: list[str], timeout: int | None,
              connection: Any = None) -> Any:
         while True:
             got = super().lpop(queue_keys, timeout, connection=connection)
-            if got is None or readable(got[1]):
+            if got is None or usable(got[1]):
                 return got
-            drop_unreadable(connection, got[0], got[1], None)
+            drop_unusable(connection, got[0], got[1], None)
 
     @classmethod
     def lmove(cls, connection: Any, queue_key: str, timeout: int | None) -> Any:
         while True:
             got = super().lmove(connection, queue_key, timeout)
-            if got is None or readable(got[1]):
+            if got is None or usable(got[1]):
                 return got
-            drop_unreadable(connection, queue_key, got[1], cls.from_queue_key(
+            drop_unusable(connection, queue_key, got[1], cls.from_queue_key(
                 queue_key, connection=connection).intermediate_queue_key)
 
 
@@ -277,19 +298,8 @@ class StepWorker(SimpleWorker):
             with contextlib.suppress(redis.RedisError):
                 self.durability.check()
         if super().should_run_maintenance_tasks:
-            self._drop_unreadable_moved()
             # no-untyped-call: the library leaves it untyped
             super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
-
-    def _drop_unreadable_moved(self) -> None:
-        """Job ids that are not UTF-8 left on the queues' intermediate lists (by a
-        worker killed between its pop and dropping one): RQ's clean-up reads every
-        id there as UTF-8, and the error would end this worker."""
-        for q in self.queues:
-            key = q.intermediate_queue_key
-            for job_id in self.connection.lrange(key, 0, -1):
-                if not readable(job_id):
-                    drop_unreadable(self.connection, key, job_id, key)
 
     # -- RQ bookkeeping, throttled ----------------------------------------
 

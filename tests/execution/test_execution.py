@@ -27,6 +27,9 @@ from ..ledger_tools import effects
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
 TOOLS = "tests.ledger_tools"
 CARD = "4111111111111111"
+# job ids RQ cannot take (an agent's user may push them onto the queues)
+JUNK_IDS = [b"\xff\xfe", b"saga-step-\xc3(", b"\x80" * 300, b"x y", b"x.y", b"x\x00y",
+            b"x\ny", "\u00e9t\u00e9".encode()]
 ORDER = [
     {"tool": "reserve_inventory", "args": {"sku": "LAPTOP", "qty": 1}, "tool_call_id": "c0"},
     {"tool": "charge_payment", "args": {"amount_cents": 1200, "card_number": CARD},
@@ -187,16 +190,16 @@ def test_a_job_naming_os_system_is_refused(client: redis.Redis, worker_env: dict
 
 
 @pytest.mark.parametrize("serves", [(), ("--queues", jobs.STEP_QUEUE)])
-def test_a_job_id_that_is_not_utf8_is_dropped_and_the_worker_goes_on(
+def test_a_job_id_rq_cannot_take_is_dropped_and_the_worker_goes_on(
         saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
         ledger: Path, tmp_path: Path, worker_kind: str, serves: tuple[str, ...]) -> None:
-    """Whoever may push onto a queue (an agent's user may) can push a job id that
-    is not UTF-8. RQ's dequeue raised on it and its worker quit; each such id took
-    a worker down. It is dropped with a log line, off the intermediate list too
-    when the pop moved it there (a worker of one queue), and the saga queued
-    behind it runs."""
+    """Whoever may push onto a queue (an agent's user may) can push a job id RQ
+    cannot take: not UTF-8, or with a space, a dot, a NUL. RQ's dequeue raised on
+    it and its worker quit; each such id took a worker down. It is dropped with a
+    log line, off the intermediate list too when the pop moved it there (a worker
+    of one queue), and the saga queued behind it runs."""
     step_queue = jobs.queue_key(jobs.STEP_QUEUE)
-    junks = [b"\xff\xfe", b"saga-step-\xc3(", b"\x80" * 300]
+    junks = JUNK_IDS
     for junk in junks:
         client.rpush(step_queue, junk)
     sid = saga_store.submit(ORDER[:1], agent_id="agent-j")
@@ -206,7 +209,7 @@ def test_a_job_id_that_is_not_utf8_is_dropped_and_the_worker_goes_on(
         assert w.alive
     text = log.read_text()
     for junk in junks:  # (the asyncio worker's clean-up may drop one a second time)
-        assert f"a job id that is not UTF-8 ({junk[:80]!r})" in text, text
+        assert f"a job id RQ cannot take ({junk[:80]!r})" in text, text
     assert "Traceback" not in text
     assert client.llen(step_queue) == 0
     # the saga's own job may still be there a moment: RQ takes it off after the job
@@ -221,21 +224,23 @@ def test_a_junk_job_id_left_on_the_intermediate_list_is_dropped(
         ledger: Path, tmp_path: Path, worker_kind: str) -> None:
     """A worker killed between moving a junk id onto the intermediate list and
     dropping it leaves it there; RQ's registry clean-up, at the next worker's
-    start, read it as UTF-8 and that worker quit. It is dropped first."""
+    start, read it as a job and that worker quit. The clean-up drops it."""
     moved = Queue(jobs.STEP_QUEUE, connection=client).intermediate_queue_key
-    client.rpush(moved, b"\xff\xfe")
+    client.rpush(moved, *JUNK_IDS)
     sid = saga_store.submit(ORDER[:1], agent_id="agent-j")
     log = tmp_path / "worker.log"
     with workers(worker_env, TOOLS, "--queues", jobs.STEP_QUEUE, log=log) as (w,):
         assert saga_store.wait(sid, timeout=60).status is Status.COMMITTED
         # the RQ worker cleans at its start, the asyncio worker's chores a moment later
-        assert_eventually(lambda: "cleaning registries" in log.read_text().partition(
-            "a job id that is not UTF-8")[2], timeout=30,
-            what="the junk id dropped, then RQ's clean-up run")
+        assert_eventually(lambda: "cleaning group registries" in log.read_text().partition(
+            f"a job id RQ cannot take ({JUNK_IDS[-1]!r})")[2], timeout=30,
+            what="the junk ids dropped, then RQ's clean-up to its end")
         assert w.alive
     text = log.read_text()
     assert "Traceback" not in text
-    assert b"\xff\xfe" not in client.lrange(moved, 0, -1)
+    for junk in JUNK_IDS:
+        assert f"a job id RQ cannot take ({junk[:80]!r})" in text, text
+    assert not set(client.lrange(moved, 0, -1)) & set(JUNK_IDS)
 
 
 def test_invalid_arguments_write_nothing_then_abort(saga_store: SagaStore,
