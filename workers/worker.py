@@ -60,6 +60,10 @@ def usable(job_id: bytes | str) -> bool:
     onto a queue (an agent's user may) can push one it cannot: not UTF-8, or with
     a space, a dot, a NUL... RQ's dequeue raises on it, and its worker quits."""
     raw = job_id.encode() if isinstance(job_id, str) else job_id
+    try:
+        raw.decode()  # all of it, the part after a ':' too
+    except UnicodeDecodeError:
+        return False
     return JOB_ID.fullmatch(raw.split(b":", 1)[0]) is not None
 
 

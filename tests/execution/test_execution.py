@@ -29,7 +29,7 @@ TOOLS = "tests.ledger_tools"
 CARD = "4111111111111111"
 # job ids RQ cannot take (an agent's user may push them onto the queues)
 JUNK_IDS = [b"\xff\xfe", b"saga-step-\xc3(", b"\x80" * 300, b"x y", b"x.y", b"x\x00y",
-            b"x\ny", "\u00e9t\u00e9".encode()]
+            b"x\ny", "\u00e9t\u00e9".encode(), b"x:\xff"]
 ORDER = [
     {"tool": "reserve_inventory", "args": {"sku": "LAPTOP", "qty": 1}, "tool_call_id": "c0"},
     {"tool": "charge_payment", "args": {"amount_cents": 1200, "card_number": CARD},
