@@ -32,6 +32,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 from saga_store.client.api import SagaStore
 from saga_store.errors import StoreUnavailable
 from saga_store.execution import jobs
+from saga_store.faults import fault
 from saga_store.ids import valid_id
 from saga_store.keys import SagaKeys
 from saga_store.log.pipeline import lean
@@ -55,16 +56,15 @@ SUSPENSION_CHECK_EVERY_S = 1.0
 JOB_ID = re.compile(rb"[A-Za-z0-9_-]+")
 
 
-def usable(job_id: bytes | str) -> bool:
+def usable(job_id: bytes) -> bool:
     """Whether RQ can make a job of an id popped off a queue. Anyone who may push
     onto a queue (an agent's user may) can push one it cannot: not UTF-8, or with
     a space, a dot, a NUL... RQ's dequeue raises on it, and its worker quits."""
-    raw = job_id.encode() if isinstance(job_id, str) else job_id
     try:
-        raw.decode()  # all of it, the part after a ':' too
+        job_id.decode()  # all of it, the part after a ':' too
     except UnicodeDecodeError:
         return False
-    return JOB_ID.fullmatch(raw.split(b":", 1)[0]) is not None
+    return JOB_ID.fullmatch(job_id.split(b":", 1)[0]) is not None
 
 
 def drop_unusable(connection: Any, queue_key: bytes | str, job_id: bytes,
@@ -115,6 +115,7 @@ class SagaQueue(Queue):
             got = super().lmove(connection, queue_key, timeout)
             if got is None or usable(got[1]):
                 return got
+            fault("junk_moved")  # on the intermediate list, not yet dropped
             drop_unusable(connection, queue_key, got[1], cls.from_queue_key(
                 queue_key, connection=connection).intermediate_queue_key)
 
