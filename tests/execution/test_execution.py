@@ -243,6 +243,31 @@ def test_a_junk_job_id_left_on_the_intermediate_list_is_dropped(
     assert not set(client.lrange(moved, 0, -1)) & set(JUNK_IDS)
 
 
+def test_a_worker_killed_between_moving_a_junk_id_and_dropping_it(
+        saga_store: SagaStore, client: redis.Redis, worker_env: dict[str, str],
+        ledger: Path, tmp_path: Path, worker_kind: str) -> None:
+    """kill -9 between RQ's move of a junk id onto the intermediate list and its
+    drop: the id stays there; the next worker drops it and runs the saga."""
+    env = {**worker_env, "SAGA_QUEUES": jobs.STEP_QUEUE}  # one queue: RQ's LMOVE
+    step_queue = jobs.queue_key(jobs.STEP_QUEUE)
+    moved = Queue(jobs.STEP_QUEUE, connection=client).intermediate_queue_key
+    client.rpush(step_queue, b"x y")
+    sid = saga_store.submit(ORDER[:1], agent_id="agent-j")
+    kill_at(env, TOOLS, "junk_moved", tmp_path)
+    assert client.lrange(moved, 0, -1) == [b"x y"]  # the window the kill left
+    log = tmp_path / "worker.log"
+    with workers(env, TOOLS, log=log) as (w,):
+        assert saga_store.wait(sid, timeout=60).status is Status.COMMITTED
+        # RQ's clean-up holds its lock until it ends: a raise in it would leave it held
+        lock = Queue(jobs.STEP_QUEUE, connection=client).registry_cleaning_key
+        assert_eventually(lambda: "a job id RQ cannot take (b'x y')" in log.read_text()
+                          and not client.exists(lock), timeout=30,
+                          what="the junk id dropped, and RQ's clean-up to its end")
+        assert w.alive
+    assert b"x y" not in client.lrange(moved, 0, -1)
+    assert len(effects("reserve")) == 1
+
+
 def test_invalid_arguments_write_nothing_then_abort(saga_store: SagaStore,
                                                     client: redis.Redis) -> None:
     """The first invalid call is a repairable error; the second aborts the saga."""
