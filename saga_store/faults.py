@@ -15,7 +15,9 @@ points: ``submit_between`` (a plan's opening appended, its ledger entry and
 first job not yet pushed), ``after_claim`` (a client-driven call's explicit
 idempotency key claimed, its intent not yet appended) and
 ``before_ledger_close`` (any writer that closes a saga itself: appended, its
-ledger entry not yet pushed). Off unless both variables are set.
+ledger entry not yet pushed). Queue point: ``junk_moved`` (a job id RQ cannot
+take moved onto the intermediate list by a worker of one queue, not yet
+dropped). Off unless both variables are set.
 """
 
 from __future__ import annotations
