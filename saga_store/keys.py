@@ -29,9 +29,11 @@ names them; every key user asks it).
     ss:ledger:{ledger}:lease string  the sealer's lease
     ss:ledger:{ledger}:rejected stream  pending entries the sealer refused to chain
                                    (their saga's chain does not bear them out), with why
-    ss:idem:{<key>}       hash     dedupe record of one idempotency key (of a saga
-                                   in no agent's namespace)
-    ss:{<A>_}:idem:<key>  hash     the same, for agent A's sagas (ids "<A>_...")
+    ss:{<A>_}:idem:<key>  hash     dedupe record of an explicit idempotency key
+                                   given in any saga of agent A (A owns a namespace)
+    ss:idem:{<A>:<key>}   hash     the same, for an agent A that owns no namespace
+                                   (an id with '_' or other characters)
+    ss:idem:{<key>}       hash     the same, for a saga of no agent
     ss:{<A>_}:active      zset     ss:active for agent A's sagas, so an agent user
                                    writes no index but its own
     ss:agents             set      agents with an index of their own (the sweeper
@@ -57,7 +59,7 @@ import re
 import zlib
 
 from saga_store.errors import InvalidInput
-from saga_store.ids import agent_of
+from saga_store.ids import SCOPED_AGENT, agent_of
 
 DEFAULT_NAMESPACE = "ss"
 NAMESPACE = re.compile(r"[a-z][a-z0-9-]{0,31}")
@@ -130,11 +132,23 @@ def agent_active(agent: str) -> str:
     return f"{PREFIX}:{{{agent}_}}:active"
 
 
-def idem_for(saga_id: str, key: str) -> str:
-    """The dedupe record of an explicit key used in ``saga_id``: in its agent's
-    namespace when it has one (an agent's keys are its own, as an account's are)."""
-    agent = agent_of(saga_id)
-    return idem(key) if agent is None else agent_idem(agent, key)
+def idem_for(agent_id: str | None, key: str) -> str:
+    """The dedupe record of an explicit key given in one of ``agent_id``'s sagas.
+
+    The scope is the agent, whatever form its sagas' ids take (auto ids
+    ``<agent>_<ULID>``, ids a plan or the caller chose, a gateway's sessions): an
+    agent's keys are its own, as an account's are at a payment provider, so the
+    same key in any of its sagas names the same call. An agent that owns a
+    namespace keeps its records there (its Redis user writes only those); another
+    agent's records carry its id in their name. A saga of no agent (none is made
+    by this package, but a hand-written log may have one) uses the store's scope.
+    """
+    if agent_id is None:
+        return idem(key)
+    if SCOPED_AGENT.fullmatch(agent_id):
+        return agent_idem(agent_id, key)
+    # check_id keeps ':', '{' and '}' out of agent ids, so no two agents' names meet
+    return f"{PREFIX}:idem:{{{agent_id}:{key}}}"
 
 
 def agent_idem(agent: str, key: str) -> str:

@@ -77,6 +77,14 @@ def charge_payment(amount_cents: int, card_number: str, ctx: StepContext) -> dic
             "status": "payment confirmed"}
 
 
+@tool(compensation=refund_payment, mapping={"charge_id": "$.output.charge_id"}, timeout=2)
+def bill(amount_cents: int, ctx: StepContext) -> dict[str, Any]:
+    """A charge that records every run of its body, whatever its key: a test counts
+    executions with it, not the effects a key-honouring provider would keep."""
+    effect("bill", f"{ctx.idempotency_key}/{os.urandom(8).hex()}", str(amount_cents))
+    return {"charge_id": f"ch-{ctx.idempotency_key[:8]}", "amount_cents": amount_cents}
+
+
 @tool(timeout=0.3, reversibility=Reversibility.IRREVERSIBLE)
 def update_crm(note: str) -> dict[str, Any]:
     if note == "slow":

@@ -448,7 +448,7 @@ class StepRunner:
             enqueue_compensation(trip.queue, saga_id)
         intent = view.intent or {}
         if (intent.get("data") or {}).get("keyed"):
-            self.store.dedupe.finish(saga_id, intent["idem_key"], outcome.kind,
+            self.store.dedupe.finish(view.agent_id, intent["idem_key"], outcome.kind,
                                      outcome.result or {"error": outcome.error}, trip.log)
         if extra is not None:
             extra(trip.queue)

@@ -105,7 +105,7 @@ class Saga:
             return self._answer(self._append_intent(n, item[1], secret_values), wait)
         digest = args_digest(spec.name, validated, spec.secret,
                              self.store.settings.hmac_key)
-        claim = self.store.dedupe.claim(key, digest, self.saga_id, n)
+        claim = self.store.dedupe.claim(self.state.agent_id, key, digest, self.saga_id, n)
         if claim.status == "exists":
             claim = self._take_over(key, digest, claim, n)
             if claim.status == "exists":
@@ -119,7 +119,7 @@ class Saga:
             # refused, so certainly not logged: no step can ever run under this claim.
             # Any other failure (a connection lost with the reply) may have logged it:
             # the claim stays, and the log settles it (see claim_fate)
-            self.store.dedupe.release(key, digest, self.saga_id, n)
+            self.store.dedupe.release(self.state.agent_id, key, digest, self.saga_id, n)
             raise
         return self._answer(step, wait)
 
@@ -137,7 +137,8 @@ class Saga:
         fate, _ = claim_fate(self.store.events.state(str(claim.saga_id)), key)
         if fate != "never":
             return claim
-        return self.store.dedupe.claim(key, digest, self.saga_id, n, take_from=claim)
+        return self.store.dedupe.claim(self.state.agent_id, key, digest, self.saga_id, n,
+                                       take_from=claim)
 
     def _validate(self, tool: str, args: Any) -> tuple[ToolSpec, dict[str, Any]]:
         try:

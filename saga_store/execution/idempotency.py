@@ -5,7 +5,8 @@ repeats a call in the same saga gets the stored result; such keys are
 deduplicated by the saga's own log (it keeps every intent with its key).
 
 Explicit key (Stripe-style): given by the caller, it replaces the saga-derived
-part, so it deduplicates across sagas. Its record ``ss:idem:{key}`` holds a
+part, so it deduplicates across every saga of the agent that gives it, whatever
+their ids (see :func:`saga_store.keys.idem_for`). Its record holds a
 digest of the arguments (secret ones keyed, see :func:`args_digest`), where
 the step is and how it ended, with its own retention (default 7 days), never
 tied to RQ's job TTLs. A claim is one script (``lua/claim.lua``); a claim whose
@@ -75,9 +76,10 @@ class DedupeRecords:
         self.redis, self.ttl_s = client, ttl_s
         self._claim = client.register_script(CLAIM)
 
-    def claim(self, key: str, digest: str, saga_id: str, step: int, *,
+    def claim(self, agent_id: str | None, key: str, digest: str, saga_id: str, step: int, *,
               take_from: Claim | None = None) -> Claim:
-        """Take ``key`` for (saga, step), or report who has it. Raises
+        """Take ``key`` of ``agent_id`` (the saga's agent, as its log names it) for
+        (saga, step), or report who has it. Raises
         :class:`KeyReuseError` if it was used with other arguments. With
         ``take_from``: take over that pending claim, which the caller found can
         never become a step (see :func:`claim_fate`); if it moved on meanwhile,
@@ -85,7 +87,7 @@ class DedupeRecords:
         args: list[Any] = [digest, saga_id, step, self.ttl_s]
         if take_from is not None:
             args += ["takeover", take_from.saga_id, take_from.step]
-        reply = self._claim(keys=[keys.idem_for(saga_id, key)], args=args)
+        reply = self._claim(keys=[keys.idem_for(agent_id, key)], args=args)
         status = reply[0].decode()
         if status == "conflict":
             raise KeyReuseError("idempotency key was already used with different arguments; "
@@ -96,18 +98,19 @@ class DedupeRecords:
         return Claim("exists", saga, int(step_s), state,
                      orjson.loads(result) if result else None)
 
-    def finish(self, saga_id: str, key: str, state: str, result: Any, pipe: Any = None,
-               ) -> None:
-        """Record how the keyed step of ``saga_id`` ended (on ``pipe`` when given)."""
+    def finish(self, agent_id: str | None, key: str, state: str, result: Any,
+               pipe: Any = None) -> None:
+        """Record how the keyed step ended (on ``pipe`` when given)."""
         target = pipe if pipe is not None else self.redis
-        target.hset(keys.idem_for(saga_id, key),
+        target.hset(keys.idem_for(agent_id, key),
                     mapping={"state": state, "result": canonical(result)})
 
-    def release(self, key: str, digest: str, saga_id: str, step: int) -> None:
+    def release(self, agent_id: str | None, key: str, digest: str, saga_id: str, step: int,
+                ) -> None:
         """Forget this call's claim of ``key``, its intent never written (refused,
         too large, the saga unwinding): a retry runs the call. A claim someone else
         holds by now is left alone."""
-        self._claim(keys=[keys.idem_for(saga_id, key)],
+        self._claim(keys=[keys.idem_for(agent_id, key)],
                     args=[digest, saga_id, step, self.ttl_s, "release"])
 
 

@@ -452,14 +452,14 @@ class Gateway:
             # refused, so certainly not logged: a retry must be able to run the call
             # (a lost reply may have logged it: then the claim stays, for the log to settle)
             if explicit:
-                self.dedupe.release(key, digest, writer.saga_id, step)
+                self.dedupe.release(st.agent_id, key, digest, writer.saga_id, step)
             raise
         if verdict.decision is not Decision.ALLOW:
             denial = await self._gate(writer, step, name, logged, cls, verdict, meta)
             if denial is not None:
                 self._add(writer, [build.step_outcome(step, OutcomeKind.FAILED, error=denial)])
                 if explicit:  # the key's record says how it ended, not "pending" for a week
-                    self.dedupe.finish(writer.saga_id, key, "failed", {"text": denial})
+                    self.dedupe.finish(st.agent_id, key, "failed", {"text": denial})
                 return await self._failed(writer, name, cls, CallOutcome(False, None, denial))
             self._add(writer, [started], phase=Phase.FORWARD)
         outcome = await self._call(name, args, key, meta=meta, task=task)
@@ -472,7 +472,7 @@ class Gateway:
         self._add(writer, [build.step_outcome(step, said.kind, result=said.result,
                                               error=said.error, tool=name)])
         if explicit:
-            self.dedupe.finish(writer.saga_id, key, "succeeded" if outcome.ok else "failed",
+            self.dedupe.finish(st.agent_id, key, "succeeded" if outcome.ok else "failed",
                                outcome.logged())
         if outcome.ok and not outcome.in_doubt:
             return outcome  # the agent is told with the next append
@@ -481,11 +481,12 @@ class Gateway:
     def _claim(self, key: str, digest: str, saga_id: str, step: int) -> Any:
         """Claim an explicit key; a pending claim that can never become a step (its
         session's saga was rolled back before the call was logged) is taken over."""
-        claim = self.dedupe.claim(key, digest, saga_id, step)
+        agent = self.session.agent_id
+        claim = self.dedupe.claim(agent, key, digest, saga_id, step)
         if claim.status == "exists" and claim.state == "pending" and claim.saga_id != saga_id:
             fate, _ = claim_fate(self.store.state(str(claim.saga_id)), key)
             if fate == "never":
-                claim = self.dedupe.claim(key, digest, saga_id, step, take_from=claim)
+                claim = self.dedupe.claim(agent, key, digest, saga_id, step, take_from=claim)
         return claim
 
     async def _call(self, name: str, args: dict[str, Any], key: str,

@@ -125,3 +125,41 @@ def test_a_keys_record_cannot_be_brute_forced_back_to_a_secret(
                               ).hexdigest() for n in range(10_000)}
     assert kept not in guesses
     assert len(effects("charge")) == 1
+
+
+@pytest.mark.parametrize("agent", ["agent-k", "agent_k.eu"])
+def test_a_key_dedupes_across_every_saga_of_its_agent_whatever_the_saga_ids(
+        saga_store: SagaStore, worker_env: dict[str, str], ledger: Path, agent: str) -> None:
+    """The scope of an explicit key is the saga's agent, not the form of its id: the
+    same key in a saga whose id the caller chose and in one with an auto id is the
+    same call (its body runs once, the second gets its answer), and with other
+    arguments it is refused. An agent that owns no namespace (an id with '_' and
+    '.') is scoped the same way."""
+    tag = agent.replace("_", "-").replace(".", "-").upper()
+    card = {"amount_cents": 500}
+    with workers(worker_env, TOOLS):
+        with saga_store.saga(agent_id=agent, saga_id=f"ORDER-1-{tag}") as named:
+            first = named.call("bill", card, idempotency_key="order-1-charge")
+        with saga_store.saga(agent_id=agent) as auto:
+            again = auto.call("bill", card, idempotency_key="order-1-charge")
+            with pytest.raises(KeyReuseError, match="arguments"):
+                auto.call("bill", {**card, "amount_cents": 900},
+                          idempotency_key="order-1-charge")
+        with saga_store.saga(agent_id=agent, saga_id=f"ORDER-2-{tag}") as other, \
+                pytest.raises(KeyReuseError, match="arguments"):
+            other.call("bill", {**card, "amount_cents": 900},
+                       idempotency_key="order-1-charge")
+    assert again == first
+    assert len(effects("bill")) == 1
+
+
+def test_two_agents_keys_are_their_own(
+        saga_store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """Another agent's key of the same name is another call: it runs, and neither
+    agent is given the other's answer."""
+    card = {"amount_cents": 500}
+    with workers(worker_env, TOOLS):
+        for agent in ("agent-x", "agent-y", "agent_z"):
+            with saga_store.saga(agent_id=agent, saga_id=f"ORDER-7-{agent[-1]}") as saga:
+                saga.call("bill", card, idempotency_key="order-7-charge")
+    assert len(effects("bill")) == 3

@@ -387,7 +387,7 @@ def test_a_keyed_call_whose_claim_never_became_a_step_runs_on_retry(
     holder = store.saga(agent_id="mcp-client")  # an earlier session of the same agent
     digest = args_digest("charge", {"amount_cents": 9})
     key = explicit_key("order-9")
-    assert store.dedupe.claim(key, digest, holder.saga_id, 0).status == "new"
+    assert store.dedupe.claim("mcp-client", key, digest, holder.saga_id, 0).status == "new"
 
     async def call() -> Any:
         async with _session(gw) as s:
