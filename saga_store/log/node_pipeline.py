@@ -6,7 +6,11 @@ context). :class:`NodePipeline` groups the queued commands by the node that
 serves each one's slot, keeps their order within a node, writes every node's
 batch before reading any reply, and hands the replies back in the order the
 commands were queued. A keyless command (``WAIT``, say) goes with the command
-before it, to the node whose writes it is about.
+before it, to the node whose writes it is about, and only there: a ``WAIT``
+whose node was lost, or whose write was redirected, is never sent again
+elsewhere (another master would answer at once for writes it never took); its
+reply is :class:`~saga_store.log.replicas.WaitLost`, so the append is not
+confirmed.
 
 Redirects and lost nodes: a ``MOVED``/``ASK`` (a reshard, a failover),
 ``TRYAGAIN`` or ``CLUSTERDOWN`` reply, and every command of a node whose
@@ -37,8 +41,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from saga_store.log import pipeline
+from saga_store.log.replicas import WaitLost
 
 _SEND_AGAIN = (AskError, TryAgainError, ClusterDownError)  # MovedError is an AskError
+_NODE_BOUND = ("WAIT", "WAITAOF")  # about the writes of the connection they are sent on
 _LOST = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
@@ -65,7 +71,13 @@ class NodePipeline(Pipeline):
                 sent.append((client, conn, index))
         for client, conn, index in sent:
             again += self._read(client, conn, stack, index, out)
-        for i in sorted(again):
+        lost = set(again)
+        for _client, index in batches.values():
+            for n, i in enumerate(index):
+                if _node_bound(stack[i]) and (i in lost or (n and index[n - 1] in lost)):
+                    lost.discard(i)
+                    out[i] = WaitLost(f"{stack[i][0][0]} lost with its node")
+        for i in sorted(lost):
             out[i] = self._alone(stack[i])
         if raise_on_error:
             self.raise_first_error(stack, out)  # type: ignore[no-untyped-call]
@@ -126,6 +138,10 @@ class NodePipeline(Pipeline):
             return self.cluster_client.execute_command(*args, **options)
         except ResponseError as exc:
             return exc
+
+
+def _node_bound(command: tuple[Any, dict[str, Any]]) -> bool:
+    return str(command[0][0]).upper() in _NODE_BOUND
 
 
 def _send(client: Any, commands: list[Any]) -> Any:

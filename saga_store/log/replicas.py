@@ -18,6 +18,14 @@ from saga_store.errors import StoreUnavailable
 from saga_store.settings import Settings
 
 
+class WaitLost(Exception):
+    """The reply a WAIT gets when the node that took the write before it is gone or
+    no longer serves its slot (a failover, a reshard) before the WAIT answered.
+    Sent again anywhere else it would count replicas of another node, for another
+    connection's writes, and confirm what no replica holds: so it is not sent
+    again, and the append it follows is not confirmed."""
+
+
 def queue_wait(pipe: Any, settings: Settings) -> bool:
     """Queue the WAIT on ``pipe`` if the settings ask for one; whether they did."""
     if settings.wait_replicas:
@@ -28,6 +36,11 @@ def queue_wait(pipe: Any, settings: Settings) -> bool:
 def shortfall(chain_id: str, acked: Any, settings: Settings) -> StoreUnavailable | None:
     """The error an append to ``chain_id`` that landed amounts to when its WAIT's
     reply ``acked`` (a count, or the WAIT's error) falls short; None if it does not."""
+    if isinstance(acked, WaitLost):
+        return StoreUnavailable(
+            f"append to {chain_id} is not confirmed: the node that took it failed over or "
+            f"gave up its slot before {settings.wait_replicas} replicas (SAGA_WAIT_REPLICAS) "
+            f"acknowledged it ({acked}); it may be lost. {_look(chain_id)}")
     if isinstance(acked, Exception):
         return StoreUnavailable(
             f"append to {chain_id} is on the master but not confirmed: WAIT failed "
@@ -35,12 +48,16 @@ def shortfall(chain_id: str, acked: Any, settings: Settings) -> StoreUnavailable
             "have it), or unset SAGA_WAIT_REPLICAS")
     if int(acked) >= settings.wait_replicas:
         return None
-    look = "the sealer sends it again" if keys.is_ledger(chain_id) else (
-        f"read the saga ('saga show {chain_id}') before doing it again: an append sent "
-        "again finds itself, but a saga submitted again is a second saga")
     return StoreUnavailable(
         f"append to {chain_id} is on the master but not confirmed: {acked} of "
         f"{settings.wait_replicas} replicas (SAGA_WAIT_REPLICAS) acknowledged it within "
         f"{settings.wait_timeout_ms} ms (SAGA_WAIT_TIMEOUT_MS), so a failover could lose "
         f"it; check the replicas (INFO replication: connected_slaves, lag). It may stand: "
-        f"{look}")
+        f"{_look(chain_id)}")
+
+
+def _look(chain_id: str) -> str:
+    """What to do about an append that may or may not stand."""
+    return "the sealer sends it again" if keys.is_ledger(chain_id) else (
+        f"read the saga ('saga show {chain_id}') before doing it again: an append sent "
+        "again finds itself, but a saga submitted again is a second saga")
