@@ -47,7 +47,7 @@ from saga_store.faults import fault
 from saga_store.ids import check_id, check_saga_id, plan_call_id, scoped_saga_id
 from saga_store.log.pipeline import execute, lean
 from saga_store.log.store import EventStore, Opening
-from saga_store.log.stream import SideWrite
+from saga_store.log.stream import SideWrite, body_and_hash
 from saga_store.ops.cluster import is_cluster
 from saga_store.ops.connection import connect, connect_queue
 from saga_store.protocol import build, unwind
@@ -69,6 +69,20 @@ class _Planned:
     saga_id: str
     opening: Opening
     idem_key: str
+    agent_id: str
+    conversation_id: str | None
+    plan: list[dict[str, Any]]  # as logged (secret arguments as salted digests)
+    calls: list[tuple[Any, Any, str]]  # (spec, validated args, call id) of each step
+
+
+def _masked(plan: Any) -> Any:
+    """A logged plan with each secret argument's digest blanked (digests of two
+    submits are salted apart)."""
+    if not isinstance(plan, list):
+        return plan
+    return [{**step, "args": {k: "$secret" if isinstance(v, dict) and "$secret" in v else v
+                              for k, v in (step.get("args") or {}).items()}}
+            if isinstance(step, dict) else step for step in plan]
 
 
 class SagaStore:
@@ -209,7 +223,12 @@ class SagaStore:
     def submit(self, steps: Sequence[Mapping[str, Any]], *, agent_id: str,
                conversation_id: str | None = None, saga_id: str | None = None) -> str:
         """Submit a whole plan; workers run it to the end. Every step is validated
-        first: one bad step and nothing is written."""
+        first: one bad step and nothing is written.
+
+        With ``saga_id``, submitting is idempotent: the same plan submitted again
+        under the same id (after a "not confirmed" error, a lost reply, a crash)
+        attaches to the saga that id names, if it stands, and returns its id; it
+        never runs the plan twice. Another plan under a taken id is refused."""
         plan = self._validate(steps)
         return self._write([self._prepare(plan, agent_id, conversation_id, saga_id)])[0]
 
@@ -266,7 +285,8 @@ class SagaStore:
         opening = self.events.prepare_open(
             agent_id, saga_id=sid, conversation_id=conversation_id, data={"plan": logged_plan},
             then=[first], side=self.secrets.writes(sid, secret_values, salt or None))
-        return _Planned(sid, opening, first[1]["idem_key"])
+        return _Planned(sid, opening, first[1]["idem_key"], agent_id, conversation_id,
+                        logged_plan, plan)
 
     def _write(self, planned: list[_Planned]) -> list[str]:
         # in ss:active before they exist, in the opens' round trip: should this
@@ -289,8 +309,11 @@ class SagaStore:
             for p, k in zip(planned, added_at, strict=True):
                 if p in taken and replies[k]:
                     self.redis.zrem(self.events.keys.active(p.saga_id), p.saga_id)
-            raise InvalidInput(f"saga {taken[0].saga_id} already exists; choose another id or "
-                               "omit it (nothing was written)", field="saga_id")
+            if len(planned) == 1 and self._resubmitted(taken[0]):
+                return [taken[0].saga_id]  # the saga stands: its workers or sweeper drive it
+            raise InvalidInput(f"saga {taken[0].saga_id} already exists with another plan; "
+                               "choose another id or omit it (nothing was written)",
+                               field="saga_id")
         fault("submit_between")
         # the ledger entries go with the first jobs, chained by a sweeper of the
         # workers that run the plans; a process killed before this round trip owes
@@ -301,6 +324,27 @@ class SagaStore:
             enqueue_step(trip.queue, self.queue, p.saga_id, 0, writer.head.seq, p.idem_key)
         execute(trip, *(p.opening.ledger_written for p in planned))
         return [p.saga_id for p in planned]
+
+    def _resubmitted(self, p: _Planned) -> bool:
+        """Whether the saga ``p`` names was opened by this very plan (the same agent,
+        conversation, tools, arguments and call ids): a submit sent again. Secret
+        arguments are compared under the saga's own salt while the saga keeps it
+        (until it closes); after that, a plan that differs only in a secret is the
+        same plan, and the closed saga's id is returned."""
+        rows = next(self.events.log.pages(p.saga_id, 0, page=1), [])
+        if not rows:
+            return False
+        first = orjson.loads(body_and_hash(rows[0][1])[0])
+        data = first.get("data") or {}
+        if first.get("agent_id") != p.agent_id or \
+                data.get("conversation_id") != p.conversation_id:
+            return False
+        kept = self.redis.hget(self.events.keys.secrets(p.saga_id), "_salt")
+        salt = kept if isinstance(kept, bytes) else None
+        ours = [{**step, "args": Secrets.redact(args, spec.secret, salt)[0]} if salt else step
+                for step, (spec, args, _) in zip(p.plan, p.calls, strict=True)]
+        return _masked(data.get("plan")) == _masked(ours) if not salt else \
+            data.get("plan") == ours
 
     def wait(self, saga_id: str, timeout: float | None = None) -> SagaState:
         """Block until the saga is final (committed, compensated, needs attention)

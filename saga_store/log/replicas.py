@@ -59,5 +59,6 @@ def shortfall(chain_id: str, acked: Any, settings: Settings) -> StoreUnavailable
 def _look(chain_id: str) -> str:
     """What to do about an append that may or may not stand."""
     return "the sealer sends it again" if keys.is_ledger(chain_id) else (
-        f"read the saga ('saga show {chain_id}') before doing it again: an append sent "
-        "again finds itself, but a saga submitted again is a second saga")
+        f"an append sent again finds itself, and a plan submitted again with "
+        f"saga_id={chain_id} attaches to the saga if it stands (never submit it under a "
+        f"new id: that is a second saga); 'saga show {chain_id}' says where it is")

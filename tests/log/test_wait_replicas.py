@@ -130,8 +130,9 @@ def test_a_stopped_replica_fails_the_append_clearly_and_its_retry_appends_once()
             with pytest.raises(StoreUnavailable, match=r"not confirmed: 0 of 1 replicas") as exc:
                 w.applied(call, call.send(store.redis))
             took = time.monotonic() - began
-        # what to do says to look before submitting again (that would be a second saga)
-        assert f"read the saga ('saga show {w.saga_id}') before doing it again" in str(exc.value)
+        # what to do: submit again under the same id (it attaches), never under a new one
+        assert f"submitted again with saga_id={w.saga_id} attaches" in str(exc.value)
+        assert f"'saga show {w.saga_id}'" in str(exc.value)
         assert TIMEOUT_MS / 1000 * 0.9 < took < TIMEOUT_MS / 1000 + 2
         head = assert_eventually(lambda: _retried(w, call), timeout=10,
                                  what="the resent append to be confirmed",
