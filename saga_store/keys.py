@@ -35,7 +35,9 @@ names them; every key user asks it).
                                    (an id with '_' or other characters)
     ss:idem:{<key>}       hash     the same, for a saga of no agent
     ss:{<A>_}:active      zset     ss:active for agent A's sagas, so an agent user
-                                   writes no index but its own
+                                   writes no index but its own (layout 3 keeps it
+                                   per bucket: ss:{b<n>}:<A>_:active, and lists the
+                                   bucket's agents in ss:{b<n>}:agents)
     ss:agents             set      agents with an index of their own (the sweeper
                                    looks at each)
     ss:ctx:{<agent_id>}   stream   context-sync events for one agent
@@ -57,6 +59,7 @@ from __future__ import annotations
 import os
 import re
 import zlib
+from collections.abc import Mapping
 
 from saga_store.errors import InvalidInput
 from saga_store.ids import SCOPED_AGENT, agent_of
@@ -257,11 +260,32 @@ class SagaKeys:
 
     def active(self, saga_id: str) -> str:
         """The index of sagas in flight that ``saga_id`` belongs in: its agent's own
-        for an id in an agent's namespace (an agent user writes no index but its own)."""
+        for an id in an agent's namespace (an agent user writes no index but its own).
+        Of layout 3 every index is its bucket's, under the saga's own hash tag: an
+        agent's sagas of bucket n in ``ss:{b<n>}:<agent>_:active``. So the index
+        lives on the node that holds the saga's log, and a failover that loses a
+        saga's close loses the close's leaving of the index with it (a replica
+        holds a prefix of what its master took): no saga comes back running with
+        no index entry for a sweeper to find."""
         agent = agent_of(saga_id)
-        if self.version < 3 or agent is not None:
+        if self.version < 3:
             return active_for(saga_id)
+        if agent is not None:
+            return self.agent_active(self.bucket_of(saga_id), agent)
         return self.shared_active(self.bucket_of(saga_id))
+
+    def agent_active(self, bucket: int, agent: str) -> str:
+        """Agent ``agent``'s index of its sagas in flight of one bucket (layout 3)."""
+        return f"{self.bucket_tag(bucket)}:{agent}_:active"
+
+    def agents_list(self, saga_id: str) -> str:
+        """Where the agent of ``saga_id`` is listed for the sweepers: ``ss:agents``,
+        of layout 3 its bucket's ``ss:{b<n>}:agents``."""
+        return AGENTS if self.version < 3 else f"{self.bucket_tag(self.bucket_of(saga_id))}:agents"
+
+    def bucket_agents(self, bucket: int) -> str:
+        """The agents with an index in bucket ``bucket`` (layout 3)."""
+        return f"{self.bucket_tag(bucket)}:agents"
 
     def shared_active(self, bucket: int) -> str:
         """The index of sagas in flight of no agent's namespace, of one bucket (of
@@ -299,12 +323,17 @@ class SagaKeys:
         return [f"{self.bucket_tag(b)}:needs_attention" for b in self.all_buckets()]
 
     def all_active(self, agents: list[str], buckets: list[int] | None = None,
+                   in_buckets: Mapping[int, list[str]] | None = None,
                    ) -> list[tuple[str, str | None]]:
         """Every index of sagas in flight, with the agent it is of (None: a shared
-        one), given the agents listed in ``ss:agents``; ``buckets``: of the shared
-        ones, only those buckets' (of layout 3; None: all)."""
+        one), given the agents listed in ``ss:agents`` (their indexes of before
+        layout 3 kept agents' indexes under the saga's bucket) and, of layout 3, the
+        agents listed in each bucket (``in_buckets``); ``buckets``: of the
+        buckets' indexes, only those buckets' (of layout 3; None: all)."""
         shared = self.all_buckets() if buckets is None or self.version < 3 else buckets
+        listed = in_buckets or {}
         return [*((self.shared_active(b), None) for b in shared),
+                *((self.agent_active(b, a), a) for b in shared for a in listed.get(b, ())),
                 *((agent_active(a), a) for a in agents)]
 
 

@@ -135,7 +135,8 @@ class Sweeper:
         without a namespace of its own)."""
         names = self.store.events.keys
         if self.agent is not None and SCOPED_AGENT.fullmatch(self.agent):
-            return names.all_active([self.agent])[-1:]  # its own, listed last
+            own = {b: [self.agent] for b in names.all_buckets()} if names.bucketed else {}
+            return [x for x in names.all_active([self.agent], in_buckets=own) if x[1]]
         return names.all_active([])
 
     def _buckets(self, r: Any) -> list[int] | None:

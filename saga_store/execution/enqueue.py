@@ -53,7 +53,7 @@ def schedule(pipe: Any, names: SagaKeys, saga_id: str, after_ms: int, *,
     index = names.active(saga_id)
     pipe.eval(SCHEDULE, 1, index, saga_id, int(after_ms), "nx" if nx else "")
     if agent_of(saga_id) is not None:
-        pipe.sadd(keys.AGENTS, str(agent_of(saga_id)))
+        pipe.sadd(names.agents_list(saga_id), str(agent_of(saga_id)))
 
 
 def unschedule(pipe: Any, names: SagaKeys, saga_id: str) -> None:
@@ -67,8 +67,24 @@ def indexes(client: Any, names: SagaKeys, buckets: list[int] | None = None,
     (None; of layout 3 one per bucket, those of ``buckets`` only if given), then
     each listed agent's. ``ss:agents`` takes any string from an agent
     user: only names an agent can own are read, the rest are ignored."""
-    agents = sorted({a.decode("utf-8", "replace") for a in client.smembers(keys.AGENTS)})
-    return names.all_active([a for a in agents if SCOPED_AGENT.fullmatch(a)], buckets)
+    agents = _owners(client.smembers(keys.AGENTS))
+    in_buckets: dict[int, list[str]] = {}
+    if names.bucketed:
+        shared = list(names.all_buckets()) if buckets is None else buckets
+        pipe = client.pipeline(transaction=False)
+        for b in shared:
+            pipe.smembers(names.bucket_agents(b))
+        for b, listed in zip(shared, pipe.execute(), strict=True):
+            if listed:
+                in_buckets[b] = _owners(listed)
+    return names.all_active(agents, buckets, in_buckets)
+
+
+def _owners(listed: Any) -> list[str]:
+    """The names in an agents list that an agent can own (any string may be there:
+    an agent user adds names)."""
+    return sorted(a for a in {x.decode("utf-8", "replace") for x in listed}
+                  if SCOPED_AGENT.fullmatch(a))
 
 
 def belongs(saga_id: str, agent: str | None) -> bool:

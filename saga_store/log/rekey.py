@@ -27,7 +27,7 @@ from typing import Any
 from saga_store import keys
 from saga_store.errors import InvalidInput
 from saga_store.faults import fault
-from saga_store.ids import agent_of, check_saga_id, valid_id
+from saga_store.ids import SCOPED_AGENT, agent_of, check_saga_id, valid_id
 from saga_store.log.layout import Layout
 from saga_store.log.layout import parse as layout_of
 from saga_store.log.scripts import TAKE_OVER_LEASE
@@ -99,7 +99,7 @@ def move_to_3(log: SagaLog, *, dry_run: bool = False) -> dict[str, Any]:
         kept = _move(r, moves, replace=before.version == 2, raw=raw, token=token)
         _move_indexes(r, new, indexed)
         fault("rekey_after_indexes")
-        for src in (keys.ACTIVE, keys.APPROVALS, keys.NEEDS_ATTENTION):
+        for src in (keys.ACTIVE, keys.APPROVALS, keys.NEEDS_ATTENTION, *_agent_indexes(r)):
             r.delete(src)
         # the layout last: until it is recorded every process reads the old names,
         # and a run killed before it is finished by the next one
@@ -167,7 +167,7 @@ def _move_indexes(r: Any, new: keys.SagaKeys,
             continue
         agent = agent_of(member.decode())
         if agent is not None and dest == new.active(member.decode()):
-            r.sadd(keys.AGENTS, agent)  # listed before its entry, as a schedule does
+            r.sadd(new.agents_list(member.decode()), agent)  # listed first, as a schedule does
         r.zadd(dest, {member: score}, nx=True)  # a score the new index has stands
 
 
@@ -188,7 +188,18 @@ def _index_entries(r: Any, old: keys.SagaKeys, new: keys.SagaKeys,
         sid = member.decode("utf-8", "replace")
         if valid_id(sid, check_saga_id):
             out.append((new.needs_attention(sid), None, member))
+    for index in _agent_indexes(r):  # of layout 3 an agent's index is per bucket
+        for member, score in r.zrange(index, 0, -1, withscores=True):
+            sid = member.decode("utf-8", "replace")
+            if valid_id(sid, check_saga_id) and new.active(sid) != index:
+                out.append((new.active(sid), score, member))
     return out
+
+
+def _agent_indexes(r: Any) -> list[str]:
+    """The agents' indexes of before layout 3 (one per agent, ``ss:{<A>_}:active``)."""
+    listed = {a.decode("utf-8", "replace") for a in r.smembers(keys.AGENTS)}
+    return [keys.agent_active(a) for a in sorted(listed) if SCOPED_AGENT.fullmatch(a)]
 
 
 def _copy(r: Any, moves: list[tuple[str, str]], replace: bool) -> list[str]:

@@ -20,8 +20,9 @@ another's: agent ``a`` does not cover ``a-b``. Outside it the agent may only
 add: push its jobs' ids onto the two queues, push ledger entries onto the
 pending list (the sealer chains only what the sagas' own chains bear out and
 sets the rest aside, which ``saga verify`` reports), and add names to
-``ss:agents`` (the sweeper's list of indexes: it reads only names an agent can
-own, and drops from an index what is not that agent's). It cannot read other agents'
+``ss:agents`` and a bucket's ``ss:{b<n>}:agents`` (the sweepers' lists of indexes:
+they read only names an agent can own, and drop from an index what is not that
+agent's). It cannot read other agents'
 sagas, write the ledger chain, trim the pending list, or touch the shared
 index of sagas in flight, other agents' jobs or records.
 
@@ -60,6 +61,8 @@ def worker_rules() -> list[str]:
                                                   "blob:*")
             for tag in ("{*}", "{b*}:*")]
     side = [*saga, f"~{P}:{{*}}:active", f"~{P}:{{*}}:idem:*", f"~{P}:agents",
+            # of layout 3: an agent's index in a bucket, and the bucket's agents
+            f"~{P}:{{b*}}:*_:active", f"~{P}:{{*}}:agents",
             f"~{P}:idem:*", f"~{P}:ctx:*", f"~{P}:active",
             f"~{P}:needs_attention", f"~{P}:approvals",
             f"~{P}:{{*}}:needs_attention", f"~{P}:{{*}}:approvals",  # a bucket's (layout 3)
@@ -108,7 +111,7 @@ def agent_rules(agent_id: str) -> list[str]:
         _selector(*of("lease", "driver", "blob:*"), "+set", "+pexpire"),
         _selector(*of("meta", "secrets", "idem:*"), "+hset", "+hsetnx", "+pexpire", "+expire"),
         _selector(*of("active"), "+zadd", "+zrem"),
-        _selector(f"~{P}:agents", "+sadd"),
+        _selector(f"~{P}:agents", f"~{P}:{{b*}}:agents", "+sadd"),
         _selector(f"~{P}:ledger:{{*}}:pending", "+rpush"),
         # its steps' jobs: their hashes, and their ids pushed on the queues
         _selector(*jobs, "+hset", "+expire", "+hget", "+hgetall"),

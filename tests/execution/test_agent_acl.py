@@ -161,16 +161,22 @@ def test_every_write_outside_its_namespace_is_refused_or_caught(
     names = names_of(admin)
     shared = names.active("legacy-saga")  # an index of no agent's, which older versions
     admin.zadd(shared, {"legacy-saga": 1})  # wrote every saga to
+    # the stopped workers' sweep leases lapse on their own: gone before the snapshot
+    assert_eventually(lambda: not list(admin.scan_iter(match=f"{keys.PREFIX}:sweep:*")),
+                      timeout=10, what="the stopped workers' sweep leases to lapse")
     theirs = [k for k in admin.scan_iter(count=1000) if not owned_by("agent-a", k)]
-    assert {names.log(victim).encode(), names.active(victim).encode(),
+    listed = names.agents_list(pending)  # where its agent is listed for the sweepers
+    assert {names.log(victim).encode(), names.active(pending).encode(),
             keys.agent_idem("agent-a-b", explicit_key("ab-1")).encode(),
             keys.ledger_log(ab.events.log.layout.ledger_of(victim)).encode(),
-            shared.encode(), keys.AGENTS.encode(),
+            shared.encode(), listed.encode(),
             jobs.job_key(jobs.step_job_id(ab.state(pending).steps[0].idem_key or "", 1,
                                           pending)).encode()} <= set(theirs)
     before = {k: admin.dump(k) for k in theirs}
     every_pending = {keys.ledger_pending(c).encode() for c in ab.events.ledger.chains()}
-    additive = {*every_pending, keys.AGENTS.encode(),
+    lists = {names.bucket_agents(b).encode() for b in names.all_buckets()} \
+        if names.bucketed else set()  # a bucket's agents with an index in it
+    additive = {*every_pending, *lists, keys.AGENTS.encode(),
                 jobs.queue_key(jobs.STEP_QUEUE).encode(),
                 jobs.queue_key(jobs.COMPENSATION_QUEUE).encode()}
     allowed = []
