@@ -29,6 +29,7 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
 
+from saga_store.approval import notify
 from saga_store.client.api import SagaStore
 from saga_store.errors import StoreUnavailable
 from saga_store.execution import jobs
@@ -203,6 +204,7 @@ class StepWorker(SimpleWorker):
         from saga_store.ops.metrics import Metrics
         self.metrics = Metrics(CollectorRegistry())  # multiprocess files when enabled
         self.metrics.prime(registry)  # every panel has its series from the first scrape
+        notify.count_drops(self.metrics.notifications_dropped.inc)
         # a worker outlives any outage: it backs off (capped, jittered) and carries on
         log_client = self.connection if self.log_url is None else \
             connect(self.log_url, retry_s=None)
