@@ -91,8 +91,10 @@ class Notifier:
         """Queue ``payload``; False if the queue was full and the oldest waiting
         notification was dropped to make room for it."""
         with self._cond:
-            full = len(self._waiting) >= self.queue_size
-            oldest = self._waiting.pop(0) if full else None
+            oldest = None
+            if len(self._waiting) >= self.queue_size:
+                oldest = self._waiting.pop(0)
+                self.dropped += 1
             self._waiting.append(_Waiting(next(self._arrivals), payload))
             self._cond.notify_all()
         if oldest is not None:
@@ -118,7 +120,6 @@ class Notifier:
         self._thread.join(self.timeout_s + 1)
 
     def _drop(self, item: _Waiting) -> None:
-        self.dropped += 1
         if self.on_drop is not None:
             self.on_drop()
         log.warning("notification %s for saga %s dropped: the queue is full (%d waiting); is "
