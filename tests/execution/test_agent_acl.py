@@ -11,6 +11,8 @@ import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -333,14 +335,21 @@ def test_each_namespace_s_users_keep_to_their_namespace(ledger: Path, tmp_path: 
             return cli(f"redis://{ns}-agent:a-pass@{base}", "run", "--tools", TOOLS,
                        str(plans[plan]), "--json", *wait, namespace=ns)
         log = tmp_path / "workers.log"
+        with ExitStack() as pools, ThreadPoolExecutor(4) as pool:
+            for ns in namespaces:
+                pools.enter_context(workers(
+                    {**os.environ, "SAGA_REDIS_URL": f"redis://{ns}-worker:w-pass@{base}",
+                     "SAGA_NAMESPACE": ns, "SAGA_TEST_LEDGER": str(ledger), "PYTHONPATH": ROOT},
+                    TOOLS, "-n", "2", "--log-level", "INFO", log=log))
+            ran = {(ns, plan): pool.submit(run, ns, plan, "--wait", "--timeout", "60")
+                   for ns in namespaces for plan in ("ok", "undone")}
+            ends = {k: (done.result().returncode, done.result().stdout, done.result().stderr)
+                    for k, done in ran.items()}
         for ns in namespaces:
-            env = {**os.environ, "SAGA_REDIS_URL": f"redis://{ns}-worker:w-pass@{base}",
-                   "SAGA_NAMESPACE": ns, "SAGA_TEST_LEDGER": str(ledger), "PYTHONPATH": ROOT}
-            with workers(env, TOOLS, "-n", "2", "--log-level", "INFO", log=log):
-                ok = run(ns, "ok", "--wait", "--timeout", "60")
-                undone = run(ns, "undone", "--wait", "--timeout", "60")
-            assert (ok.returncode, json.loads(ok.stdout)["state"]) == (0, "committed"), ok.stderr
-            assert json.loads(undone.stdout)["state"] == "compensated", undone.stderr
+            code, out, err = ends[ns, "ok"]
+            assert (code, json.loads(out)["state"]) == (0, "committed"), err
+            code, out, err = ends[ns, "undone"]
+            assert json.loads(out)["state"] == "compensated", err
         log_text = log.read_text()
         assert "NOPERM" not in log_text, log_text[-3000:]
         assert "Traceback" not in log_text, log_text[-3000:]
