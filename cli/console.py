@@ -22,9 +22,13 @@ from .common import Context, errors_to_exit, operator, pass_ctx
               type=click.Path(dir_okay=False),
               help="An anchor file (saga anchor --out) the verify page checks the ledger "
                    "against.")
+@click.option("--allowed-host", "allowed_hosts", multiple=True, metavar="NAME[:PORT]",
+              help="A Host name the console answers to besides loopback and its bind "
+                   "address (repeatable; SAGA_CONSOLE_ALLOWED_HOSTS takes a comma-separated "
+                   "list): the name a reverse proxy or DNS gives it.")
 @pass_ctx
 def console(ctx: Context, host: str, port: int, by: str | None,
-            anchor_file: str | None) -> None:
+            anchor_file: str | None, allowed_hosts: tuple[str, ...]) -> None:
     """Serve the operator console: sagas, live timelines, approvals, attention and
     verification, in a browser.
 
@@ -32,7 +36,9 @@ def console(ctx: Context, host: str, port: int, by: str | None,
     as --by. SAGA_CONSOLE_TOKEN (a token, or name:token pairs separated by
     commas) asks for a bearer token or a sign-in; SAGA_CONSOLE_USER_HEADER
     trusts a reverse proxy's header naming the user. Every form carries a CSRF
-    token.
+    token. Requests naming any other Host than localhost, 127.0.0.1, [::1], the
+    bind address or an --allowed-host get 400 (so a web page cannot reach it by
+    DNS rebinding).
     """
     with errors_to_exit():
         try:
@@ -44,7 +50,8 @@ def console(ctx: Context, host: str, port: int, by: str | None,
                                "missing): pip install 'saga-store[console]'") from None
         import dataclasses
 
-        config = ConsoleConfig.from_env(host, port, operator(by))
+        config = ConsoleConfig.from_env(host, port, operator(by),
+                                        allowed_hosts=allowed_hosts)
         if anchor_file:
             config = dataclasses.replace(config, anchor_file=anchor_file)
         store = ctx.saga_store(Registry())

@@ -73,10 +73,12 @@ def namespace(value: str | None = None) -> str:
     or the demo, share one Redis without seeing each other's sagas, ledger or
     queues. Read once, when this module is first imported."""
     ns = value if value is not None else os.environ.get("SAGA_NAMESPACE") or DEFAULT_NAMESPACE
-    if not NAMESPACE.fullmatch(ns):
+    # its job ids start "<ns>-saga-step-": a namespace "shop-saga-step-x" would have
+    # its jobs under shop's ACL pattern (rq:job:shop-saga-step-*; see ops/acl.py)
+    if not NAMESPACE.fullmatch(ns) or "saga-step" in ns or "saga-comp" in ns:
         raise InvalidInput(f"SAGA_NAMESPACE={ns!r}: use 1-32 lower-case letters, digits and "
-                           "'-', starting with a letter (e.g. 'shop-prod')",
-                           field="SAGA_NAMESPACE")
+                           "'-', starting with a letter, without 'saga-step' or 'saga-comp' "
+                           "(e.g. 'shop-prod')", field="SAGA_NAMESPACE")
     return ns
 
 

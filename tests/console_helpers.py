@@ -19,7 +19,8 @@ def console(saga_store: SagaStore, **config: Any) -> TestClient:
     """A test client for a console on ``saga_store``'s Redis."""
     defaults: dict[str, Any] = {"operator": "olivia", "page_size": 3, "live_block_ms": 300}
     app = create_app(saga_store, ConsoleConfig(**{**defaults, **config}))
-    return TestClient(app, headers={"accept": "text/html"})
+    # a name the console serves: any other Host is refused (DNS rebinding)
+    return TestClient(app, base_url="http://127.0.0.1:8765", headers={"accept": "text/html"})
 
 
 def csrf_of(html: str) -> str:

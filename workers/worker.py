@@ -18,6 +18,7 @@ import contextlib
 import logging
 import re
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -29,6 +30,7 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.worker import SimpleWorker, WorkerStatus
 
+from saga_store.approval import notify
 from saga_store.client.api import SagaStore
 from saga_store.errors import StoreUnavailable
 from saga_store.execution import jobs
@@ -190,6 +192,12 @@ class StepWorker(SimpleWorker):
     max_connection_wait_time = 5.0
 
     def __init__(self, queues: Any, *args: Any, **kwargs: Any) -> None:
+        # the namespace's prefix on its name: its ACL user is granted its own
+        # rq:worker:<name> and rq:pubsub:<name> only (saga_store/ops/acl.py)
+        name, args = (args[0], args[1:]) if args else (kwargs.pop("name", None), args)
+        name = str(name or uuid.uuid4().hex)  # RQ's default
+        kwargs["name"] = name if name.startswith(jobs.WORKER_PREFIX) else \
+            jobs.WORKER_PREFIX + name
         kwargs["serializer"] = JSONSerializer
         kwargs["job_class"] = StepJob if self.log_url is None else QueueJob
         # queues by name, so RQ makes them of queue_class (RQ's pool hands in its own)
@@ -203,6 +211,7 @@ class StepWorker(SimpleWorker):
         from saga_store.ops.metrics import Metrics
         self.metrics = Metrics(CollectorRegistry())  # multiprocess files when enabled
         self.metrics.prime(registry)  # every panel has its series from the first scrape
+        notify.count_drops(self.metrics.notifications_dropped.inc)
         # a worker outlives any outage: it backs off (capped, jittered) and carries on
         log_client = self.connection if self.log_url is None else \
             connect(self.log_url, retry_s=None)
@@ -221,6 +230,13 @@ class StepWorker(SimpleWorker):
         self.sweeper = Sweeper(self.saga_store, self.name, self.sweep_interval_s)
         self.durability = DurabilityWatch(log_client, self.settings.durability_check_s,
                                           log)
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:
+        # nothing of ours is scheduled through RQ (the sweeper redelivers from the
+        # log), and RQ's scheduler registers under a name no namespace owns
+        # (rq:scheduler:<uuid>), which a namespace's ACL user is not granted
+        kwargs["with_scheduler"] = False
+        return bool(super().work(*args, **kwargs))
 
     # -- the job path ------------------------------------------------------
 

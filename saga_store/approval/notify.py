@@ -9,9 +9,16 @@ carries arguments or results, so no secret can reach it.
 Sending never blocks whoever notifies (a worker recording an approval
 request, a compensator closing a saga): :func:`approval_requested` and
 :func:`needs_attention` put the payload on a bounded queue and return; one
-background thread per process posts it, retrying with exponential backoff.
-When the queue is full (the receiver has been down for a long while) a
-notification is dropped and logged, rather than holding a worker. Delivery is
+background thread per process posts it. A receiver cannot hold that thread:
+each attempt has one deadline for all of it (connect, send, the response's
+status and headers; the body is never read), after which its socket is shut
+down (urllib's timeout is per socket read, so a receiver trickling bytes held
+it for ever); redirects are never followed (one would send the payload to
+wherever the receiver points); a failed attempt waits for its retry beside
+the queue, not in front of it, so later notifications go out meanwhile. When
+the queue is full (the receiver has been down a long while) the oldest
+waiting notification is dropped, logged and counted
+(``saga_notifications_dropped_total``), never the worker held. Delivery is
 best effort: a process killed with notifications still queued loses them; the
 log and ``saga approvals`` / ``saga attention`` remain the truth.
 """
@@ -19,16 +26,21 @@ log and ``saga approvals`` / ``saga attention`` remain the truth.
 from __future__ import annotations
 
 import atexit
+import bisect
+import contextlib
+import http.client
+import itertools
 import logging
 import os
-import queue
 import random
+import socket
+import ssl
 import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -36,6 +48,17 @@ log = logging.getLogger("saga_store.notify")
 
 QUEUE_SIZE = 1000
 MAX_TEXT = 500  # a reason or a list of steps is cut to this many characters
+
+
+@dataclass(order=True)
+class _Waiting:
+    """A notification not yet delivered: its place in arrival order, and when
+    its next attempt is due (monotonic seconds)."""
+
+    arrival: int
+    payload: dict[str, Any] = field(compare=False)
+    attempt: int = field(default=0, compare=False)
+    due: float = field(default=0.0, compare=False)
 
 
 class Notifier:
@@ -48,79 +71,179 @@ class Notifier:
 
     def __init__(self, url: str, *, attempts: int = 6, backoff_s: float = 0.5,
                  max_backoff_s: float = 30.0, timeout_s: float = 5.0,
-                 queue_size: int = QUEUE_SIZE) -> None:
-        if not url.startswith(("http://", "https://")):
+                 queue_size: int = QUEUE_SIZE,
+                 on_drop: Callable[[], None] | None = None) -> None:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("SAGA_NOTIFY_URL must be an http:// or https:// URL")
-        self.url = url
+        self.url, self._parts = url, parts
         self.attempts, self.backoff_s, self.max_backoff_s = attempts, backoff_s, max_backoff_s
-        self.timeout_s = timeout_s
+        self.timeout_s, self.queue_size, self.on_drop = timeout_s, queue_size, on_drop
         self.sent = self.failed = self.dropped = 0
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(queue_size)
+        self._waiting: list[_Waiting] = []  # in arrival order; the thread takes the first due
+        self._arrivals = itertools.count()
+        self._busy = self._closed = False
+        self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="saga-notify", daemon=True)
         self._thread.start()
 
     def send(self, payload: dict[str, Any]) -> bool:
-        """Queue ``payload``; False if the queue is full and it was dropped."""
-        try:
-            self._queue.put_nowait(payload)
-        except queue.Full:
-            self.dropped += 1
-            log.warning("notification dropped (queue full; is %s answering?): %s",
-                        _safe_url(self.url), payload.get("event"))
-            return False
-        return True
+        """Queue ``payload``; False if the queue was full and the oldest waiting
+        notification was dropped to make room for it."""
+        with self._cond:
+            oldest = None
+            if len(self._waiting) >= self.queue_size:
+                oldest = self._waiting.pop(0)
+                self.dropped += 1
+            self._waiting.append(_Waiting(next(self._arrivals), payload))
+            self._cond.notify_all()
+        if oldest is not None:
+            self._drop(oldest)
+        return oldest is None
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until everything queued was posted or given up; False on timeout."""
         deadline = time.monotonic() + timeout_s
-        while self._queue.unfinished_tasks:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.01)
+        with self._cond:
+            while self._waiting or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.wait(left)
         return True
 
-    def _run(self) -> None:
-        while True:
-            payload = self._queue.get()
-            try:
-                if payload is None:
-                    return
-                self._deliver(payload)
-            finally:
-                self._queue.task_done()
+    def close(self) -> None:
+        """Stop the thread once its attempt in flight ends; what waits is left."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(self.timeout_s + 1)
 
-    def _deliver(self, payload: dict[str, Any]) -> None:
-        body = orjson.dumps(payload)
-        for attempt in range(self.attempts):
-            retry = self._post(body)
-            if retry is None:
-                self.sent += 1
-                return
-            if not retry or attempt == self.attempts - 1:
-                break
+    def _drop(self, item: _Waiting) -> None:
+        if self.on_drop is not None:
+            self.on_drop()
+        log.warning("notification %s for saga %s dropped: the queue is full (%d waiting); is "
+                    "%s answering?", item.payload.get("event"), item.payload.get("saga_id"),
+                    self.queue_size, _safe_url(self.url))
+
+    def _take(self) -> _Waiting | None:
+        """The first notification due, waiting for one; None once closed."""
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                item = next((w for w in self._waiting if w.due <= now), None)
+                if item is not None:
+                    self._waiting.remove(item)
+                    self._busy = True
+                    return item
+                later = min((w.due for w in self._waiting), default=None)
+                self._cond.wait(None if later is None else later - now)
+            return None
+
+    def _run(self) -> None:
+        while (item := self._take()) is not None:
+            retry: bool | None = False
+            try:
+                retry = self._post(orjson.dumps(item.payload))
+            except Exception:  # a payload that does not encode, say: never end the thread
+                log.exception("notification %s could not be sent", item.payload.get("event"))
+            with self._cond:
+                self._busy = False
+                self._settle(item, retry)
+                self._cond.notify_all()
+
+    def _settle(self, item: _Waiting, retry: bool | None) -> None:
+        """Count a delivered notification, or put it back to wait for its next
+        attempt, or give it up (under the lock)."""
+        if retry is None:
+            self.sent += 1
+            return
+        item.attempt += 1
+        if retry and item.attempt < self.attempts:
             # equal jitter: half the delay fixed, half random, so many processes that
             # saw the same outage do not all come back in the same instant
-            delay = min(self.max_backoff_s, self.backoff_s * 2 ** attempt)
-            time.sleep(delay / 2 + random.uniform(0, delay / 2))
+            delay = min(self.max_backoff_s, self.backoff_s * 2 ** (item.attempt - 1))
+            item.due = time.monotonic() + delay / 2 + random.uniform(0, delay / 2)
+            bisect.insort(self._waiting, item)
+            return
         self.failed += 1
-        log.warning("notification %s for saga %s not delivered to %s", payload.get("event"),
-                    payload.get("saga_id"), _safe_url(self.url))
+        log.warning("notification %s for saga %s not delivered to %s", item.payload.get("event"),
+                    item.payload.get("saga_id"), _safe_url(self.url))
 
     def _post(self, body: bytes) -> bool | None:
-        """None when delivered; else whether trying again may help."""
-        # S310: an http(s) URL the operator configured
-        req = urllib.request.Request(self.url, data=body, method="POST",  # noqa: S310
-                                     headers={"Content-Type": "application/json"})
+        """None when delivered; else whether trying again may help. One deadline
+        covers the whole attempt: when it passes, the socket is shut down."""
+        attempt = _Attempt(self._parts, self.timeout_s)
+        target = self._parts.path or "/"
+        if self._parts.query:
+            target += "?" + self._parts.query
         try:
-            # S310: an http(s) URL the operator configured
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:  # noqa: S310
-                resp.read()
-            return None
-        except urllib.error.HTTPError as exc:
-            # a 4xx other than 408/429 means the receiver refuses this payload for good
-            return exc.code >= 500 or exc.code in (408, 429)
-        except (OSError, ValueError):  # refused, reset, timed out, bad address
+            attempt.conn.request("POST", target, body=body, headers={
+                "Content-Type": "application/json", "Connection": "close"})
+            status = attempt.conn.getresponse().status  # headers only: the body is never read
+        except (OSError, http.client.HTTPException, ValueError):
+            return True  # refused, reset, past its deadline, garbled, bad address
+        finally:
+            attempt.close()
+        if attempt.expired:  # headers cut short by the deadline look complete
             return True
+        if status < 300:
+            return None
+        if status < 400:
+            log.warning("%s answered %d (a redirect), which is never followed: set "
+                        "SAGA_NOTIFY_URL to the final address", _safe_url(self.url), status)
+            return False
+        # a 4xx other than 408/429 means the receiver refuses this payload for good
+        return status >= 500 or status in (408, 429)
+
+
+class _Attempt:
+    """A connection to the URL's host that a timer ends at the deadline: it shuts
+    down the socket (also mid-handshake, before http.client holds it), and any
+    socket opened after that at once."""
+
+    def __init__(self, parts: Any, timeout_s: float) -> None:
+        if parts.scheme == "https":
+            self.conn: http.client.HTTPConnection = http.client.HTTPSConnection(
+                parts.hostname, parts.port, timeout=timeout_s,
+                context=ssl.create_default_context())
+        else:
+            self.conn = http.client.HTTPConnection(parts.hostname, parts.port,
+                                                   timeout=timeout_s)
+        self._opened: list[socket.socket] = []
+        self._lock, self._over = threading.Lock(), threading.Event()
+        self._create = self.conn._create_connection  # type: ignore[attr-defined]
+        self.conn._create_connection = self._recorded  # type: ignore[attr-defined]
+        self._timer = threading.Timer(timeout_s, self._cut)
+        self._timer.daemon = True
+        self._timer.start()
+
+    @property
+    def expired(self) -> bool:
+        return self._over.is_set()
+
+    def close(self) -> None:
+        self._timer.cancel()
+        self.conn.close()
+
+    def _recorded(self, *args: Any, **kwargs: Any) -> socket.socket:
+        sock: socket.socket = self._create(*args, **kwargs)
+        with self._lock:
+            self._opened.append(sock)
+        if self._over.is_set():
+            _shut(sock)
+        return sock
+
+    def _cut(self) -> None:
+        self._over.set()
+        with self._lock:
+            for sock in self._opened:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # already closed
+        sock.shutdown(socket.SHUT_RDWR)  # wakes a read blocked on it at once
 
 
 def _safe_url(url: str) -> str:
@@ -131,6 +254,19 @@ def _safe_url(url: str) -> str:
 
 _lock = threading.Lock()
 _current: tuple[int, str, Notifier] | None = None
+_drop_counters: list[Callable[[], None]] = []
+
+
+def count_drops(inc: Callable[[], None]) -> None:
+    """Have this process's notifier call ``inc`` for each notification it drops
+    (a worker passes its ``saga_notifications_dropped_total`` counter's ``inc``)."""
+    with _lock:
+        _drop_counters.append(inc)
+
+
+def _dropped() -> None:
+    for inc in list(_drop_counters):
+        inc()
 
 
 def notifier() -> Notifier | None:
@@ -142,7 +278,7 @@ def notifier() -> Notifier | None:
         return None
     with _lock:
         if _current is None or _current[0] != os.getpid() or _current[1] != url:
-            n = Notifier(url)
+            n = Notifier(url, on_drop=_dropped)
             atexit.register(n.flush, 2.0)
             _current = (os.getpid(), url, n)
         return _current[2]

@@ -1,12 +1,15 @@
 """Who is asking, and whether a form really came from the console.
 
-:class:`Guard` is ASGI middleware in front of every route: it names the
+:class:`Guard` is ASGI middleware in front of every route: it answers only
+requests whose Host names this console (400 otherwise, before any cookie or
+token is handed out: see ``ConsoleConfig.serves``), names the
 operator (proxy header, bearer token, login cookie, or the configured name of
 an open loopback console), turns strangers away, hands each browser a signed
 CSRF token in a cookie, and adds headers that keep pages from being framed
 or running foreign scripts. :func:`checked_form` is how every POST handler
 reads its form: the form's ``csrf`` field must equal the cookie (double
-submit) and carry a valid signature, and a cross-origin request is refused.
+submit) and carry a valid signature, and a request whose Origin is not a
+name this console serves is refused.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ CSRF_COOKIE = "saga_csrf"
 SESSION_COOKIE = "saga_session"
 SESSION_S = 12 * 3600
 PUBLIC = ("/login", "/static/", "/healthz")
+# a load balancer's probe names the address it dials; the answer is "ok" and no cookie
+ANY_HOST = "/healthz"
 HEADERS = {
     # every script and style is a file of ours: no inline code, no other origin
     "content-security-policy": "default-src 'self'; script-src 'self'; style-src 'self'; "
@@ -108,8 +113,15 @@ class Guard:
             await self.app(scope, receive, send)
             return
         request = Request(scope)
-        operator = identify(self.config, request)
         path: str = scope["path"]
+        if path == ANY_HOST:
+            await self.app(scope, receive, send)
+            return
+        host = request.headers.get("host")
+        if not self.config.serves(host):
+            await self._stranger(host)(scope, receive, send)
+            return
+        operator = identify(self.config, request)
         if operator is None and not path.startswith(PUBLIC):
             await self._refuse(request)(scope, receive, send)
             return
@@ -132,6 +144,15 @@ class Guard:
 
         await self.app(scope, receive, send_with_headers)
 
+    def _stranger(self, host: str | None) -> Response:
+        # a page of another site whose name resolves here (DNS rebinding) lands here
+        shown = repr(host[:100]) if host else "(none)"
+        return PlainTextResponse(
+            f"this console does not serve the host {shown}; reach it by a name it serves "
+            "(localhost, 127.0.0.1, [::1] or its bind address), or start it with "
+            "--allowed-host NAME (SAGA_CONSOLE_ALLOWED_HOSTS) for the name a proxy or DNS "
+            "gives it", status_code=400, headers=HEADERS)
+
     def _refuse(self, request: Request) -> Response:
         if self.config.user_header is not None and not self.config.tokens:
             return PlainTextResponse(f"authentication required: the {self.config.user_header} "
@@ -148,12 +169,16 @@ class Guard:
 async def checked_form(request: Request) -> FormData:
     """The POSTed form, once its CSRF token and origin are proven; else 403."""
     origin = request.headers.get("origin")
-    if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
-        raise HTTPException(403, "cross-origin form refused")
+    config: ConsoleConfig = request.app.state.config
+    # against the names served, never the request's own Host, which a rebinding
+    # attacker's page sets to its own name along with the Origin
+    if origin and origin != "null" and not config.serves(urlsplit(origin).netloc):
+        raise HTTPException(403, "cross-origin form refused: the form was not sent from a "
+                                 "page of this console")
     form = await request.form()
     sent = form.get("csrf")
     cookie = request.cookies.get(CSRF_COOKIE)
-    key: bytes = request.app.state.config.signing_key
+    key = config.signing_key
     if not (isinstance(sent, str) and cookie and hmac.compare_digest(sent, cookie)
             and csrf_valid(key, cookie)):
         raise HTTPException(403, "the form's CSRF token is missing or stale; reload the page "

@@ -23,7 +23,7 @@ import orjson
 from rq.job import Job
 from rq.queue import Queue
 
-from saga_store.keys import RQ_PREFIX
+from saga_store.keys import PREFIX, RQ_PREFIX
 
 # the functions a worker runs for a job, by their real import paths (rq info shows
 # them); jobs queued before the package took one top-level name carry the old ones
@@ -36,6 +36,10 @@ STEP_QUEUE = f"{RQ_PREFIX}saga-steps"
 COMPENSATION_QUEUE = f"{RQ_PREFIX}saga-compensations"
 STEP_JOB = f"{RQ_PREFIX}saga-step-"  # the start of every step job's id, and of a
 COMP_JOB = f"{RQ_PREFIX}saga-comp-"  # compensation job's
+# the start of every worker's name (rq:worker:<name>, channel rq:pubsub:<name>), so
+# a namespace's ACL user is granted its own workers' keys only; '.' never occurs
+# in a namespace, so no namespace's prefix covers another's
+WORKER_PREFIX = f"{PREFIX}."
 JOB_TTL_S = 7 * 24 * 3600  # a job hash outlives a crash long enough to be swept
 ACKED_JOB_TTL_S = 600  # after the outcome: long enough to see late duplicates
 # the most a job's data may take, compressed or inflated: ids only need a few hundred bytes

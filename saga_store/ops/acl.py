@@ -7,8 +7,21 @@ streams (``ss:*:log``) take XADD and reads only; the keys that live briefly
 code never sends DEL for them. Lua scripts run with the caller's rights, so the
 append script cannot be used to get around this.
 
-RQ's own bookkeeping (``rq:*``) is RQ's: a worker may delete its own RQ keys
-(RQ removes its worker entry and finished jobs), never ``ss:*`` ones.
+RQ's own bookkeeping is RQ's: a worker may delete its own RQ keys (RQ removes
+its worker entry and finished jobs), never ``ss:*`` ones. A worker user is
+its namespace's (``SAGA_NAMESPACE``): of RQ's keys it is granted those of its
+namespace's two queues (``rq:queue:<q>``, its intermediate list, and RQ's
+per-queue keys ``rq:<kind>:<q>``: registries, locks, workers), its jobs
+(``rq:<kind>:<ns>-saga-step-*`` and ``-saga-comp-*``: hash, results,
+executions), its workers (``rq:worker:<ns>.*``, whose names carry the
+namespace, and their channels ``rq:pubsub:<ns>.*``). RQ's few keys that all
+namespaces share are granted for the commands RQ sends them only: SADD and
+SREM on ``rq:workers``, reads of ``rq:suspended``, ``rq:groups`` and
+``rq:rl-keys``, SET on ``rq:clean_groups``. Queue names (``<ns>-saga-steps``)
+and job ids are whole names or end in ``-``, and a namespace never contains
+``saga-step`` or ``saga-comp`` (keys.namespace), so no namespace's patterns
+cover another's. Of the default namespace ``ss`` the names have no prefix
+(``saga-steps``, ``saga-step-*``).
 
 An agent user owns a namespace: the sagas whose ids start ``<agent>_`` (the
 ids its store makes), their keys (``ss:{<agent>_*}:*``: log, meta, leases,
@@ -35,7 +48,13 @@ from __future__ import annotations
 
 from saga_store import keys
 from saga_store.errors import InvalidInput
-from saga_store.execution.jobs import COMP_JOB, COMPENSATION_QUEUE, STEP_JOB, STEP_QUEUE
+from saga_store.execution.jobs import (
+    COMP_JOB,
+    COMPENSATION_QUEUE,
+    STEP_JOB,
+    STEP_QUEUE,
+    WORKER_PREFIX,
+)
 from saga_store.ids import SCOPED_AGENT, check_id
 
 FORBIDDEN = ["del", "unlink", "xdel", "xtrim", "flushall", "flushdb", "config", "script|flush",
@@ -52,6 +71,16 @@ SCRIPTS = ["+evalsha", "+eval"]
 P = keys.PREFIX  # every pattern below is of the key schema in keys.py
 QUEUE_PREFIX = "rq:queue:"
 LEDGER_QUEUE = (f"~{P}:ledger:{{*}}:pending", "+rpush", "+ltrim", "+lpop")
+
+
+def rq_patterns() -> list[str]:
+    """Patterns of the RQ keys of this namespace's queues, jobs and workers."""
+    queues = (STEP_QUEUE, COMPENSATION_QUEUE)
+    return [*(f"~{QUEUE_PREFIX}{q}" for q in queues),
+            *(f"~{QUEUE_PREFIX}{q}:*" for q in queues),  # its intermediate list
+            *(f"~rq:*:{q}" for q in queues),  # rq:wip:<q>, rq:workers:<q>, ...
+            *(f"~rq:*:{j}*" for j in (STEP_JOB, COMP_JOB)),  # rq:job:<id>, rq:results:<id>
+            f"~rq:worker:{WORKER_PREFIX}*"]
 
 
 def worker_rules() -> list[str]:
@@ -72,9 +101,14 @@ def worker_rules() -> list[str]:
             f"~{P}:ledger:{{*}}:rejected",
             f"~{P}:layout"]  # recorded by whoever first writes to a new store
     return [
-        # RQ's keys and channels: RQ's own bookkeeping, including its deletes
-        "resetchannels", "&rq:*", "~rq:*", "+@all", "-@dangerous", *CONNECTION,
-        *[f"-{c}" for c in FORBIDDEN if c not in ("del", "unlink")],
+        # its namespace's RQ keys and channels: RQ's own bookkeeping, its deletes too
+        "resetchannels", f"&rq:pubsub:{WORKER_PREFIX}*", *rq_patterns(), "+@all",
+        "-@dangerous", *CONNECTION, *[f"-{c}" for c in FORBIDDEN if c not in ("del", "unlink")],
+        # RQ's keys every namespace shares, for what RQ's worker does with them only
+        _selector("~rq:workers", "+sadd", "+srem"),
+        _selector("%R~rq:suspended", "%R~rq:groups", "%R~rq:rl-keys", "+exists", "+get",
+                  "+smembers"),
+        _selector("~rq:clean_groups", "+set"),
         # Saga Store's keys: read all, run the append script, append to logs only
         _selector(f"%R~{P}:*", "+@read", "-keys", *SCRIPTS, "+scan", "+watch"),
         _selector(f"~{P}:*", *SCRIPTS),

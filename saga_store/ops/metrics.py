@@ -70,6 +70,10 @@ class Metrics:
         self.redeliveries = Counter("saga_redeliveries_total",
                                     "Jobs re-queued by the sweeper after a lease lapsed.",
                                     registry=r)
+        self.notifications_dropped = Counter(
+            "saga_notifications_dropped_total",
+            "Notifications (SAGA_NOTIFY_URL) dropped, oldest first, because the sender's "
+            "queue was full: the receiver is down or slow.", registry=r)
 
     def prime(self, tools: Iterable[ToolSpec]) -> None:
         """Create every labelled series at 0: each tool's step outcomes and duration,

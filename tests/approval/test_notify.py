@@ -1,9 +1,11 @@
 """Notifications: a local HTTP receiver gets a JSON POST from real workers when a
 step waits for approval and when a saga ends needing attention; failed posts
-are retried with backoff; a receiver that hangs never holds up the sender."""
+are retried with backoff; a receiver that hangs, trickles, redirects or fails
+never holds up the sender or the notifications after its own."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -17,10 +19,12 @@ import anyio.to_thread
 import orjson
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
 
 from saga_store import Registry, SagaStore, Status
 from saga_store.approval import requests as approvals
 from saga_store.approval.notify import Notifier, payload
+from saga_store.ops.metrics import Metrics
 from saga_store.testing import assert_eventually
 from saga_store.testing.workers import workers
 
@@ -29,7 +33,8 @@ from ..gateway.test_mcp_gateway import POLICY, ROOT, TOOLS_MAP, _session
 
 class Receiver:
     """An HTTP server on loopback recording every JSON body posted to it; the first
-    ``fail_first`` requests get 503, and with ``hang`` it never answers."""
+    ``fail_first`` requests get 503, and with ``hang`` it answers none until that
+    event is set."""
 
     def __init__(self, fail_first: int = 0, hang: threading.Event | None = None) -> None:
         self.bodies: list[dict[str, Any]] = []
@@ -39,9 +44,8 @@ class Receiver:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 outer.requests += 1
-                if hang is not None:
-                    hang.wait(10)
-                    return
+                if hang is not None:  # then answers, once released
+                    hang.wait(30)
                 body = self.rfile.read(int(self.headers["content-length"]))
                 if outer.requests <= fail_first:
                     self.send_response(503)
@@ -131,21 +135,142 @@ def test_a_failing_receiver_is_retried_with_backoff() -> None:
     assert (gone.sent, gone.failed) == (0, 1)
 
 
-def test_a_hanging_receiver_never_holds_the_sender() -> None:
+class Misbehaving:
+    """A receiver that treats each notification by its ``n``: ``trickle`` sends
+    its headers then a body of 100 kB, a byte every 0.1 s; ``drip`` sends its
+    status line and then its headers a byte at a time; ``hang`` never answers;
+    ``redirect`` answers 302 to ``elsewhere``; ``error`` answers 500; the rest
+    get 200 and are recorded, with when they arrived."""
+
+    def __init__(self, plan: dict[int, str], elsewhere: str = "") -> None:
+        self.delivered: dict[int, float] = {}
+        self.hits: list[int] = []
+        self.stop = threading.Event()
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self) -> None:
+                body = orjson.loads(self.rfile.read(int(self.headers["content-length"])))
+                n = body["n"]
+                outer.hits.append(n)
+                # OSError: the notifier hung up on us, which is what a deadline is for
+                with contextlib.suppress(OSError):
+                    getattr(outer, "_" + plan.get(n, "ok"))(self, n)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.elsewhere = elsewhere
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def _ok(self, h: BaseHTTPRequestHandler, n: int) -> None:
+        h.send_response(200)
+        h.send_header("content-length", "0")
+        h.end_headers()
+        self.delivered[n] = time.monotonic()
+
+    def _trickle(self, h: BaseHTTPRequestHandler, n: int) -> None:
+        h.send_response(200)
+        h.send_header("content-length", "100000")
+        h.end_headers()
+        h.wfile.flush()
+        while not self.stop.wait(0.1):
+            h.wfile.write(b"x")
+            h.wfile.flush()
+
+    def _drip(self, h: BaseHTTPRequestHandler, n: int) -> None:
+        h.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        while not self.stop.wait(0.1):
+            h.wfile.write(b"X-Pad: x\r\n")
+            h.wfile.flush()
+
+    def _hang(self, h: BaseHTTPRequestHandler, n: int) -> None:
+        self.stop.wait(60)
+
+    def _redirect(self, h: BaseHTTPRequestHandler, n: int) -> None:
+        h.send_response(302)
+        h.send_header("location", self.elsewhere)
+        h.send_header("content-length", "0")
+        h.end_headers()
+
+    def _error(self, h: BaseHTTPRequestHandler, n: int) -> None:
+        h.send_response(500)
+        h.send_header("content-length", "0")
+        h.end_headers()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_receiver_that_stalls_or_redirects_never_silences_later_notifications() -> None:
+    """Seven notifications to one receiver: the first trickles its body after a
+    200 (delivered: the body is never read), the second trickles its headers,
+    the third hangs, the fourth is redirected to another local port, the fifth
+    gets 500. Sending never waits; each stalled attempt ends at its deadline,
+    the redirect is not followed (the other port sees no request), and the last
+    two arrive within the deadlines of those before."""
+    elsewhere = Receiver()
+    bad = Misbehaving({0: "trickle", 1: "drip", 2: "hang", 3: "redirect", 4: "error"},
+                      elsewhere=elsewhere.url)
+    deadline_s = 1.0
+    n = Notifier(bad.url, timeout_s=deadline_s, attempts=2, backoff_s=0.05)
+    try:
+        began = time.monotonic()
+        assert all(n.send({"event": "approval_requested", "n": i}) for i in range(7))
+        assert time.monotonic() - began < 0.5
+        # three attempts run out their deadline ahead of them; allow as much again
+        assert_eventually(lambda: {5, 6} <= set(bad.delivered), timeout=6 * deadline_s,
+                          what="the notifications after the bad ones")
+        assert max(bad.delivered.values()) - began < 6 * deadline_s
+        assert n.flush(20)
+        assert (n.sent, n.failed, n.dropped) == (3, 4, 0)
+        assert sorted(bad.hits) == [0, 1, 1, 2, 2, 3, 4, 4, 5, 6]  # one try for a redirect
+        assert elsewhere.requests == 0
+    finally:
+        n.close()
+        bad.close()
+        elsewhere.close()
+
+
+def test_a_full_queue_drops_the_oldest_and_counts_it(caplog: pytest.LogCaptureFixture) -> None:
+    """A receiver that holds every request: sending never waits; with room for
+    four, the oldest waiting are dropped, each counted in
+    saga_notifications_dropped_total and logged; once it answers, the one it
+    held and the newest four arrive."""
     release = threading.Event()
     stuck = Receiver(hang=release)
+    registry = CollectorRegistry()
+    metrics = Metrics(registry)
+    n = Notifier(stuck.url, timeout_s=30, queue_size=4,
+                 on_drop=metrics.notifications_dropped.inc)
     try:
-        n = Notifier(stuck.url, timeout_s=5, queue_size=4)
+        n.send({"event": "approval_requested", "saga_id": "S0", "n": 0})
+        assert_eventually(lambda: stuck.requests == 1, timeout=10, what="the first post")
         began = time.monotonic()
-        results = [n.send({"event": "approval_requested", "n": i}) for i in range(20)]
-        took = time.monotonic() - began
-        # one post hangs in the sender's thread, four wait in the queue, the rest drop
-        assert took < 1.0
-        assert results[:4] == [True] * 4
-        assert results.count(False) == n.dropped >= 15
+        results = [n.send({"event": "approval_requested", "saga_id": f"S{i}", "n": i})
+                   for i in range(1, 20)]
+        assert time.monotonic() - began < 0.5
+        assert results == [True] * 4 + [False] * 15
+        assert n.dropped == 15
+        assert registry.get_sample_value("saga_notifications_dropped_total") == 15
+        dropped = [r.getMessage() for r in caplog.records if "dropped" in r.getMessage()]
+        assert len(dropped) == 15
+        assert "S1 dropped" in dropped[0]
+        release.set()
+        assert n.flush(20)
     finally:
         release.set()
+        n.close()
         stuck.close()
+    # the one in flight when the queue filled, and the newest four
+    assert sorted(b["n"] for b in stuck.bodies) == [0, 16, 17, 18, 19]
 
 
 @pytest.mark.real_redis

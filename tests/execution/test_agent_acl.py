@@ -5,10 +5,14 @@ it could make outside its namespace is refused, or is caught by ``saga verify``.
 
 from __future__ import annotations
 
+import fnmatch
+import json
 import os
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +21,7 @@ import redis
 
 from saga_store import Registry, SagaStore, Settings, keys
 from saga_store.client.context import Subscriber
-from saga_store.errors import StepError
+from saga_store.errors import InvalidInput, StepError
 from saga_store.execution import jobs
 from saga_store.execution.idempotency import explicit_key
 from saga_store.log.layout import names_of
@@ -46,15 +50,19 @@ WRITES = [("SET", "x"), ("DEL",), ("UNLINK",), ("PEXPIRE", "0"), ("EXPIRE", "1")
           ("LPOP",), ("RPOP",), ("LSET", "0", "junk"), ("LREM", "0", "x")]
 
 
-def cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+def cli(url: str, *args: str, namespace: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    if namespace is not None:
+        env["SAGA_NAMESPACE"] = namespace
     return subprocess.run([sys.executable, "-m", "saga_store.cli.main", "--redis-url", url,
                            *args], capture_output=True, text=True, timeout=60, cwd=ROOT,
-                          check=False, env={**os.environ, "PYTHONPATH": ROOT})
+                          check=False, env=env)
 
 
-def apply_as_readme(port: int, role_args: list[str], user: str, password: str) -> None:
+def apply_as_readme(port: int, role_args: list[str], user: str, password: str,
+                    namespace: str | None = None) -> None:
     """``saga acl ROLE ... | redis-cli`` then the password, as the README says."""
-    line = cli("redis://127.0.0.1:1/0", "acl", *role_args)
+    line = cli("redis://127.0.0.1:1/0", "acl", *role_args, namespace=namespace)
     assert line.returncode == 0, line.stderr
     for cmd in (line.stdout, f"ACL SETUSER {user} >{password}\n"):
         out = subprocess.run(["redis-cli", "-p", str(port)], input=cmd, capture_output=True,
@@ -294,3 +302,123 @@ def test_what_an_agent_may_push_cannot_stop_or_misdirect_a_worker(
     assert "quitting" not in text
     assert admin.dump(names.log(victim.saga_id)) == victim_log
     assert admin.zscore(names.active(victim.saga_id), victim.saga_id) == victim_score
+
+
+def of_namespace(ns: str, key: bytes) -> bool:
+    """Whether ``key`` belongs to namespace ``ns`` (not ``ss``): its own keys, and
+    RQ's keys of its queues, jobs and workers."""
+    return key.startswith((f"{ns}:".encode(), f"rq:worker:{ns}.".encode())) or \
+        f"{ns}-saga-".encode() in key
+
+
+READS = {b"string": ("GET",), b"hash": ("HGETALL",), b"list": ("LRANGE", "0", "-1"),
+         b"set": ("SMEMBERS",), b"zset": ("ZRANGE", "0", "-1"), b"stream": ("XRANGE", "-", "+")}
+
+
+def test_each_namespace_s_users_keep_to_their_namespace(ledger: Path, tmp_path: Path) -> None:
+    """Worker and agent users of namespaces shop-a and shop-b on one Redis, each
+    applied as ``SAGA_NAMESPACE=... saga acl ... | redis-cli``: each namespace's
+    workers (a pool of two) run its agent's sagas to commit, and unwind one,
+    refused nothing. Then each user tries every read and write command on every
+    key of the other namespace (its queues, queued jobs, workers, sagas, ledger)
+    and to publish to its workers' channels: all refused, nothing changed."""
+    namespaces = ("shop-a", "shop-b")
+    with RedisServer() as srv:
+        admin = redis.Redis.from_url(srv.url)
+        for ns in namespaces:
+            apply_as_readme(srv.port, ["worker", "--user", f"{ns}-worker"], f"{ns}-worker",
+                            "w-pass", namespace=ns)
+            apply_as_readme(srv.port, ["agent", "--agent", "agent-a", "--user",
+                                       f"{ns}-agent"], f"{ns}-agent", "a-pass", namespace=ns)
+        base = f"127.0.0.1:{srv.port}/0"
+        plans = {}
+        for name, steps in (("ok", PLAN), ("undone", [*PLAN[:1], {"tool": "fail_always",
+                                                                  "args": {}}])):
+            plans[name] = tmp_path / f"{name}.json"
+            plans[name].write_text(json.dumps({"agent_id": "agent-a", "steps": steps}))
+
+        def run(ns: str, plan: str, *wait: str) -> subprocess.CompletedProcess[str]:
+            return cli(f"redis://{ns}-agent:a-pass@{base}", "run", "--tools", TOOLS,
+                       str(plans[plan]), "--json", *wait, namespace=ns)
+        log = tmp_path / "workers.log"
+        with ExitStack() as pools, ThreadPoolExecutor(4) as pool:
+            for ns in namespaces:
+                pools.enter_context(workers(
+                    {**os.environ, "SAGA_REDIS_URL": f"redis://{ns}-worker:w-pass@{base}",
+                     "SAGA_NAMESPACE": ns, "SAGA_TEST_LEDGER": str(ledger), "PYTHONPATH": ROOT},
+                    TOOLS, "-n", "2", "--log-level", "INFO", log=log))
+            ran = {(ns, plan): pool.submit(run, ns, plan, "--wait", "--timeout", "60")
+                   for ns in namespaces for plan in ("ok", "undone")}
+            ends = {k: (done.result().returncode, done.result().stdout, done.result().stderr)
+                    for k, done in ran.items()}
+        for ns in namespaces:
+            code, out, err = ends[ns, "ok"]
+            assert (code, json.loads(out)["state"]) == (0, "committed"), err
+            code, out, err = ends[ns, "undone"]
+            assert json.loads(out)["state"] == "compensated", err
+        log_text = log.read_text()
+        assert "NOPERM" not in log_text, log_text[-3000:]
+        assert "Traceback" not in log_text, log_text[-3000:]
+        # the workers were refused no key or channel (CONFIG GET is refused, as it is
+        # meant to be: the durability check reads "unknown" then)
+        denied = [e for e in admin.acl_log() if e["reason"] in ("key", "channel")
+                  and e["username"].endswith("-worker")]
+        assert not denied, [(e["username"], e["object"], e["client-info"]) for e in denied]
+        assert len(effects("reserve")) == 4
+        assert len(effects("release")) == 2
+        # a saga of each namespace waits in its queue, its job hash written
+        for ns in namespaces:
+            assert run(ns, "ok").returncode == 0
+        for ns, other in (namespaces, namespaces[::-1]):
+            theirs = [k for k in admin.scan_iter(count=1000) if of_namespace(other, k)]
+            kinds = {k.split(b":")[1] for k in theirs if k.startswith(b"rq:")}
+            assert {b"queue", b"job", b"worker", b"workers"} <= kinds, kinds
+            assert any(k.startswith(f"{other}:".encode()) and k.endswith(b":log")
+                       for k in theirs)
+            before = {k: admin.dump(k) for k in theirs}
+            channels = [f"rq:pubsub:{k.decode().split(':')[2]}" for k in theirs
+                        if k.startswith(b"rq:worker:") and k.count(b":") == 2]
+            assert channels
+            for role in ("worker", "agent"):
+                user = redis.Redis.from_url(f"redis://{ns}-{role}:{role[0]}-pass@{base}")
+                allowed = [(k, cmd) for k in theirs for cmd, *args in
+                           [*WRITES, READS[admin.type(k)], ("DUMP",), ("EXISTS",)]
+                           if not refused(user, cmd, k, *args)]
+                allowed += [(c, "PUBLISH") for c in channels
+                            if not refused(user, "PUBLISH", c, '{"command": "shutdown"}')]
+                assert not allowed, (ns, role, allowed[:10])
+                assert refused(user, "BLPOP", jobs.queue_key(f"{other}-saga-steps"), 1)
+            assert {k for k in theirs if admin.dump(k) != before[k]} == set()
+
+
+def test_no_namespace_s_rq_patterns_cover_another_s() -> None:
+    """Of namespaces whose names prefix each other (ss and its unprefixed RQ names,
+    shop, shop-a, saga), no worker user's key or channel pattern matches a key of
+    another's queues, jobs or workers; a namespace whose jobs would fall under
+    another's patterns is refused."""
+    names = ("ss", "shop", "shop-a", "saga")
+    patterns = {}
+    for ns in names:
+        line = cli("redis://127.0.0.1:1/0", "acl", "worker", namespace=ns)
+        assert line.returncode == 0, line.stderr
+        patterns[ns] = re.findall(r"[~&]%?R?~?(rq:[^' ]+)", line.stdout)
+        assert f"rq:worker:{ns}.*" in patterns[ns]
+
+    def rq_keys(ns: str) -> list[str]:
+        pre = "" if ns == "ss" else f"{ns}-"
+        q, job = f"{pre}saga-steps", f"{pre}saga-step-agent-a_S1-1-{'ab' * 8}"
+        return [f"rq:queue:{q}", f"rq:queue:{q}:intermediate", f"rq:wip:{q}",
+                f"rq:workers:{q}", f"rq:job:{job}", f"rq:results:{job}",
+                f"rq:job:{pre}saga-comp-agent-a_S1", f"rq:worker:{ns}.{'c' * 32}",
+                f"rq:pubsub:{ns}.{'c' * 32}"]
+    for ns in names:
+        for key in rq_keys(ns):
+            assert any(fnmatch.fnmatchcase(key, pat) for pat in patterns[ns]), (ns, key)
+        for other in names:
+            if other != ns:
+                covered = [(key, pat) for key in rq_keys(other) for pat in patterns[ns]
+                           if fnmatch.fnmatchcase(key, pat)]
+                assert not covered, (ns, other, covered)
+    for bad in ("saga-step-x", "shop-saga-comp-1"):
+        with pytest.raises(InvalidInput, match="saga-step"):
+            keys.namespace(bad)
