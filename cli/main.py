@@ -13,6 +13,7 @@ from . import (
     attention,
     console,
     demo,
+    dev_redis,
     fleet,
     inspect,
     listing,
@@ -52,6 +53,7 @@ for module in (acl, approvals, attention, console, demo, fleet, inspect, listing
                verify, workers):
     for command in module.COMMANDS:
         cli.add_command(command)
+cli.add_command(dev_redis.dev_redis)
 
 
 def _show_envvars(command: click.Command) -> None:

@@ -17,6 +17,7 @@ from saga_store import SagaStore, StepError
 from saga_store.client.context import rebuild_history
 
 from .agent_runtime import saga_store
+from .shop_tools import DECLINED_CARD
 
 TOOLS = "examples.shop_tools"
 PLANS = Path(__file__).resolve().parent / "plans"
@@ -38,7 +39,7 @@ def drive_by_hand(store: SagaStore) -> str:
         print(f"reserved: {held['reservation_id']}")
         try:
             saga.call("charge_payment", {"amount_cents": 649_500,
-                                         "card_token": "tok_visa_4242"},
+                                         "card_token": DECLINED_CARD},
                       tool_call_id="call_charge")
         except StepError as exc:
             print(f"charge failed: {exc}")

@@ -4,6 +4,11 @@ Stock, payment and a receipt, each declared with how it is undone (or that it
 cannot be). The "external systems" are simulated; each tool passes its
 idempotency key on as a real integration would, so a retried delivery never
 charges twice.
+
+The simulated bank declines by card, not by amount: how much may be charged
+without a person is the policy's call (examples/policy.toml: charges of
+$10,000 and more wait for approval), and a charge the policy lets through is
+declined only for a card the bank refuses, as a real bank would.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from typing import Any
 
 from saga_store import Reversibility, StepContext, StepError, tool
 
-DECLINE_ABOVE_CENTS = 500_000  # the simulated bank declines larger charges
+DECLINED_CARD = "tok_chargeDeclined"  # the simulated bank refuses this card (Stripe's test token)
 
 
 @tool(reversibility=Reversibility.READONLY)
@@ -44,8 +49,8 @@ def refund_payment(charge_id: str) -> dict[str, Any]:
       secret=["card_token"], timeout=10)
 def charge_payment(amount_cents: int, card_token: str, ctx: StepContext) -> dict[str, Any]:
     """Charge a card; the token never reaches the log (``secret``)."""
-    if amount_cents > DECLINE_ABOVE_CENTS:
-        raise StepError(f"card declined: {amount_cents} cents is over the limit")
+    if card_token == DECLINED_CARD:
+        raise StepError(f"card declined: the bank refused the card for {amount_cents} cents")
     return {"charge_id": f"ch_{ctx.idempotency_key[:12]}", "amount_cents": amount_cents}
 
 

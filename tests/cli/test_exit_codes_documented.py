@@ -1,5 +1,5 @@
-"""The README's table of exit codes is what the commands return: 0-3 here, the
-saga outcomes of 'saga run --wait' in test_run_exit_codes."""
+"""The table of exit codes in docs/reference.md is what the commands return: 0-3
+here, the saga outcomes of 'saga run --wait' in test_run_exit_codes."""
 
 from __future__ import annotations
 
@@ -17,12 +17,12 @@ from saga_store.log.store import EventStore
 from ..helpers import committed_saga, edit_body, tamper
 from .test_run_exit_codes import RUN_CASES, TIMEOUT_CODE
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+REFERENCE = Path(__file__).resolve().parents[2] / "docs" / "reference.md"
 
 
 def documented() -> dict[int, str]:
-    """The exit-code table of the README's CLI section: code -> meaning."""
-    text = README.read_text()
+    """The exit-code table of the reference's CLI section: code -> meaning."""
+    text = REFERENCE.read_text()
     section = text[text.index("## CLI"):text.index("## Configuration")]
     table = section[section.index("| exit | meaning |"):]
     rows = re.findall(r"^\| (\d+) \| (.+?) \|$", table.split("\n\n")[0], re.M)
