@@ -395,6 +395,19 @@ def test_an_existing_file_is_kept_unless_forced(tmp_path: Path) -> None:
     assert not (tmp_path / "tools.yaml").exists()
 
 
+def test_serving_options_given_with_it_are_refused_not_dropped(tmp_path: Path) -> None:
+    """--tools-map and --policy do nothing when only a map is written: given with
+    --init-tools-map they are refused, so nobody believes they took effect."""
+    (tmp_path / "mine.toml").write_text("")
+    for extra, said in ((["--tools-map", str(tmp_path / "mine.toml")], "--tools-map"),
+                        (["--policy", str(tmp_path / "mine.toml")], "--policy")):
+        out = tmp_path / "tools.toml"
+        done = _init(out, RECORDS, extra=extra)
+        assert done.returncode == 2
+        assert f"so {said} would have no effect" in done.stderr
+        assert not out.exists()
+
+
 def test_a_server_that_cannot_start_dies_or_cannot_be_reached_is_reported(
         tmp_path: Path) -> None:
     out = tmp_path / "tools.toml"
