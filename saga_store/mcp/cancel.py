@@ -11,9 +11,9 @@ before it heard. The relay sends nothing for a cancelled request either way.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
+import asyncio
+from contextvars import ContextVar, Token
+from types import TracebackType
 
 import anyio
 
@@ -23,39 +23,50 @@ RUNNING: ContextVar[Cancellation | None] = ContextVar("saga_store_mcp_running", 
 
 
 class Cancellation:
-    """Whether the client cancelled one call, and how to stop it where it is."""
+    """Whether the client cancelled one call, and how to stop it where it is.
+
+    ``with cancel:`` goes around the call's request downstream: a cancellation
+    meanwhile cancels the task's wait for the answer, and the block ends early
+    with ``cut`` set. It costs a contextvar and no cancel scope: it is on every
+    call's path (an anyio scope cost 40 us here)."""
+
+    __slots__ = ("_event", "_task", "_token", "cut", "downstream_id", "requested")
 
     def __init__(self) -> None:
         self.requested = False
+        self.cut = False  # the request downstream was cut off
         self.downstream_id: str | None = None  # the gateway's request for the call, in flight
-        self._scope: anyio.CancelScope | None = None
+        self._task: asyncio.Task[object] | None = None
+        self._token: Token[Cancellation | None] | None = None
         self._event: anyio.Event | None = None
 
     def cancel(self) -> str | None:
         """Mark the call cancelled and stop its downstream request, if one runs;
         returns that request's id, for the relay to tell the server."""
         self.requested = True
-        rid = self.downstream_id if self._scope is not None else None
-        if self._scope is not None:
-            self._scope.cancel()
+        rid = None
+        if self._task is not None and not self.cut:
+            rid, self.cut = self.downstream_id, True
+            self._task.cancel()
         if self._event is not None:
             self._event.set()
         return rid
 
-    @contextmanager
-    def running(self) -> Iterator[anyio.CancelScope]:
-        """Around the call's request downstream: a cancellation ends the wait for
-        its answer (``scope.cancelled_caught`` says so afterwards)."""
-        with anyio.CancelScope() as scope:
-            self._scope = scope
-            token = RUNNING.set(self)
-            if self.requested:
-                scope.cancel()
-            try:
-                yield scope
-            finally:
-                RUNNING.reset(token)
-                self._scope, self.downstream_id = None, None
+    def __enter__(self) -> Cancellation:
+        self._task = asyncio.current_task()
+        self._token = RUNNING.set(self)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> bool:
+        assert self._token is not None
+        RUNNING.reset(self._token)
+        task, self._task, self._token, self.downstream_id = self._task, None, None, None
+        if kind is not None and issubclass(kind, asyncio.CancelledError) and self.cut:
+            assert task is not None
+            task.uncancel()  # our own cancellation, taken back: the task runs on
+            return True
+        return False
 
     async def wait(self, seconds: float) -> None:
         """Sleep ``seconds``, or less if the call is cancelled meanwhile."""

@@ -537,8 +537,9 @@ class Gateway:
         ``timeout_s``, or that the client cancels while it runs, is in doubt."""
         if cancel is not None:
             out: CallOutcome | None = None
-            with cancel.running():
-                out = await self._call(name, args, key, timeout_s, meta, task)
+            if not cancel.requested:
+                with cancel:
+                    out = await self._call(name, args, key, timeout_s, meta, task)
             if out is None:  # cut off: the server's answer, if it comes, is dropped
                 return CallOutcome(False, None, f"{REASON} while it ran",
                                    in_doubt=f"{REASON} while the call ran")
