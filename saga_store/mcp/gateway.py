@@ -28,8 +28,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import orjson
-
 from saga_store import keys
 from saga_store.approval import notify
 from saga_store.approval import requests as approvals
@@ -52,11 +50,16 @@ from saga_store.mcp.classify import Classification, classify
 from saga_store.mcp.identity import gateway_id
 from saga_store.mcp.leases import Leases
 from saga_store.mcp.mapcheck import mapping_problem
+from saga_store.mcp.results import (
+    CallOutcome,
+    as_outcome,
+    replayed,
+    scrubbed,
+)
 from saga_store.mcp.turns import CURRENT, Turns, exclusive_now
 from saga_store.protocol import build, unwind
 from saga_store.protocol.forward import commit_blocker, repeat_of
 from saga_store.protocol.mapping import resolve_all
-from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.state import SagaState, Status, StepState, fold
 from saga_store.protocol.vocab import (
     Approval,
@@ -67,7 +70,7 @@ from saga_store.protocol.vocab import (
     StepStatus,
     Unclassified,
 )
-from saga_store.tools.secrets import Secrets, scrub
+from saga_store.tools.secrets import Secrets
 from saga_store.verify.checker import read_verified
 
 if TYPE_CHECKING:
@@ -89,45 +92,12 @@ EXECUTOR = "mcp-gateway"
 TELL_AFTER_EVENTS = 96  # about 32 calls' worth (intent, started, outcome)
 TELL_AFTER_S = 1.0
 APPROVAL_POLL_S = 0.1
-CONTENT_LOG_LIMIT = 64 * 1024  # bytes of a result's content blocks the log keeps
-META_REPLAYED = "dev.chronomcp/replayed"  # in a result answered from the log
-META_ROLLBACK = "dev.saga-store/rollback"  # in a result after which the gateway rolled back
 
 CallFn = Callable[[str, dict[str, Any], dict[str, Any]], Awaitable["CallOutcome"]]
 # how a task-augmented call reaches the server: the client's ``task`` params too
 TaskCallFn = Callable[[str, dict[str, Any], dict[str, Any], dict[str, Any]],
                       Awaitable["CallOutcome"]]
 Answer = Callable[["CallOutcome"], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class CallOutcome:
-    """What the downstream answered: ``ok`` (not isError), the structured content,
-    the text content, and the raw result object to pass back to the client."""
-
-    ok: bool
-    structured: Any
-    text: str
-    raw: Any = None
-    in_doubt: str | None = None  # the call raised: transport error, timeout
-    content: list[Any] | None = None  # every block of the result, as on the wire
-    task_id: str | None = None  # the server made the call an MCP task: its result comes later
-    error: dict[str, Any] | None = None  # the server's JSON-RPC error, as it sent it
-    note: str | None = None  # what the gateway rolled back after this call, if anything
-
-    def logged(self) -> dict[str, Any]:
-        """The result as the log keeps it: a repeat of the call is answered with it.
-        Its content blocks, every one, unless they are too large to log."""
-        out: dict[str, Any] = {"text": self.text[:2000]}
-        if self.structured is not None:
-            out["structuredContent"] = self.structured
-        if self.content is not None:
-            size = len(orjson.dumps(self.content))
-            if size <= CONTENT_LOG_LIMIT:
-                out["content"] = self.content
-            else:
-                out["content_omitted"] = size
-        return out
 
 
 def session_tools() -> list[dict[str, Any]]:
@@ -498,8 +468,8 @@ class Gateway:
             if answer is not None:
                 await answer(outcome)
             outcome = await self._task_result(outcome.task_id)
-        outcome = _scrubbed(outcome, secrets)
-        said = _as_outcome(outcome)
+        outcome = scrubbed(outcome, secrets)
+        said = as_outcome(outcome)
         try:
             self._add(writer, [build.step_outcome(step, said.kind, result=said.result,
                                                   error=said.error, tool=name)])
@@ -763,7 +733,7 @@ class Gateway:
             elif isinstance(act, unwind.Compensate):
                 self._apply(writer, st, [act.intent])
                 comp = self.classification(st.steps[act.step].tool or "").compensation
-                out = _as_outcome(await self._call(act.undo.tool, act.args, act.key,
+                out = as_outcome(await self._call(act.undo.tool, act.args, act.key,
                                                    comp.timeout_s if comp else None))
                 items, retry_in = unwind.compensated(st, act, out, catalogue.resume_hint)
                 self._apply(writer, st, items)
@@ -893,88 +863,3 @@ def rollback_note(undone: list[str], standing: list[str]) -> str:
     if standing:
         return text + f"Still standing, not undone: {', '.join(standing)}."
     return text + "Nothing else this session changed still stands."
-
-
-def _as_outcome(out: CallOutcome) -> Outcome:
-    """A downstream answer in the protocol's terms."""
-    if out.in_doubt:
-        return Outcome.in_doubt(out.in_doubt)
-    if out.ok:
-        return Outcome.succeeded(out.logged())
-    return Outcome.failed(out.text[:2000])
-
-
-def _scrubbed(out: CallOutcome, secrets: Mapping[str, Any]) -> CallOutcome:
-    """The outcome as it may be logged: secret values blanked out of its text and
-    structured content (servers echo arguments in errors). The client still gets
-    the server's own answer (``raw``)."""
-    if not secrets:
-        return out
-    def clean(x: Any) -> Any:
-        return None if x is None else orjson.loads(scrub(orjson.dumps(x).decode(), secrets))
-    return CallOutcome(out.ok, clean(out.structured), scrub(out.text, secrets), out.raw,
-                       scrub(out.in_doubt, secrets) if out.in_doubt else None,
-                       clean(out.content))
-
-
-def result_text(content: Any) -> str:
-    """The text parts of a tool result's content, as SDK models or as wire dicts."""
-    if not isinstance(content, list):
-        return ""
-    parts = (c if isinstance(c, dict) else {"type": getattr(c, "type", None),
-                                            "text": getattr(c, "text", None)}
-             for c in content)
-    return "\n".join(c.get("text") or "" for c in parts if c.get("type") == "text")
-
-
-def replayed(ok: bool, result: Any, error: str | None) -> CallOutcome:
-    """A repeated call's answer, from what the log recorded of the first: a success as
-    the server gave it, every content block (marked in ``_meta`` as a replay); a
-    failure as the error it was."""
-    result = result if isinstance(result, dict) else {}
-    text = str(result.get("text", error or ""))
-    if not ok:
-        return CallOutcome(False, result.get("structuredContent"),
-                           f"(repeated call, recorded answer) {text}")
-    content = result.get("content")
-    raw: dict[str, Any] = {
-        "content": content if isinstance(content, list) else [{"type": "text", "text": text}],
-        "isError": False, "_meta": {META_REPLAYED: True}}
-    if result.get("structuredContent") is not None:
-        raw["structuredContent"] = result["structuredContent"]
-    return CallOutcome(True, result.get("structuredContent"), text, raw=raw)
-
-
-def built_result(out: CallOutcome) -> dict[str, Any]:
-    """A tool result, on the wire, made from the outcome: for a failure or refusal
-    (saying what happened and what was rolled back) and for the session tools."""
-    result: dict[str, Any] = {"content": [{"type": "text", "text": out.text}],
-                              "isError": not out.ok}
-    if out.structured is not None:
-        result["structuredContent"] = out.structured
-    return result
-
-
-def client_result(out: CallOutcome) -> Any:
-    """The client's result: the server's own, whole, whenever the server answered;
-    if the gateway rolled the session back after it, the note that says what was
-    undone is added as a last text block and under ``_meta``, the rest unchanged."""
-    if not isinstance(out.raw, dict):
-        return built_result(out)
-    if out.note is None:
-        return out.raw
-    content = out.raw.get("content")
-    meta = out.raw.get("_meta")
-    return {**out.raw,
-            "content": [*(content if isinstance(content, list) else []),
-                        {"type": "text", "text": out.note}],
-            "_meta": {**(meta if isinstance(meta, dict) else {}), META_ROLLBACK: out.note}}
-
-
-def client_error(out: CallOutcome) -> dict[str, Any]:
-    """The server's JSON-RPC error as it sent it (code, message, data); a rollback
-    after it is said at the end of its message."""
-    assert out.error is not None
-    if out.note is None:
-        return out.error
-    return {**out.error, "message": f"{out.error.get('message', '')}\n\n{out.note}"}

@@ -15,15 +15,8 @@ from typing import TYPE_CHECKING, Any
 from saga_store.approval.policy import Policy
 from saga_store.errors import InvalidInput
 from saga_store.mcp.cancel import Cancellation
-from saga_store.mcp.gateway import (
-    CallFn,
-    CallOutcome,
-    Gateway,
-    client_error,
-    client_result,
-    gateway_id,
-    result_text,
-)
+from saga_store.mcp.gateway import CallFn, Gateway, gateway_id
+from saga_store.mcp.results import CallOutcome, client_error, client_result, result_text
 
 if TYPE_CHECKING:
     from saga_store.client.api import SagaStore

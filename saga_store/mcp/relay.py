@@ -48,16 +48,8 @@ from saga_store.mcp.downstream import (
     SdkDownstream,
     line_of,
 )
-from saga_store.mcp.gateway import (
-    SESSION_TOOLS,
-    CallFn,
-    CallOutcome,
-    Gateway,
-    client_error,
-    client_result,
-    result_text,
-    session_tools,
-)
+from saga_store.mcp.gateway import SESSION_TOOLS, CallFn, Gateway, session_tools
+from saga_store.mcp.results import CallOutcome, client_error, client_result, result_text
 
 log = logging.getLogger("saga_store.gateway")
 OWN = "saga-guard-"  # the ids of the gateway's own requests downstream start so
