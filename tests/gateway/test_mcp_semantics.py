@@ -140,6 +140,39 @@ def test_a_call_cancelled_while_it_runs_is_cancelled_downstream_and_settled_in_d
     assert Verifier(store.events.log).verify().ok
 
 
+def test_the_in_process_guard_cancels_a_running_call_downstream_and_settles_it(
+        gw: dict[str, Any]) -> None:
+    """GuardedSession: the agent cancels its call_tool while the server runs the call;
+    the server hears the cancellation, and the step is in doubt and compensated at
+    once, not when the session ends."""
+    from saga_store.approval.policy import Policy
+    from saga_store.mcp.guarded import GuardedSession
+    store: SagaStore = gw["store"]
+
+    async def go() -> None:
+        params = StdioServerParameters(command=SERVER[0], args=SERVER[1:], env=gw["env"])
+        async with stdio_client(params) as (r, w), ClientSession(r, w) as raw:
+            await raw.initialize()
+            async with GuardedSession(raw, store, policy=Policy.load(gw["tmp"] / "policy.toml"),
+                                      ) as s:
+                with anyio.CancelScope() as scope:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(s.call_tool, "slow_create",
+                                      {"id": "r-2", "path": str(gw["tmp"] / "never")})
+                        await anyio.to_thread.run_sync(lambda: assert_eventually(
+                            lambda: _effects(gw["ledger"]), timeout=30,
+                            what="the server to start the call"))
+                        scope.cancel()
+                await anyio.to_thread.run_sync(lambda: assert_eventually(
+                    lambda: _sagas(store)[0].final, timeout=10,
+                    what="the session rolled back while it is open"))
+    _run(go)
+    assert [k for _, k, _ in _effects(gw["ledger"])] == ["create", "cancelled", "delete"]
+    [st] = _sagas(store)
+    assert st.status is Status.COMPENSATED
+    assert st.steps[0].status == "in_doubt"
+
+
 def test_a_cancelled_read_fails_alone_and_the_session_goes_on(gw: dict[str, Any]) -> None:
     """A read the client cancels while it runs changed nothing: it is recorded as
     failed, nothing is rolled back, and the session commits."""
