@@ -13,7 +13,7 @@ from starlette.staticfiles import StaticFiles
 
 from saga_store import SagaError, SagaStore, StoreUnavailable
 
-from . import ops, sagas
+from . import live, ops, sagas
 from .config import ConsoleConfig
 from .render import make_templates, page
 from .security import Guard
@@ -62,7 +62,7 @@ def create_app(saga_store: SagaStore, config: ConsoleConfig | None = None) -> St
         Route("/sagas", sagas.sagas_list),
         Route("/sagas/{saga_id}", sagas.saga_page),
         Route("/sagas/{saga_id}/export.jsonl", sagas.saga_export),
-        Route("/sagas/{saga_id}/live", sagas.saga_live),
+        Route("/sagas/{saga_id}/live", live.saga_live),
         Route("/approvals", ops.approvals_page),
         Route("/approvals/{saga_id}/{step}/{verdict:str}", ops.decide, methods=["POST"]),
         Route("/attention", ops.attention_page),

@@ -51,6 +51,7 @@ class ConsoleConfig:
     allowed_hosts: tuple[str, ...] = ()
     page_size: int = 25
     live_block_ms: int = 5000  # how long one XREAD BLOCK of a live page waits
+    keepalive_s: float = 10.0  # a quiet live feed sends a comment this often
     # signs login cookies and CSRF tokens; new per process, so a restart logs out
     signing_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
 
