@@ -34,7 +34,9 @@ def console(ctx: Context, host: str, port: int, by: str | None,
 
     Security: it binds 127.0.0.1 by default, where whoever reaches the port acts
     as --by. SAGA_CONSOLE_TOKEN (a token, or name:token pairs separated by
-    commas) asks for a bearer token or a sign-in; SAGA_CONSOLE_USER_HEADER
+    commas) asks for a bearer token or a sign-in; SAGA_CONSOLE_READONLY_TOKEN
+    (the same form) signs in people who see every page and whose every action
+    is refused with 403; SAGA_CONSOLE_USER_HEADER
     trusts a reverse proxy's header naming the user. Every form carries a CSRF
     token. Requests naming any other Host than localhost, 127.0.0.1, [::1], the
     bind address or an --allowed-host get 400 (so a web page cannot reach it by
@@ -56,7 +58,7 @@ def console(ctx: Context, host: str, port: int, by: str | None,
             config = dataclasses.replace(config, anchor_file=anchor_file)
         store = ctx.saga_store(Registry())
         app = create_app(store, config)
-        auth = ("a token" if config.tokens else
+        auth = ("a token" if config.token_login else
                 f"the {config.user_header} header" if config.user_header else
                 f"no sign-in (acting as {config.operator})")
         click.echo(f"saga console on http://{host}:{port}/ ({auth})", err=True)
