@@ -13,7 +13,7 @@ from starlette.staticfiles import StaticFiles
 
 from saga_store import SagaError, SagaStore, StoreUnavailable
 
-from . import live, ops, sagas
+from . import actions, live, ops, sagas
 from .config import ConsoleConfig
 from .render import make_templates, page
 from .security import Guard
@@ -63,6 +63,8 @@ def create_app(saga_store: SagaStore, config: ConsoleConfig | None = None) -> St
         Route("/sagas/{saga_id}", sagas.saga_page),
         Route("/sagas/{saga_id}/export.jsonl", sagas.saga_export),
         Route("/sagas/{saga_id}/live", live.saga_live),
+        Route("/sagas/{saga_id}/do/{action}", actions.confirm_page),
+        Route("/sagas/{saga_id}/do/{action}", actions.act, methods=["POST"]),
         Route("/approvals", ops.approvals_page),
         Route("/approvals/{saga_id}/{step}/{verdict:str}", ops.decide, methods=["POST"]),
         Route("/attention", ops.attention_page),

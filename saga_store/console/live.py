@@ -100,6 +100,7 @@ async def saga_live(request: Request) -> Response:
     store: SagaStore = request.app.state.saga_store
     keepalive_s: float = request.app.state.config.keepalive_s
     feed = follower(request)
+    read_only: bool = request.state.read_only
 
     async def events() -> AsyncIterator[str]:
         seq = after
@@ -115,7 +116,7 @@ async def saga_live(request: Request) -> Response:
                         yield ": keep-alive\n\n"  # a comment: proxies keep the stream open
                         quiet_since = time.monotonic()
                     continue
-                ctx = await run_in_threadpool(live_context, store, sid, fmt)
+                ctx = await run_in_threadpool(live_context, store, sid, fmt, read_only)
             except (SagaError, redis.RedisError) as exc:
                 log.warning("console: live feed of saga %s stopped: %s", sid, exc)
                 message = orjson.dumps({"error": f"Redis is unreachable: {exc}"}).decode()

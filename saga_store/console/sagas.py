@@ -19,9 +19,11 @@ from saga_store.protocol.state import fold
 from saga_store.verify.export import export
 
 from . import timeline
+from .effects import offers
 from .listing import Filters, list_page
 from .masking import mask_messages
-from .render import page
+from .render import flash, page
+from .states import reason_lines, shown
 
 STATES = [s.value for s in Status]
 
@@ -73,9 +75,10 @@ def saga_id_of(request: Request) -> str:
     return sid
 
 
-def live_context(store: SagaStore, saga_id: str, fmt: str) -> dict[str, Any]:
+def live_context(store: SagaStore, saga_id: str, fmt: str,
+                 read_only: bool = False) -> dict[str, Any]:
     """Everything the live part of a saga page shows (state, timeline, the history
-    the agent sees in ``fmt``), from one read of its log."""
+    the agent sees in ``fmt``, what a person may do), from one read of its log."""
     bodies, head = store.events.log.bodies_and_head(saga_id)
     if not bodies:
         raise HTTPException(404, f"no saga {saga_id}")
@@ -85,7 +88,9 @@ def live_context(store: SagaStore, saga_id: str, fmt: str) -> dict[str, Any]:
     took = (st.updated_ts or now) - created if st.final else now - created
     return {"saga": st, "seq": head.seq, "tl": timeline.build(bodies, now, st.final),
             "took": took, "live": not st.final, "fmt": fmt, "formats": FORMATS,
-            "history": mask_messages(rebuild_history([st], fmt))}
+            "history": mask_messages(rebuild_history([st], fmt)),
+            "shown": shown(st, store.registry), "reasons": reason_lines(st),
+            "offers": offers(st, bodies), "read_only": read_only}
 
 
 def with_format(request: Request) -> str:
@@ -97,8 +102,9 @@ def with_format(request: Request) -> str:
 
 async def saga_page(request: Request) -> Response:
     sid, fmt = saga_id_of(request), with_format(request)
-    ctx = await run_in_threadpool(live_context, _store(request), sid, fmt)
-    return page(request, "saga.html", ctx)
+    ctx = await run_in_threadpool(live_context, _store(request), sid, fmt,
+                                  request.state.read_only)
+    return page(request, "saga.html", {**ctx, **flash(request)})
 
 
 async def saga_export(request: Request) -> Response:
