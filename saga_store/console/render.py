@@ -40,6 +40,7 @@ def page(request: Request, name: str, context: dict[str, Any],
     templates: Jinja2Templates = request.app.state.templates
     full = {"operator": request.state.operator, "csrf": request.state.csrf,
             "read_only": getattr(request.state, "read_only", False),
+            "counts": getattr(request.state, "counts", None),
             "token_login": request.app.state.config.token_login, **context}
     response: HTMLResponse = templates.TemplateResponse(request, name, full,
                                                         status_code=status_code)
