@@ -19,7 +19,7 @@ from saga_store.protocol.state import fold
 from saga_store.verify.export import export
 
 from . import timeline
-from .effects import offers
+from .effects import offers, undo_tools, unwind_plan
 from .listing import Filters, list_page
 from .masking import mask_messages
 from .render import flash, page
@@ -90,7 +90,8 @@ def live_context(store: SagaStore, saga_id: str, fmt: str,
             "took": took, "live": not st.final, "fmt": fmt, "formats": FORMATS,
             "history": mask_messages(rebuild_history([st], fmt)),
             "shown": shown(st, store.registry), "reasons": reason_lines(st),
-            "offers": offers(st, bodies), "read_only": read_only}
+            "offers": offers(st, bodies), "read_only": read_only,
+            "plan": [] if st.final else unwind_plan(st, undo_tools(bodies))}
 
 
 def with_format(request: Request) -> str:

@@ -75,6 +75,9 @@ def test_approve_deny_and_abort_from_the_saga_page(
         page = tc.get(f"/sagas/{yes}").text
         assert "waiting for approval: step 1 (send_email)" in page
         assert f'href="/sagas/{yes}/do/approve?step=1"' in page
+        plan = page[page.index('id="unwind-plan"'):page.index("</ol>", page.index("unwind-plan"))]
+        assert plan.index("#1 send_email: never ran") < plan.index(
+            "#0 reserve_inventory: undone by its declared compensation")
         ask = confirmation(tc, yes, "approve", 1)
         assert "approve step 1 (send_email): it is queued to run now, once (undo: none, " \
                "it cannot be undone)" in ask
