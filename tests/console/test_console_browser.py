@@ -85,9 +85,9 @@ def _pending(store: SagaStore, sid: str) -> approvals.Pending:
 def _shots(tmp_path: Path) -> Any:
     copy_to = os.environ.get("SAGA_SCREENSHOTS_DIR")
 
-    def shot(page: Any, name: str) -> None:
+    def shot(page: Any, name: str, full: bool = True) -> None:
         path = tmp_path / f"{name}.png"
-        page.screenshot(path=str(path), full_page=True)
+        page.screenshot(path=str(path), full_page=full)
         if copy_to:
             Path(copy_to).mkdir(parents=True, exist_ok=True)
             shutil.copy(path, Path(copy_to) / path.name)
@@ -102,8 +102,9 @@ def _sagas(store: SagaStore) -> dict[str, str]:
     made["stuck"] = store.submit(STUCK, agent_id="warehouse-bot")
     _pending(store, made["hook"])
     approvals.decide(store, made["hook"], 0, grant=True, by="olivia")
-    for name in ("committed", "story", "hook", "stuck"):
+    for name in ("committed", "story", "hook"):
         assert store.wait(made[name], timeout=60).final
+    assert store.wait(made["stuck"], timeout=60).status is Status.STUCK
     made["prod"] = store.submit(PROD, agent_id="crm-bot")
     made["mail"] = store.submit(MAIL, agent_id="mail-bot")
     _pending(store, made["prod"])
@@ -216,7 +217,7 @@ def _resolve_stuck(page: Any, base: str, sid: str, shot: Any) -> None:
     page.goto(f"{base}/sagas/{sid}")
     assert page.locator("#state").inner_text() == "stuck undoing step 1 (reserve_forgetful)"
     assert any("saga resolve" in t for t in page.locator("dd.reason").all_inner_texts())
-    shot(page, "saga-stuck")
+    shot(page, "saga-stuck", full=False)  # its top: state, hint, actions
     page.click("#do-resolve")
     page.wait_for_selector("#confirm")
     assert "resolve step 1 (reserve_forgetful) as undone by hand" in \
@@ -227,7 +228,7 @@ def _resolve_stuck(page: Any, base: str, sid: str, shot: Any) -> None:
     page.wait_for_selector("p.flash.ok")
     assert "step 1 resolved by hand by olivia" in page.locator("p.flash.ok").inner_text()
     page.locator("#state", has_text="needs attention").wait_for()  # the live feed follows
-    shot(page, "saga-resolved")
+    shot(page, "saga-resolved", full=False)
 
 
 def _operator_pages(page: Any, base: str, made: dict[str, str], shot: Any) -> None:
