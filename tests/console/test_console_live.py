@@ -72,3 +72,28 @@ def test_an_idle_feed_keeps_alive_for_40_s_with_no_false_outage(
                                          if line.startswith("data: {\"seq\""))
     logged = [f"{r.name}: {r.getMessage()}" for r in caplog.records]
     assert logged == [], logged
+
+
+def test_a_feed_whose_redis_is_gone_ends_with_an_unavailable_event(
+        saga_store: SagaStore) -> None:
+    """The blocking read fails (its Redis unreachable): the stream says so in an
+    event and ends, instead of raising inside a response already started."""
+    import redis
+
+    from saga_store.console.live import Follower
+    from saga_store.ops.backoff import OutageRetry
+    from saga_store.testing import free_port
+
+    from ..console_helpers import console
+
+    w = saga_store.events.open("gone-agent")
+    tc = console(saga_store)
+    feed = Follower(saga_store, 300)
+    feed.client = redis.Redis(port=free_port(), socket_connect_timeout=1,
+                              retry=OutageRetry(0))  # nobody listens there
+    tc.app.state.follower = feed  # type: ignore[attr-defined]  # Starlette's state is untyped
+    with tc.stream("GET", f"/sagas/{w.saga_id}/live?after={w.head.seq}") as resp:
+        lines = [line for line in resp.iter_lines() if line]
+    assert lines[0].startswith("retry:")
+    assert lines[1] == "event: unavailable"
+    assert "Redis is unreachable" in lines[2]
