@@ -181,6 +181,18 @@ def test_a_read_only_sign_in_sees_everything_and_can_do_nothing(
         assert res.status_code == 403, route
         assert "read-only" in res.text
     assert saga_store.events.log.head(w.saga_id).seq == before
+    signed_in = console(saga_store, tokens={OPERATOR: "olivia"},
+                        readonly_tokens={VIEWER: "victor"})
+    login = signed_in.get("/login")
+    res = signed_in.post("/login", data={"csrf": csrf_of(login.text), "token": VIEWER,
+                                         "next": "/sagas"}, follow_redirects=False)
+    assert res.status_code == 303  # a viewer signs in with the form too ...
+    ask = signed_in.get(f"/sagas/{w.saga_id}/do/abort").text
+    assert '<b id="operator">victor</b>' in ask
+    refused = signed_in.post(f"/sagas/{w.saga_id}/do/abort", follow_redirects=False,
+                             data={"csrf": csrf_of(ask), "by": "victor", "why": "x"})
+    assert refused.status_code == 403  # ... and stays read-only
+    assert saga_store.events.log.head(w.saga_id).seq == before
     operator = {"authorization": f"Bearer {OPERATOR}"}
     ask_op = tc.get(f"/sagas/{w.saga_id}/do/abort", headers=operator).text
     form = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', ask_op))
