@@ -29,8 +29,10 @@ from .common import Context, errors_to_exit, operator, pass_ctx
 @pass_ctx
 def console(ctx: Context, host: str, port: int, by: str | None,
             anchor_file: str | None, allowed_hosts: tuple[str, ...]) -> None:
-    """Serve the operator console: sagas, live timelines, approvals, attention and
-    verification, in a browser.
+    """Serve the operator console: sagas, live timelines, approvals, attention,
+    an overview, workers and queues, search and verification, in a browser;
+    approve, deny, abort, resume, resolve and acknowledge from a saga's page,
+    each confirmed and recorded as the CLI records it.
 
     Security: it binds 127.0.0.1 by default, where whoever reaches the port acts
     as --by. SAGA_CONSOLE_TOKEN (a token, or name:token pairs separated by
