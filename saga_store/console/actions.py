@@ -101,11 +101,13 @@ def perform(store: SagaStore, sid: str, action: str, step: int | None, by: str, 
         raise InvalidInput(f"saga {sid} changed since this was confirmed (its log was at "
                            f"event {seen_seq}, it is at {state.seq}: it is now "
                            f"{shown(state).text}); nothing was done; look again")
-    if effects.find(state, bodies, action, step) is None:
+    offer = effects.find(state, bodies, action, step)
+    if offer is None:
         raise InvalidInput(f"{action} is not possible now: saga {sid} is "
                            f"{shown(state).text}; nothing was done")
+    step = offer.step  # the step the confirmation named, or the one the state offers
     if action in ("approve", "deny"):
-        assert step is not None
+        assert step is not None  # offered only for a step waiting for approval
         approvals.decide(store, sid, step, grant=action == "approve", by=by, reason=why)
         return f"step {step} {'approved' if action == 'approve' else 'denied'} by {by}"
     if action == "resume":
@@ -114,7 +116,7 @@ def perform(store: SagaStore, sid: str, action: str, step: int | None, by: str, 
                                "nothing was done")
         return f"unwind resumed by {by}"
     if action == "resolve":
-        assert step is not None
+        assert step is not None  # offered only for the step the unwind is stuck on
         store.resolve(sid, step, by=by, note=why)
         return f"step {step} resolved by hand by {by}; the unwind goes on"
     if action == "abort":

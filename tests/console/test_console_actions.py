@@ -197,6 +197,9 @@ def test_a_read_only_sign_in_sees_everything_and_can_do_nothing(
     ask_op = tc.get(f"/sagas/{w.saga_id}/do/abort", headers=operator).text
     form = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', ask_op))
     res = tc.post(f"/sagas/{w.saga_id}/do/abort", headers=operator, follow_redirects=False,
-                  data={**form, "by": "olivia", "why": "test"})
+                  data={**form, "by": "pat", "why": "test"})
     assert res.status_code == 303
-    assert saga_store.state(w.saga_id).status is Status.COMPENSATING
+    st = saga_store.state(w.saga_id)
+    assert st.status is Status.COMPENSATING
+    # the name typed, and beside it the one the token names
+    assert st.reason == {"reason": "aborted by pat (signed in as olivia): test"}
