@@ -26,9 +26,13 @@ from .common import Context, errors_to_exit, operator, pass_ctx
               help="A Host name the console answers to besides loopback and its bind "
                    "address (repeatable; SAGA_CONSOLE_ALLOWED_HOSTS takes a comma-separated "
                    "list): the name a reverse proxy or DNS gives it.")
+@click.option("--tools", "tools", multiple=True, envvar="SAGA_TOOLS",
+              help="Tools module(s), as the workers run them (optional): their declared "
+                   "retry limits let a retrying step read 'attempt 2 of 3'.")
 @pass_ctx
 def console(ctx: Context, host: str, port: int, by: str | None,
-            anchor_file: str | None, allowed_hosts: tuple[str, ...]) -> None:
+            anchor_file: str | None, allowed_hosts: tuple[str, ...],
+            tools: tuple[str, ...]) -> None:
     """Serve the operator console: sagas, live timelines, approvals, attention,
     an overview, workers and queues, search and verification, in a browser;
     approve, deny, abort, resume, resolve and acknowledge from a saga's page,
@@ -58,7 +62,7 @@ def console(ctx: Context, host: str, port: int, by: str | None,
                                         allowed_hosts=allowed_hosts)
         if anchor_file:
             config = dataclasses.replace(config, anchor_file=anchor_file)
-        store = ctx.saga_store(Registry())
+        store = ctx.saga_store(Registry.from_modules(*tools) if tools else Registry())
         app = create_app(store, config)
         auth = ("a token" if config.token_login else
                 f"the {config.user_header} header" if config.user_header else

@@ -89,7 +89,8 @@ def live_context(store: SagaStore, saga_id: str, fmt: str,
     return {"saga": st, "seq": head.seq, "tl": timeline.build(bodies, now, st.final),
             "took": took, "live": not st.final, "fmt": fmt, "formats": FORMATS,
             "history": mask_messages(rebuild_history([st], fmt)),
-            "shown": shown(st, store.registry), "reasons": reason_lines(st),
+            "shown": shown(st, store.registry, undo_tools(bodies)),
+            "reasons": reason_lines(st),
             "offers": offers(st, bodies), "read_only": read_only,
             "plan": [] if st.final else unwind_plan(st, undo_tools(bodies))}
 

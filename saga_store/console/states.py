@@ -30,12 +30,13 @@ class Shown:
     text: str  # the words on the page: "retrying charge_payment (attempt 2 of 3)"
 
 
-def _limit(registry: Registry | None, tool: str | None) -> int | None:
-    """How many deliveries the tool's declaration allows, when this console's
-    registry knows the tool (``saga console`` starts with none: then "attempt n")."""
+def _limit(registry: Registry | None, tool: str | None, field: str) -> int | None:
+    """A tool's declared limit (``max_deliveries`` of a step, ``max_attempts`` of a
+    compensation), when this console's registry knows the tool (``saga console``
+    knows those of ``--tools``; without, the page says "attempt n")."""
     if registry is None or not tool or tool not in registry:
         return None
-    limit = getattr(getattr(registry.get(tool), "retry", None), "max_deliveries", None)
+    limit = getattr(getattr(registry.get(tool), "retry", None), field, None)
     return limit if isinstance(limit, int) else None
 
 
@@ -47,8 +48,10 @@ def _step(st: StepState) -> str:
     return f"step {st.step} ({st.tool or '?'})"
 
 
-def shown(state: SagaState, registry: Registry | None = None) -> Shown:
-    """What ``state`` is, in the words the list, the saga page and the overview use."""
+def shown(state: SagaState, registry: Registry | None = None,
+          undo: dict[int, str] | None = None) -> Shown:
+    """What ``state`` is, in the words the list, the saga page and the overview use;
+    ``undo``: each step's compensation tool, as the log named it."""
     status = str(state.status)
     steps = sorted(state.steps.values(), key=lambda s: s.step)
     if status == "running":
@@ -60,7 +63,7 @@ def shown(state: SagaState, registry: Registry | None = None) -> Shown:
                 return Shown("in_doubt", f"in doubt: {_step(st)}")
         for st in steps:
             if st.status is StepStatus.STARTED and st.attempts > 1:
-                limit = _limit(registry, st.tool)
+                limit = _limit(registry, st.tool, "max_deliveries")
                 return Shown("retrying", f"retrying {_step(st)}, "
                                          f"{_attempt(st.attempts, limit)}")
         return Shown("running", "running")
@@ -69,8 +72,13 @@ def shown(state: SagaState, registry: Registry | None = None) -> Shown:
             again = st.compensation_attempts - st.resume_base
             if st.compensation in (CompStatus.INTENT, CompStatus.FAILED) and (
                     again > 1 or st.compensation is CompStatus.FAILED):
-                return Shown("retrying", f"compensating, retrying the undo of {_step(st)}: "
-                                         f"{_attempt(st.compensation_attempts, None)}")
+                tool = (undo or {}).get(st.step)
+                limit = _limit(registry, tool, "max_attempts")
+                by = f" by {tool}" if tool else ""
+                # a failed attempt waits for its retry: the next one is the one to come
+                n = again + 1 if st.compensation is CompStatus.FAILED else again
+                return Shown("retrying", f"compensating, retrying the undo of {_step(st)}{by}: "
+                                         f"{_attempt(n, limit)}")
         return Shown("compensating", "compensating")
     if status == "stuck":
         reason = state.reason if isinstance(state.reason, dict) else {}
