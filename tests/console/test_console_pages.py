@@ -6,6 +6,7 @@ and search by tool, idempotency key, error text and conversation id."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -56,7 +57,9 @@ def test_states_counts_overview_workers_and_search(
         assert saga_store.wait(stuck, timeout=60).status is Status.STUCK
         assert_eventually(lambda: any(p.saga_id == gated for p in approvals.pending(saga_store)),
                           timeout=30, what="the gated step to wait")
-        client.zadd("rq:failed:saga-steps", {"saga-step-dead-0-0123456789abcdef": 1})
+        # RQ scores a failed job by when the registry forgets it: an hour from now
+        client.zadd("rq:failed:saga-steps",
+                    {"saga-step-dead-0-0123456789abcdef": time.time() + 3600})
 
         listing = tc.get("/sagas").text
         assert "waiting for approval: step 1 (send_email)" in _row(listing, gated)
