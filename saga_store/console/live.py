@@ -25,6 +25,7 @@ import anyio.to_thread
 import orjson
 import redis
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -117,6 +118,10 @@ async def saga_live(request: Request) -> Response:
                         quiet_since = time.monotonic()
                     continue
                 ctx = await run_in_threadpool(live_context, store, sid, fmt, read_only)
+            except HTTPException as exc:  # the saga's log is gone meanwhile
+                message = orjson.dumps({"error": str(exc.detail)}).decode()
+                yield f"event: unavailable\ndata: {message}\n\n"
+                return
             except (SagaError, redis.RedisError) as exc:
                 log.warning("console: live feed of saga %s stopped: %s", sid, exc)
                 message = orjson.dumps({"error": f"Redis is unreachable: {exc}"}).decode()
