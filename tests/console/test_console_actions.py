@@ -81,8 +81,12 @@ def test_approve_deny_and_abort_from_the_saga_page(
         ask = confirmation(tc, yes, "approve", 1)
         assert "approve step 1 (send_email): it is queued to run now, once (undo: none, " \
                "it cannot be undone)" in ask
+        other = console(saga_store, operator="bob")  # a second operator, same moment
+        bobs = confirmation(other, yes, "approve", 1)
         done = confirm(tc, ask, "approve", yes, by="olivia", why="checked with sales")
         assert "step 1 approved by olivia" in done.text
+        late = confirm(other, bobs, "approve", yes, by="bob", why="me too")
+        assert "changed since this was confirmed" in late.text  # told, not recorded
         ask = confirmation(tc, no, "deny", 1)
         assert "#0 reserve_inventory: undone by its declared compensation" in ask
         no_why = confirm(tc, ask, "deny", no, by="olivia", why=" ")
@@ -97,10 +101,9 @@ def test_approve_deny_and_abort_from_the_saga_page(
         assert saga_store.wait(yes, timeout=60).status is Status.COMMITTED
         assert saga_store.wait(no, timeout=60).status is Status.COMPENSATED
         assert saga_store.wait(stop, timeout=60).status is Status.COMPENSATED
-    granted = next(e for e in saga_store.events.log.bodies(yes)
-                   if e["kind"] == K.APPROVAL_GRANTED)
-    assert (granted["data"]["by"], granted["data"]["reason"]) == ("olivia",
-                                                                  "checked with sales")
+    granted = [e for e in saga_store.events.log.bodies(yes) if e["kind"] == K.APPROVAL_GRANTED]
+    assert [(e["data"]["by"], e["data"]["reason"]) for e in granted] == [
+        ("olivia", "checked with sales")]
     denied = next(e for e in saga_store.events.log.bodies(no) if e["kind"] == K.APPROVAL_DENIED)
     assert (denied["data"]["by"], denied["data"]["reason"]) == ("olivia", "not to the CEO")
     failed = next(e for e in saga_store.events.log.bodies(stop) if e["kind"] == K.SAGA_FAILED)
