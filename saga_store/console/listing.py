@@ -21,6 +21,8 @@ from saga_store.log.events import EventKind as K
 from saga_store.log.store import EventStore
 from saga_store.log.stream import body_and_hash, command
 
+from . import states
+
 CHUNK = 200
 MAX_SCAN = 5000  # ledger entries one request reads at most, however selective the filter
 
@@ -44,13 +46,15 @@ class Row:
     events: int = 0  # from the log as folded, never the cached meta
     updated_ms: int | None = None
     conversation_id: str | None = None
+    shown: states.Shown | None = None  # the state in an operator's words
 
     @classmethod
     def of(cls, st: SagaState, now_ms: int) -> Row:
         end = st.updated_ts if st.final else now_ms
         duration = end - st.created_ts if st.created_ts is not None and end else None
         return cls(st.saga_id, str(st.status), st.agent_id, st.created_ts, duration,
-                   len(st.steps), st.seq + 1, st.updated_ts, st.conversation_id)
+                   len(st.steps), st.seq + 1, st.updated_ts, st.conversation_id,
+                   states.shown(st))
 
 
 @dataclass
