@@ -977,11 +977,15 @@ def test_a_session_left_on_another_host_is_finished_once_its_lease_lapses(
     left = _left_by_a_killed_gateway(gw, env)
     store: SagaStore = gw["store"]
     r = store.events.redis
-    r.set(store.events.keys.lease(left.saga_id), "mcp-gateway/elsewhere/4026531836/7/00", px=5000)
+    lease = store.events.keys.lease(left.saga_id)
+    # held far longer than the gateway takes to start on a loaded machine; lapsed by
+    # hand below, as the other gateway's would once it stopped renewing
+    r.set(lease, "mcp-gateway/elsewhere/4026531836/7/00", px=120_000)
     serving = RawGateway(gw, env)
     serving.call(2, "create_record", {"name": "new"})
     assert not serving.receive()["result"]["isError"]
     assert store.state(left.saga_id).status is Status.RUNNING  # still leased elsewhere
+    r.pexpire(lease, 300)
     assert_eventually(lambda: store.state(left.saga_id).status is Status.COMMITTED,
                       timeout=30, what="the running gateway to take the session over")
     serving.call(3, "create_record", {"name": "more"})
