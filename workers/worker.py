@@ -312,6 +312,8 @@ class StepWorker(SimpleWorker):
                 self.metrics.redeliveries.inc(self.sweeper.sweep())
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.error("sweeper: Redis unreachable (%s); next sweep later", exc)
+            except StopRequested:
+                raise  # RQ's warm shutdown, raised wherever SIGTERM found the worker
             except Exception:  # whatever is in Redis, a sweep never stops the worker
                 log.exception("sweeper: this sweep failed; next sweep later")
         if self.durability.due():
