@@ -139,9 +139,7 @@ class Saga:
         :class:`StepRolledBack`; one the saga is unwinding waits for its undo."""
         spec = self.store.registry.get(tool)
         validated = spec.validate(args, self.store.settings.max_depth)
-        salt = self.store.secrets.salt(self.saga_id) if spec.secret else b""
-        logged, _ = self.store.secrets.redact(validated, spec.secret, salt)
-        n = logged_call(self.state, tool_call_id, spec.name, logged)
+        n = logged_call(self.state, tool_call_id, spec.name, validated, spec.secret)
         assert n is not None
         if self.store.metrics is not None:
             self.store.metrics.dedupe_hits.labels("repeated_call").inc()

@@ -206,6 +206,7 @@ class SagaCalls:
             else:  # a person decides elsewhere: wait as long as the gate does
                 timeout = self.store.policy.approval_timeout_s or APPROVAL_WAIT_S
                 timeout += self.store.registry.get(tool).timeout + 30
+        closed = self.saga.state.status is not Status.RUNNING  # before this call
         try:
             if approval is None:
                 result = self.saga.call(tool, args, tool_call_id=cid, timeout=timeout)
@@ -217,7 +218,8 @@ class SagaCalls:
             final = self.settle()
             if self.on_failure == "raise":
                 raise
-            return Outcome(text=failure_text(final, cid, tool, exc), ok=False, error=exc)
+            return Outcome(text=failure_text(final, cid, tool, exc, closed=closed), ok=False,
+                           error=exc)
         return Outcome(text=orjson.dumps(result).decode(), ok=True, result=result)
 
     async def arun(self, tool: str, args: Any, framework_call_id: str | None,
@@ -309,11 +311,20 @@ def calls_for(saga: Saga | AsyncSaga, **options: Any) -> SagaCalls:
     return calls
 
 
-def failure_text(final: SagaState, cid: str | None, tool: str, exc: Exception) -> str:
-    """The result of a call that did not complete: what failed and what was rolled back."""
+def failure_text(final: SagaState, cid: str | None, tool: str, exc: Exception, *,
+                 closed: bool = False) -> str:
+    """The result of a call that did not complete: what failed and what was rolled back.
+    ``closed``: the saga had stopped going forward before the call was made."""
     view = next((v for v in step_views(final) if v["tool_call_id"] == cid), None)
     if view is not None and view["status"] in ("failed", "in_doubt"):
         what = f"{tool} did not complete ({view['result']})."
+    elif view is not None and view["status"] == "retracted":  # sent again after its undo
+        what = view["result"]
+    elif isinstance(exc, SagaAborted) and closed:
+        what = (f"{tool} was not run: saga {final.saga_id} "
+                f"{'was rolled back' if final.final else 'is being rolled back'} and takes "
+                "no more calls; tell the user what was undone and let them decide whether "
+                "to start over.")
     elif isinstance(exc, SagaAborted):
         what = f"{tool} was not run: {exc}."
     else:
