@@ -86,9 +86,13 @@ def run_tool_uses(saga: Saga | AsyncSaga, message: Any, *,
     calls = calls_for(saga, on_failure=on_failure)
     allowed = {s.name for s in exposed(calls.store.registry, names)}
     blocks = [_run(calls, use, allowed, approve) for use in _tool_uses(message)]
-    if messages is not None and calls.final is not None:
-        # the failed call's own result already carries the closing note
-        messages[:] = rebuild(messages, [calls.final], notes=False)
+    if calls.final is not None:
+        # the reply's earlier calls succeeded before one failed: their results say
+        # what is true now (the failed call's own result carries the closing note)
+        turn = rebuild([{"role": "user", "content": blocks}], [calls.final], notes=False)
+        blocks = list(turn[0]["content"])
+        if messages is not None:
+            messages[:] = rebuild(messages, [calls.final], notes=False)
     return blocks
 
 

@@ -218,3 +218,24 @@ def test_the_beta_tool_runner_takes_the_results(store: SagaStore, running: None)
     assert "reserve_inventory was undone" in last_turn[-1]["text"]
     assert final(store, sid).status is Status.COMPENSATED
     assert [k for k, _, _ in effects()] == ["reserve", "release"]
+
+
+def test_one_reply_with_several_calls_says_which_were_rolled_back(
+        store: SagaStore, running: None) -> None:
+    """Reserve, charge and a failing call in one assistant turn: every result of
+    that turn says what is true now, not only the failed call's."""
+    api = Scripted(reply(tool_use(RESERVE, "toolu_1"), tool_use(CHARGE, "toolu_2"),
+                         tool_use(CRM_FAILS, "toolu_3"), tool_use(RESERVE, "toolu_4")),
+                   say("Rolled back."))
+    with store.saga(agent_id="shop") as saga:
+        loop(api.client(), saga, [{"role": "user", "content": "Order"}])
+        sid = saga.saga_id
+    seen = results(api.requests[1])
+    assert seen["toolu_1"]["content"].startswith("rolled back:")
+    assert seen["toolu_2"]["content"].startswith("rolled back:")
+    assert "refund" in seen["toolu_2"]["content"]
+    assert "CRM unavailable" in seen["toolu_3"]["content"]
+    assert seen["toolu_4"]["is_error"] is True  # after the failure: not run, and says so
+    assert "was not run" in seen["toolu_4"]["content"]
+    assert final(store, sid).status is Status.COMPENSATED
+    assert_order_unwound()
