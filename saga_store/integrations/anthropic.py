@@ -90,7 +90,8 @@ def run_tool_uses(saga: Saga | AsyncSaga, message: Any, *,
         # the reply's earlier calls succeeded before one failed: their results say
         # what is true now (the failed call's own result carries the closing note)
         turn = rebuild([{"role": "user", "content": blocks}], [calls.final], notes=False)
-        blocks = list(turn[0]["content"])
+        blocks = [b if b.get("is_error") else r for b, r in zip(blocks, turn[0]["content"],
+                                                                 strict=True)]
         if messages is not None:
             messages[:] = rebuild(messages, [calls.final], notes=False)
     return blocks
