@@ -208,3 +208,31 @@ def test_a_denied_call_is_recorded_and_the_saga_unwinds(
     assert "denied by bob: wrong address" in seen["call_inv"]
     assert isinstance(script.received[0][0], ModelRequest)
     assert isinstance(script.received[0][0].parts[0], UserPromptPart)
+
+
+def test_one_reply_with_several_calls_says_which_were_rolled_back(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """Reserve, charge and a failing call in one response (Pydantic AI runs them at
+    once): the next request shows every result of that response as it is now."""
+    script = Script(calls((RESERVE, "call_1"), (CHARGE, "call_2"), (CRM_FAILS, "call_3")),
+                    text("Rolled back."))
+    with workers(worker_env, TOOLS), store.saga(agent_id="shop") as saga:
+        agent = Agent(script.model, toolsets=[SagaToolset(saga)],
+                      capabilities=[ProcessHistory(saga_history_processor(saga))])
+        asyncio.run(agent.run("Order"))
+        sid = saga.saga_id
+    assert final(store, sid).status is Status.COMPENSATED
+    seen = returns(script.received[1])
+    for cid in ("call_1", "call_2"):  # whichever ran before the failure was undone
+        assert seen[cid].startswith(("rolled back:", "charge_payment was not run",
+                                     "reserve_inventory was not run")), seen
+    assert "CRM unavailable" in seen["call_3"]
+    assert kinds_undone()
+
+
+def kinds_undone() -> bool:
+    """Every effect that happened was undone once: a charge by a refund, a
+    reservation by a release; nothing else."""
+    kinds = [k for k, _, _ in effects()]
+    return kinds.count("charge") == kinds.count("refund") <= 1 and \
+        kinds.count("reserve") == kinds.count("release") <= 1 and not effects("crm")
