@@ -30,11 +30,16 @@ import threading
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
-from langchain_core.tools import StructuredTool
-from langgraph.prebuilt import ToolNode
-from langgraph.prebuilt.tool_node import ToolCallRequest
-from langgraph.types import Command, interrupt
+from saga_store.integrations import missing_extra
+
+try:
+    from langchain_core.messages import AIMessage, BaseMessage, SystemMessage, ToolMessage
+    from langchain_core.tools import StructuredTool
+    from langgraph.prebuilt import ToolNode
+    from langgraph.prebuilt.tool_node import ToolCallRequest
+    from langgraph.types import Command, interrupt
+except ImportError as exc:  # the framework is an extra
+    raise missing_extra("langgraph", exc) from exc
 
 from saga_store import AsyncSaga, Saga, SagaState
 from saga_store.integrations._common import (

@@ -24,9 +24,14 @@ import asyncio
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
-from agents.run_config import CallModelData, ModelInputData
-from agents.tool_context import ToolContext
+from saga_store.integrations import missing_extra
+
+try:
+    from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
+    from agents.run_config import CallModelData, ModelInputData
+    from agents.tool_context import ToolContext
+except ImportError as exc:  # the framework is an extra
+    raise missing_extra("openai-agents", exc) from exc
 
 from saga_store import AsyncSaga, Saga, SagaState
 from saga_store.errors import InvalidInput

@@ -28,24 +28,29 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from pydantic_ai import (
-    ApprovalRequired,
-    DeferredToolRequests,
-    DeferredToolResults,
-    ModelRetry,
-    RunContext,
-    ToolDenied,
-)
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelRequest,
-    SystemPromptPart,
-    ToolReturnPart,
-    UserPromptPart,
-)
-from pydantic_ai.tools import ToolDefinition
-from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
-from pydantic_core import SchemaValidator, core_schema
+from saga_store.integrations import missing_extra
+
+try:
+    from pydantic_ai import (
+        ApprovalRequired,
+        DeferredToolRequests,
+        DeferredToolResults,
+        ModelRetry,
+        RunContext,
+        ToolDenied,
+    )
+    from pydantic_ai.messages import (
+        ModelMessage,
+        ModelRequest,
+        SystemPromptPart,
+        ToolReturnPart,
+        UserPromptPart,
+    )
+    from pydantic_ai.tools import ToolDefinition
+    from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
+    from pydantic_core import SchemaValidator, core_schema
+except ImportError as exc:  # the framework is an extra
+    raise missing_extra("pydantic-ai", exc) from exc
 
 from saga_store import AsyncSaga, InvalidInput, Saga, SagaState
 from saga_store.integrations._common import (
