@@ -60,32 +60,50 @@ from saga_store.integrations._common import (
     rewrite,
     tool_defs,
 )
+from saga_store.integrations._session import SagaSession
 
-__all__ = ["Approval", "anthropic_tools", "arun_tool_uses", "rebuild", "run_tool_uses"]
+__all__ = ["Approval", "SagaSession", "anthropic_tools", "arun_tool_uses", "rebuild",
+           "run_tool_uses"]
 
 Approver = Callable[[dict[str, Any]], Any]
 
 
-def anthropic_tools(saga: Saga | AsyncSaga, names: Iterable[str] | None = None,
+def anthropic_tools(saga: Saga | AsyncSaga | SagaSession, names: Iterable[str] | None = None,
                     ) -> list[dict[str, Any]]:
     """Tool definitions (``name``, ``description``, ``input_schema``) for the tools
     the model may call: ``names``, or every tool that is not a compensation or probe."""
-    registry = calls_for(saga).store.registry
+    registry = saga.store.registry if isinstance(saga, SagaSession) else \
+        calls_for(saga).store.registry
     return [{"name": d["name"], "description": d["description"], "input_schema": d["parameters"]}
             for d in tool_defs(registry, exposed(registry, names))]
 
 
-def run_tool_uses(saga: Saga | AsyncSaga, message: Any, *,
+def run_tool_uses(saga: Saga | AsyncSaga | SagaSession, message: Any, *,
                   messages: list[Any] | None = None, approve: Approver | None = None,
                   names: Iterable[str] | None = None, on_failure: str = "result",
                   ) -> list[dict[str, Any]]:
     """Run the ``tool_use`` blocks of ``message`` (a ``Message``, ``BetaMessage`` or
     dict) as steps, in order; returns one ``tool_result`` block per call, for the next
     user turn. With ``messages`` (the history so far), a failure also rewrites the
-    earlier results of the rolled-back calls in it, in place."""
-    calls = calls_for(saga, on_failure=on_failure)
+    earlier results of the rolled-back calls in it, in place.
+
+    With a :class:`SagaSession`, the saga is the one ``messages`` (a saved history,
+    loaded in any process) already belongs to: a ``tool_use`` sent again is answered
+    from its log, never run twice."""
+    uses = _tool_uses(message)
+    history: list[str | None] = []
+    if isinstance(saga, SagaSession):
+        saga.options["on_failure"] = on_failure
+        history = [b.get("id") for m in messages or [] for b in _tool_uses(m)]
+        calls = saga.calls(uses[0]["id"] if uses else None, history)
+    else:
+        calls = calls_for(saga, on_failure=on_failure)
     allowed = {s.name for s in exposed(calls.store.registry, names)}
-    blocks = [_run(calls, use, allowed, approve) for use in _tool_uses(message)]
+    blocks = []
+    for use in uses:
+        if isinstance(saga, SagaSession):  # after a rollback, maybe the next saga
+            calls = saga.calls(use["id"], history)
+        blocks.append(_run(calls, use, allowed, approve))
     if calls.final is not None:
         # the reply's earlier calls succeeded before one failed: their results say
         # what is true now (the failed call's own result carries the closing note)
