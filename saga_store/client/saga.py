@@ -267,6 +267,15 @@ class Saga:
         self._renewed = time.monotonic()
         return bool(held)
 
+    def park(self, seconds: float) -> None:
+        """Suspend the client lease while the run waits for a person (a framework's
+        approval interruption): the lease lasts ``seconds``, the approval's own
+        deadline, instead of ``SAGA_CLIENT_LEASE_S``; the decision may come from
+        another process (``store.attach``), which takes the lease back."""
+        self.store.redis.set(self.store.events.keys.driver(self.saga_id), "1",
+                             px=max(1, int(seconds * 1000)))
+        self._renewed = time.monotonic()
+
     def _renew_now_and_then(self) -> None:
         """While waiting on a step: renew the client lease once a third of it passed."""
         if time.monotonic() - self._renewed > self.store.settings.client_lease_s / 3:

@@ -121,6 +121,29 @@ def tool_defs(registry: Registry, specs: Sequence[ToolSpec]) -> list[dict[str, A
              "parameters": by_name[s.name]["parameters"]} for s in specs]
 
 
+def gated(store: Any, tool: str, args: Any) -> dict[str, Any] | None:
+    """The impact preview if ``store``'s policy wants a person to approve this call
+    (the same decision a worker's gate makes), else None. Arguments that do not
+    validate are not gated: the call will come back to the model for repair."""
+    try:
+        spec = store.registry.get(tool)
+        validated = spec.validate(args, store.settings.max_depth)
+    except InvalidInput:
+        return None
+    # secrets are masked as in the log: the policy never sees their values
+    logged = {k: ({"$secret": "masked"} if k in spec.secret else v)
+              for k, v in validated.items()}
+    policy = store.policy
+    verdict = policy.decide(spec.name, str(spec.reversibility), logged,
+                            Decision(spec.approval) if spec.approval else None)
+    if verdict.decision is not Decision.REQUIRE_APPROVAL:
+        return None
+    undo = ({"tool": spec.compensation, "mapping": dict(spec.mapping)}
+            if spec.compensation else None)
+    return _approvals.preview(spec.name, logged, str(spec.reversibility), undo, verdict,
+                              policy.approval_timeout_s)
+
+
 class SagaCalls:
     """One saga's tool calls as a framework makes them. Use :func:`calls_for`, so
     a saga's tools, history hook and approval helpers share one instance."""
@@ -147,23 +170,7 @@ class SagaCalls:
         """The impact preview if the saga's policy wants a person to approve this call
         (the same decision a worker's gate makes), else None. Arguments that do not
         validate are not gated: the call will come back to the model for repair."""
-        try:
-            spec = self.store.registry.get(tool)
-            validated = spec.validate(args, self.store.settings.max_depth)
-        except InvalidInput:
-            return None
-        # secrets are masked as in the log: the policy never sees their values
-        logged = {k: ({"$secret": "masked"} if k in spec.secret else v)
-                  for k, v in validated.items()}
-        policy = self.store.policy
-        verdict = policy.decide(spec.name, str(spec.reversibility), logged,
-                                Decision(spec.approval) if spec.approval else None)
-        if verdict.decision is not Decision.REQUIRE_APPROVAL:
-            return None
-        undo = ({"tool": spec.compensation, "mapping": dict(spec.mapping)}
-                if spec.compensation else None)
-        return _approvals.preview(spec.name, logged, str(spec.reversibility), undo, verdict,
-                                  policy.approval_timeout_s)
+        return gated(self.store, tool, args)
 
     def decide_ahead(self, framework_call_id: str, approval: Approval) -> None:
         """Remember a decision the framework collected before the call runs."""

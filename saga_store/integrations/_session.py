@@ -32,12 +32,14 @@ from saga_store.errors import SagaTakenOver
 from saga_store.ids import SCOPED_AGENT
 from saga_store.integrations._common import (
     DEFAULT_UNWIND_WAIT_S,
+    Approval,
     SagaCalls,
     calls_for,
     step_call_id,
 )
 
 ON_ROLLBACK = ("refuse", "new_saga")
+DEFAULT_APPROVAL_TIMEOUT_S = 3600.0  # a parked saga's lease, when the policy sets none
 
 
 def saga_id_for(agent_id: str, conversation_id: str | None, first_call_id: str) -> str:
@@ -75,6 +77,7 @@ class SagaSession:
         self.current: SagaCalls | None = None
         self.sagas: list[str] = []  # every saga this session drove, in order
         self.parked: set[str] = set()  # calls waiting for a person's decision
+        self.approvals: dict[str, Approval] = {}  # decisions made before the saga is bound
         self._lock = threading.Lock()
 
     @property
@@ -99,6 +102,8 @@ class SagaSession:
                     and not self._logged(self.current, call_id):
                 self._open(call_id)
             assert self.current is not None
+            self.current.approvals.update(self.approvals)
+            self.approvals.clear()
             return self.current
 
     def _named_in(self, call_ids: Iterable[str | None]) -> str | None:
@@ -132,6 +137,20 @@ class SagaSession:
         cid = step_call_id(call_id)
         return cid is not None and any(st.tool_call_id == cid
                                        for st in calls.saga.state.steps.values())
+
+    def park(self, call_id: str) -> None:
+        """The run stops until a person decides ``call_id``: its saga's client lease
+        waits as long as the approval does (the policy's ``approval_timeout_s``,
+        else an hour), and leaving the session commits nothing."""
+        with self._lock:
+            self.parked.add(call_id)
+            if self.current is not None and self._forward(self.current):
+                policy_s = self.store.policy.approval_timeout_s
+                self.current.saga.park(policy_s or DEFAULT_APPROVAL_TIMEOUT_S)
+
+    def unpark(self, call_id: str) -> None:
+        with self._lock:
+            self.parked.discard(call_id)
 
     # -- ending -----------------------------------------------------------------
 

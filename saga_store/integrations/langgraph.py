@@ -204,10 +204,10 @@ def _gate(calls: SagaCalls, tc: Any, session: Any) -> Approval | None:
     if preview is None:
         return None
     if isinstance(session, SagaSession):
-        session.parked.add(tc["id"])
+        session.park(tc["id"])  # until resumed: the saga waits as long as the approval
     answer = interrupt({"saga_id": calls.saga_id, "tool_call_id": tc["id"], **preview})
     if isinstance(session, SagaSession):
-        session.parked.discard(tc["id"])
+        session.unpark(tc["id"])
     if isinstance(answer, dict):
         return Approval(bool(answer.get("approved")), str(answer.get("by") or operator()),
                         str(answer.get("reason") or ""))
