@@ -1,9 +1,10 @@
 """A LangGraph agent run in a process of its own, for the crash tests: the order
 story's graph with a SqliteSaver checkpointer and a SagaSession, started fresh
-(``first``) or resumed from its checkpoint (``resume``); it writes what the model
-was shown to a JSON file.
+(``first``) or resumed from its checkpoint (``resume``); or, for the approval
+tests, run until a gated invoice interrupts (``gated``) and resumed with a
+person's decision (``approve``); it writes what the model was shown to a JSON file.
 
-    python -m tests.integrations.langgraph_resume DB first|resume OUT FINAL_TEXT
+    python -m tests.integrations.langgraph_resume DB first|resume|gated|approve OUT TEXT
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ from langchain_core.outputs import ChatResult
 from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import tools_condition
+from langgraph.types import Command
 from pydantic import Field
 
 from saga_store import Registry, SagaStore, Settings
 from saga_store.integrations.langgraph import SagaSession, saga_tool_node
 
-from ..integration_support import CHARGE, RESERVE, TOOLS
+from ..integration_support import CHARGE, INVOICE, RESERVE, TOOLS
 
 THREAD = {"configurable": {"thread_id": "order-1"}}
 
@@ -66,17 +68,24 @@ def seen(messages: list[BaseMessage]) -> list[dict[str, Any]]:
 def main(db: str, mode: str, out: str, final_text: str) -> None:
     store = SagaStore.from_url(os.environ["SAGA_REDIS_URL"], Registry.from_modules(TOOLS),
                                Settings.from_env())
-    turns = [calls(RESERVE, "call_1"), calls(CHARGE, "call_2")] if mode == "first" else []
+    turns = {"first": [calls(RESERVE, "call_1"), calls(CHARGE, "call_2")],
+             "gated": [calls(RESERVE, "call_1"), calls(INVOICE, "call_inv")]}.get(mode, [])
     model = RecordingModel(messages=iter([*turns, AIMessage(content=final_text)]))
     with SqliteSaver.from_conn_string(db) as saver, \
             SagaSession(store, "shop", conversation_id="order-1") as session:
         app = graph(model, session, saver)
-        result = app.invoke({"messages": [HumanMessage("Order a laptop")]}
-                            if mode == "first" else None, THREAD)
+        start: Any = {"messages": [HumanMessage("Order a laptop")]}
+        if mode == "resume":
+            start = None
+        elif mode == "approve":
+            start = Command(resume={"approved": True, "by": "alice"})
+        result = app.invoke(start, THREAD)
         sagas = session.sagas
     with open(out, "w") as f:
         json.dump({"received": [seen(r) for r in model.received], "sagas": sagas,
-                   "last": result["messages"][-1].content}, f)
+                   "last": result["messages"][-1].content,
+                   "interrupts": [i.value["tool_call_id"]
+                                  for i in result.get("__interrupt__", [])]}, f)
 
 
 if __name__ == "__main__":

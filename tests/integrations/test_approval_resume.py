@@ -39,10 +39,11 @@ def env(worker_env: dict[str, str]) -> Iterator[dict[str, str]]:
         yield agent_env
 
 
-def run(module: str, env: dict[str, str], tmp: Path, mode: str) -> dict[str, Any]:
+def run(module: str, env: dict[str, str], tmp: Path, mode: str, *extra: str,
+        where: Path | None = None) -> dict[str, Any]:
     out = tmp / f"{mode}.json"
-    subprocess.run([sys.executable, "-m", module, str(tmp), mode, str(out)], env=env,
-                   check=True, timeout=60)
+    subprocess.run([sys.executable, "-m", module, str(where or tmp), mode, str(out), *extra],
+                   env=env, check=True, timeout=60)
     return dict(json.loads(out.read_text()))
 
 
@@ -63,6 +64,26 @@ def test_openai_agents_approval_decided_in_another_process_after_10x_the_lease(
     assert second["context_saga"] == sid  # the RunState's context named it
     assert second["sagas"] == [sid]
     assert second["final"] == "Invoiced."
+    assert final(store, sid).status is Status.COMMITTED
+    assert decisions(store, sid) == [(K.APPROVAL_GRANTED, 1, "alice")]
+    assert kinds() == ["reserve", "invoice"]
+
+
+def test_langgraph_interrupt_decided_in_another_process_after_10x_the_lease(
+        store: SagaStore, env: dict[str, str], tmp_path: Path) -> None:
+    pytest.importorskip("langgraph.checkpoint.sqlite")
+    module, db = "tests.integrations.langgraph_resume", tmp_path / "state.db"
+    first = run(module, env, tmp_path, "gated", "-", where=db)
+    sid = saga_id_for("shop", "order-1", "call_1")
+    assert first["interrupts"] == ["call_inv"]
+    assert first["sagas"] == [sid]
+    assert kinds() == ["reserve"]
+    assert store.redis.pttl(store.events.keys.driver(sid)) > 100 * CLIENT_LEASE_S * 1000
+    time.sleep(10 * CLIENT_LEASE_S)  # the time that passes is the point: 10 leases
+    assert store.state(sid).status is Status.RUNNING
+    second = run(module, env, tmp_path, "approve", "Invoiced.", where=db)
+    assert second["sagas"] == [sid]
+    assert second["last"] == "Invoiced."
     assert final(store, sid).status is Status.COMMITTED
     assert decisions(store, sid) == [(K.APPROVAL_GRANTED, 1, "alice")]
     assert kinds() == ["reserve", "invoice"]
