@@ -42,7 +42,9 @@ try:
     from pydantic_ai.messages import (
         ModelMessage,
         ModelRequest,
+        ModelResponse,
         SystemPromptPart,
+        ToolCallPart,
         ToolReturnPart,
         UserPromptPart,
     )
@@ -55,14 +57,17 @@ except ImportError as exc:  # the framework is an extra
 from saga_store import AsyncSaga, InvalidInput, Saga, SagaState
 from saga_store.integrations._common import (
     Approval,
+    SagaCalls,
     calls_for,
     exposed,
+    gated,
     operator,
     rewrite,
     tool_defs,
 )
+from saga_store.integrations._session import SagaSession
 
-__all__ = ["SagaToolset", "rebuild", "saga_history_processor"]
+__all__ = ["SagaSession", "SagaToolset", "rebuild", "saga_history_processor"]
 
 # the saga validates every call (and counts the invalid ones) before anything is
 # written: Pydantic AI passes the arguments through as they came
@@ -73,13 +78,38 @@ class SagaToolset(AbstractToolset[Any]):
     """The registry's tools (``names``, or all but compensations and probes) as a
     toolset whose every call is a step of ``saga``."""
 
-    def __init__(self, saga: Saga | AsyncSaga, names: Iterable[str] | None = None, *,
-                 on_failure: str = "result", id: str | None = None,
+    def __init__(self, saga: Saga | AsyncSaga | SagaSession, names: Iterable[str] | None = None,
+                 *, on_failure: str = "result", id: str | None = None,
                  max_retries: int = 2) -> None:
-        self.calls = calls_for(saga, on_failure=on_failure)
-        self._defs = tool_defs(self.calls.store.registry,
-                               exposed(self.calls.store.registry, names))
+        self.session = saga if isinstance(saga, SagaSession) else None
+        self._fixed: SagaCalls | None = None
+        if isinstance(saga, SagaSession):
+            saga.options["on_failure"] = on_failure
+            store = saga.store
+        else:
+            self._fixed = calls_for(saga, on_failure=on_failure)
+            store = self._fixed.store
+        self.store = store
+        self._defs = tool_defs(store.registry, exposed(store.registry, names))
         self._id, self.max_retries = id, max_retries
+
+    @property
+    def calls(self) -> SagaCalls:
+        """The calls of the saga this toolset runs now (a session's current one)."""
+        if self._fixed is not None:
+            return self._fixed
+        assert self.session is not None
+        if self.session.current is None:
+            raise InvalidInput("the session has no saga yet: it opens one at the first call")
+        return self.session.current
+
+    def _bind(self, call_id: str | None, history: Sequence[ModelMessage] = ()) -> SagaCalls:
+        """With a session: the saga the history (its tool call ids) belongs to."""
+        if self.session is None:
+            return self.calls
+        ids = [p.tool_call_id for m in history if isinstance(m, ModelResponse)
+               for p in m.parts if isinstance(p, ToolCallPart)]
+        return self.session.calls(call_id, ids)
 
     @property
     def id(self) -> str | None:
@@ -95,14 +125,20 @@ class SagaToolset(AbstractToolset[Any]):
     async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any],
                         tool: ToolsetTool[Any]) -> Any:
         approval = None
-        preview = self.calls.gated(name, tool_args)
+        preview = gated(self.store, name, tool_args)
         if preview is not None:
             if not ctx.tool_call_approved:
+                if self.session is not None:  # the run ends here until a person decides
+                    await asyncio.to_thread(self._bind, ctx.tool_call_id, ctx.messages)
+                    self.session.park(ctx.tool_call_id or "")
                 raise ApprovalRequired(metadata=preview)
             meta = ctx.tool_call_metadata if isinstance(ctx.tool_call_metadata, dict) else {}
             approval = Approval(True, str(meta.get("by") or operator()),
                                 str(meta.get("reason") or ""))
-        outcome = await self.calls.arun(name, tool_args, ctx.tool_call_id, approval)
+        calls = await asyncio.to_thread(self._bind, ctx.tool_call_id, ctx.messages)
+        outcome = await calls.arun(name, tool_args, ctx.tool_call_id, approval)
+        if self.session is not None and ctx.tool_call_id:
+            self.session.unpark(ctx.tool_call_id)
         if outcome.retry:
             raise ModelRetry(outcome.text)
         return outcome.text
@@ -126,20 +162,26 @@ class SagaToolset(AbstractToolset[Any]):
                 results.approvals[cid] = True
                 results.metadata[cid] = {"by": who, "reason": reason}
                 continue
-            outcome = await self.calls.arun(part.tool_name, part.args_as_dict(), cid,
-                                            Approval(False, who, reason))
+            calls = await asyncio.to_thread(self._bind, cid)
+            outcome = await calls.arun(part.tool_name, part.args_as_dict(), cid,
+                                       Approval(False, who, reason))
+            if self.session is not None:
+                self.session.unpark(cid)
             results.approvals[cid] = ToolDenied(outcome.text)
         return results
 
 
-def saga_history_processor(saga: Saga | AsyncSaga) -> Any:
+def saga_history_processor(saga: Saga | AsyncSaga | SagaSession) -> Any:
     """A history processor (``ProcessHistory(...)`` in ``Agent(capabilities=[...])``,
     or ``Agent(history_processors=[...])`` before Pydantic AI 2): before each model
     request, the results of this saga's rolled-back calls say so, and its closing
     note follows them."""
-    calls = calls_for(saga)
+    fixed = None if isinstance(saga, SagaSession) else calls_for(saga)
 
     async def processor(messages: list[ModelMessage]) -> list[ModelMessage]:
+        calls = fixed if fixed is not None else getattr(saga, "current", None)
+        if calls is None:
+            return messages
         states = await asyncio.to_thread(calls.states)
         return rebuild(messages, states) if states else messages
 

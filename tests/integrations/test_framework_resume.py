@@ -42,6 +42,7 @@ FRAMEWORKS = {
     "langgraph": ("tests.integrations.langgraph_resume", "langgraph.checkpoint.sqlite",
                   "call_1"),
     "anthropic": ("tests.integrations.anthropic_resume", "anthropic", "toolu_1"),
+    "pydantic_ai": ("tests.integrations.pydantic_ai_resume", "pydantic_ai", "call_1"),
 }
 
 
