@@ -76,6 +76,7 @@ class SagaSession:
                                         "unwind_wait_s": unwind_wait_s}
         self.current: SagaCalls | None = None
         self.sagas: list[str] = []  # every saga this session drove, in order
+        self._known: dict[str, SagaCalls] = {}
         self.parked: set[str] = set()  # calls waiting for a person's decision
         self.approvals: dict[str, Approval] = {}  # decisions made before the saga is bound
         self._lock = threading.Lock()
@@ -93,18 +94,19 @@ class SagaSession:
         and has not seen this call."""
         with self._lock:
             found = recorded or self._named_in([call_id, *reversed(list(history))])
-            if found is not None and found != self.saga_id and found not in self.sagas:
+            if found is not None and found != self.saga_id and found not in self._known:
                 self._use(self.store.attach(found, executor=self.executor))
-            if self.current is None:
-                self._open(call_id)
-            assert self.current is not None
-            if self.on_rollback == "new_saga" and not self._forward(self.current) \
-                    and not self._logged(self.current, call_id):
-                self._open(call_id)
-            assert self.current is not None
-            self.current.approvals.update(self.approvals)
+            # a call sent again: the saga that logged it answers
+            chosen = next((c for c in self._known.values() if self._logged(c, call_id)), None)
+            if chosen is None:
+                if self.current is None or (self.on_rollback == "new_saga"
+                                            and not self._forward(self.current)):
+                    self._open(call_id)
+                chosen = self.current
+            assert chosen is not None
+            chosen.approvals.update(self.approvals)
             self.approvals.clear()
-            return self.current
+            return chosen
 
     def _named_in(self, call_ids: Iterable[str | None]) -> str | None:
         """The newest saga named after one of ``call_ids`` (one round trip)."""
@@ -125,7 +127,7 @@ class SagaSession:
                                   saga_id=sid, executor=self.executor))
 
     def _use(self, saga: Saga) -> None:
-        self.current = calls_for(saga, **self.options)
+        self.current = self._known[saga.saga_id] = calls_for(saga, **self.options)
         self.sagas.append(saga.saga_id)
 
     @staticmethod
