@@ -403,3 +403,22 @@ def rewrite(results: Sequence[tuple[str | None, str | None]], states: Iterable[S
             plan.notes_after.setdefault(last, []).append(truth.note)
             present.append(truth.note)
     return plan
+
+
+NOT_LOGGED = ("not run: no saga logged this call (the agent stopped before it was sent); "
+              "call it again if it is still needed")
+
+
+def unanswered(call_ids: Iterable[str], states: Iterable[SagaState],
+               ) -> dict[str, tuple[str, bool]]:
+    """For calls a history has no result for (the call in flight when the agent
+    stopped), ``(text, is_error)`` by framework id: what the sagas' logs say of it,
+    else that it never ran (:data:`NOT_LOGGED`)."""
+    known = truths(states)
+    out = {}
+    for fid in call_ids:
+        cid = step_call_id(fid)
+        truth = next((t for t in known if cid in t.results), None)
+        out[fid] = (NOT_LOGGED, True) if truth is None or cid is None else \
+            (truth.results[cid], cid in truth.errors)
+    return out

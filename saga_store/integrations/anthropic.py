@@ -59,6 +59,7 @@ from saga_store.integrations._common import (
     operator,
     rewrite,
     tool_defs,
+    unanswered,
 )
 from saga_store.integrations._session import SagaSession
 
@@ -170,7 +171,11 @@ def rebuild(messages: Sequence[Any], states: Iterable[SagaState], *,
     """Message params rewritten from the sagas' logs: each ``tool_result`` of a saga's
     call says what ``rebuild_history`` says of it (``is_error`` for a failed or
     in-doubt call), and, with ``notes``, each saga's closing note is a text block at
-    the end of the user turn holding its last result. Other blocks are unchanged."""
+    the end of the user turn holding its last result. A ``tool_use`` with no result
+    (the call in flight when the agent stopped) gets one, from the log. Other
+    blocks are unchanged."""
+    states = list(states)
+    messages = _answer_all(messages, states)
     where: list[tuple[int, int]] = []
     results: list[tuple[str | None, str | None]] = []
     present: list[str] = []
@@ -210,4 +215,34 @@ def rebuild(messages: Sequence[Any], states: Iterable[SagaState], *,
             touched.setdefault(m, list(out[m]["content"])).append({"type": "text", "text": note})
     for m, content in touched.items():
         out[m] = {**out[m], "content": content}
+    return out
+
+
+def _answer_all(messages: Sequence[Any], states: list[SagaState]) -> list[Any]:
+    """``messages`` with a ``tool_result`` for every ``tool_use``: those missing go
+    first in the next user turn (a new one if there is none), as the API requires."""
+    out = list(messages)
+    m = 0
+    while m < len(out):
+        msg = out[m]
+        if not isinstance(msg, Mapping) or msg.get("role") != "assistant":
+            m += 1
+            continue
+        ids = [str(u["id"]) for u in _tool_uses(msg)]
+        nxt = out[m + 1] if m + 1 < len(out) else None
+        turn = nxt if isinstance(nxt, Mapping) and nxt.get("role") == "user" else None
+        content = turn.get("content") if turn is not None else None
+        blocks = list(content) if isinstance(content, list) else \
+            ([{"type": "text", "text": content}] if isinstance(content, str) else [])
+        have = {b.get("tool_use_id") for b in blocks if isinstance(b, Mapping)}
+        missing = [i for i in ids if i not in have]
+        if missing:
+            texts = unanswered(missing, states)
+            added = [{"type": "tool_result", "tool_use_id": i, "content": texts[i][0],
+                      **({"is_error": True} if texts[i][1] else {})} for i in missing]
+            if turn is None:
+                out.insert(m + 1, {"role": "user", "content": added})
+            else:
+                out[m + 1] = {**turn, "content": [*added, *blocks]}
+        m += 1
     return out

@@ -45,6 +45,7 @@ from saga_store.integrations._common import (
     rewrite,
     step_call_id,
     tool_defs,
+    unanswered,
 )
 from saga_store.integrations._session import SagaSession
 from saga_store.log.canonical import loads
@@ -190,8 +191,11 @@ def saga_input_filter(saga: Saga | AsyncSaga | SagaSession) -> Any:
 def rebuild(items: Sequence[Any], states: Iterable[SagaState]) -> list[Any]:
     """Input items (``RunResult.to_input_list()``) rewritten from the sagas' logs: each
     call's output is what ``rebuild_history`` says of it, and each saga's closing
-    note follows its last output as a system message. Other items are unchanged."""
-    items = list(items)
+    note follows its last output as a system message. A ``function_call`` with no
+    output (the call in flight when the agent stopped) gets one, from the log, right
+    after it. Other items are unchanged."""
+    states = list(states)
+    items = _answer_all(list(items), states)
     results: list[tuple[str | None, str | None]] = []
     notes = []
     for item in items:
@@ -208,4 +212,22 @@ def rebuild(items: Sequence[Any], states: Iterable[SagaState]) -> list[Any]:
     for i, item in enumerate(items):
         out.append({**item, "output": plan.texts[i]} if i in plan.texts else item)
         out.extend({"role": "system", "content": note} for note in plan.notes_after.get(i, []))
+    return out
+
+
+def _answer_all(items: list[Any], states: list[SagaState]) -> list[Any]:
+    """``items`` with a ``function_call_output`` for every ``function_call``."""
+    answered = {i.get("call_id") for i in items
+                if isinstance(i, dict) and i.get("type") == "function_call_output"}
+    calls = [i.get("call_id") for i in items
+             if isinstance(i, dict) and i.get("type") == "function_call"]
+    texts = unanswered([c for c in calls if isinstance(c, str) and c not in answered], states)
+    out: list[Any] = []
+    for item in items:
+        out.append(item)
+        cid = item.get("call_id") if isinstance(item, dict) else None
+        if item is not None and isinstance(item, dict) and item.get("type") == "function_call" \
+                and cid in texts:
+            out.append({"type": "function_call_output", "call_id": cid,
+                        "output": texts[cid][0]})
     return out
