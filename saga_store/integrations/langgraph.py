@@ -51,6 +51,7 @@ from saga_store.integrations._common import (
     operator,
     rewrite,
     tool_defs,
+    unanswered,
 )
 from saga_store.integrations._session import SagaSession
 
@@ -240,18 +241,32 @@ def rebuild(messages: Sequence[BaseMessage], states: Iterable[SagaState],
     """The replacement messages for a history, from the sagas' logs: each changed
     ``ToolMessage`` again with its id (so the ``add_messages`` reducer replaces it)
     and what ``rebuild_history`` says of the call, then each saga's closing note as a
-    ``SystemMessage`` (id ``saga-note-<saga id>``) unless the history has it."""
+    ``SystemMessage`` (id ``saga-note-<saga id>``) unless the history has it. A tool
+    call with no ``ToolMessage`` (the call in flight when the graph stopped) gets one
+    from the log (id :func:`result_id`); the reducer adds it at the end, which is its
+    place when its ``AIMessage`` is the history's last, as in a checkpoint taken
+    before the call ran."""
     states = list(states)
+    answered = {m.tool_call_id for m in messages if isinstance(m, ToolMessage)}
+    pending = {str(tc["id"]): tc["name"] for m in messages if isinstance(m, AIMessage)
+               for tc in m.tool_calls if tc.get("id") and tc["id"] not in answered}
+    texts = unanswered(list(pending), states)
+    added = {result_id(cid) for cid in texts}
+    messages = [*messages, *(ToolMessage(content=text, tool_call_id=cid, name=pending[cid],
+                                         id=result_id(cid),
+                                         status="error" if error else "success")
+                             for cid, (text, error) in texts.items())]
     results: list[tuple[str | None, str | None]] = []
-    notes = []
+    present = []
     for m in messages:
         if isinstance(m, ToolMessage):
             results.append((m.tool_call_id, m.content if isinstance(m.content, str) else None))
             continue
         if isinstance(m, SystemMessage) and isinstance(m.content, str):
-            notes.append(m.content)
+            present.append(m.content)
         results.append((None, None))
-    plan = rewrite(results, states, notes)
+    plan = rewrite(results, states, present)
+    notes: list[BaseMessage] = []
     note_ids = {}
     for st in states:
         note_ids[st.saga_id] = f"saga-note-{st.saga_id}"
@@ -261,7 +276,11 @@ def rebuild(messages: Sequence[BaseMessage], states: Iterable[SagaState],
             out.append(m.model_copy(update={
                 "content": plan.texts[i],
                 "status": "error" if i in plan.errors else getattr(m, "status", "success")}))
+        elif m.id in added:
+            out.append(m)
         for note in plan.notes_after.get(i, []):
             sid = next((s for s in note_ids if f"Saga {s} " in note), "")
-            out.append(SystemMessage(content=note, id=note_ids.get(sid) or f"saga-note-{i}"))
-    return out
+            notes.append(SystemMessage(content=note, id=note_ids.get(sid) or f"saga-note-{i}"))
+    # the reducer appends new messages in this order: a note after every new result,
+    # so no note comes between a call's results
+    return [*out, *notes]

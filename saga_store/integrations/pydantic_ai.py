@@ -43,6 +43,7 @@ try:
         ModelMessage,
         ModelRequest,
         ModelResponse,
+        RetryPromptPart,
         SystemPromptPart,
         ToolCallPart,
         ToolReturnPart,
@@ -64,6 +65,7 @@ from saga_store.integrations._common import (
     operator,
     rewrite,
     tool_defs,
+    unanswered,
 )
 from saga_store.integrations._session import SagaSession
 
@@ -192,7 +194,11 @@ def rebuild(messages: Sequence[ModelMessage], states: Iterable[SagaState],
             ) -> list[ModelMessage]:
     """``messages`` rewritten from the sagas' logs: each call's ``ToolReturnPart`` says
     what ``rebuild_history`` says of it, and each saga's closing note follows its last
-    result as a ``SystemPromptPart`` in the same request. The rest is unchanged."""
+    result as a ``SystemPromptPart`` in the same request. A ``ToolCallPart`` with no
+    result (the call in flight when the agent stopped) gets one, from the log, first
+    in the next request (a new one if there is none). The rest is unchanged."""
+    states = list(states)
+    messages = _answer_all(messages, states)
     where: list[tuple[int, int]] = []
     results: list[tuple[str | None, str | None]] = []
     notes: list[str] = []
@@ -225,4 +231,30 @@ def rebuild(messages: Sequence[ModelMessage], states: Iterable[SagaState],
             parts.append(part if text is None else replace(part, content=text))
             parts.extend(SystemPromptPart(content=note) for note in after)
         out[m] = replace(request, parts=parts)
+    return out
+
+
+def _answer_all(messages: Sequence[ModelMessage], states: list[SagaState],
+                ) -> list[ModelMessage]:
+    """``messages`` with a ``ToolReturnPart`` for every ``ToolCallPart``."""
+    out = list(messages)
+    m = 0
+    while m < len(out):
+        msg = out[m]
+        if not isinstance(msg, ModelResponse):
+            m += 1
+            continue
+        calls = {p.tool_call_id: p.tool_name for p in msg.parts if isinstance(p, ToolCallPart)}
+        nxt = out[m + 1] if m + 1 < len(out) else None
+        request = nxt if isinstance(nxt, ModelRequest) else None
+        have = {p.tool_call_id for p in request.parts
+                if isinstance(p, ToolReturnPart | RetryPromptPart)} if request else set()
+        texts = unanswered([c for c in calls if c not in have], states)
+        added = [ToolReturnPart(tool_name=calls[c], content=texts[c][0], tool_call_id=c)
+                 for c in texts]
+        if added and request is None:
+            out.insert(m + 1, ModelRequest(parts=added))
+        elif added and request is not None:
+            out[m + 1] = replace(request, parts=[*added, *request.parts])
+        m += 1
     return out

@@ -236,3 +236,33 @@ def kinds_undone() -> bool:
     kinds = [k for k, _, _ in effects()]
     return kinds.count("charge") == kinds.count("refund") <= 1 and \
         kinds.count("reserve") == kinds.count("release") <= 1 and not effects("crm")
+
+
+def test_rebuild_answers_the_call_in_flight_and_the_sdk_takes_it(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """A history saved before the in-flight call's result: rebuild gives every tool
+    call its return from the log, Pydantic AI's own message types load it, and the
+    agent runs on it."""
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+    from saga_store import StepError
+    with workers(worker_env, TOOLS):
+        with store.saga(agent_id="shop") as saga:
+            saga.call(*RESERVE, tool_call_id="call_1")
+            with pytest.raises(StepError):
+                saga.call(*CRM_FAILS, tool_call_id="call_2")
+        state = final(store, saga.saga_id)
+    saved: list[ModelMessage] = [
+        ModelRequest(parts=[UserPromptPart("Order")]), calls((RESERVE, "call_1")),
+        ModelRequest(parts=[ToolReturnPart(RESERVE[0], "{}", tool_call_id="call_1")]),
+        calls((CRM_FAILS, "call_2"), (RESERVE, "call_9"))]
+    fixed = rebuild(saved, [state])
+    loaded = ModelMessagesTypeAdapter.validate_json(ModelMessagesTypeAdapter.dump_json(fixed))
+    seen = returns(loaded)
+    assert seen["call_1"].startswith("rolled back:")
+    assert "CRM unavailable" in seen["call_2"]
+    assert seen["call_9"].startswith("not run: no saga logged this call")
+    assert rebuild(fixed, [state]) == fixed
+    nxt = Script(text("Nothing is booked."))
+    again = asyncio.run(Agent(nxt.model).run("Was I charged?", message_history=loaded))
+    assert again.output == "Nothing is booked."
