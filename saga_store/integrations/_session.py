@@ -35,8 +35,8 @@ from saga_store.integrations._common import (
     Approval,
     SagaCalls,
     calls_for,
-    step_call_id,
 )
+from saga_store.integrations._rewrite import step_call_id
 
 ON_ROLLBACK = ("refuse", "new_saga")
 DEFAULT_APPROVAL_TIMEOUT_S = 3600.0  # a parked saga's lease, when the policy sets none

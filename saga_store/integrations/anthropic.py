@@ -57,10 +57,9 @@ from saga_store.integrations._common import (
     calls_for,
     exposed,
     operator,
-    rewrite,
     tool_defs,
-    unanswered,
 )
+from saga_store.integrations._rewrite import rewrite, unanswered
 from saga_store.integrations._session import SagaSession
 
 __all__ = ["Approval", "SagaSession", "anthropic_tools", "arun_tool_uses", "rebuild",

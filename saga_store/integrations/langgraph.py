@@ -49,10 +49,9 @@ from saga_store.integrations._common import (
     calls_for,
     exposed,
     operator,
-    rewrite,
     tool_defs,
-    unanswered,
 )
+from saga_store.integrations._rewrite import rewrite, unanswered
 from saga_store.integrations._session import SagaSession
 
 __all__ = ["SagaSession", "rebuild", "result_id", "saga_id_of", "saga_tool_node"]

@@ -42,11 +42,9 @@ from saga_store.integrations._common import (
     exposed,
     gated,
     operator,
-    rewrite,
-    step_call_id,
     tool_defs,
-    unanswered,
 )
+from saga_store.integrations._rewrite import rewrite, step_call_id, unanswered
 from saga_store.integrations._session import SagaSession
 from saga_store.log.canonical import loads
 

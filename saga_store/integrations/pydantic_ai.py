@@ -63,10 +63,9 @@ from saga_store.integrations._common import (
     exposed,
     gated,
     operator,
-    rewrite,
     tool_defs,
-    unanswered,
 )
+from saga_store.integrations._rewrite import rewrite, unanswered
 from saga_store.integrations._session import SagaSession
 
 __all__ = ["SagaSession", "SagaToolset", "rebuild", "saga_history_processor"]
