@@ -29,6 +29,18 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_INTEGRITY, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
 
+def saga_argv(*args: str) -> list[str]:
+    """The argv that runs ``saga ARGS`` in a new process of this same install.
+
+    ``-P`` keeps the working directory off ``sys.path``: run from a checkout of
+    this repository, its own ``saga_store/`` folder (which holds neither ``cli``
+    nor ``workers``; the wheel maps them in) would otherwise shadow the installed
+    package. Tools modules are still found there: the CLI adds the working
+    directory itself, after the package is imported.
+    """
+    return [sys.executable, "-P", "-m", "saga_store.cli.main", *args]
+
+
 @dataclass
 class Context:
     redis_url: str | None

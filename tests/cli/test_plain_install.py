@@ -153,6 +153,17 @@ def test_a_plain_install_runs_the_everyday_commands(bare: Path, server: RedisSer
     assert "Traceback" not in console.stderr
 
 
+def test_the_demo_runs_from_the_repository_root_on_a_real_redis(
+        bare: Path, server: RedisServer) -> None:
+    """Its worker processes import the installed package, not the checkout's own
+    saga_store/ folder (which has no cli/ or workers/)."""
+    saga = Saga(bare, server.url, ROOT)
+    began = time.monotonic()
+    done = saga("demo", "--workers", "1")
+    assert "saga verify: intact" in done.stdout, done.stderr
+    assert time.monotonic() - began < 60
+
+
 def test_the_demo_runs_on_a_plain_install_without_a_redis(bare: Path, tmp_path: Path) -> None:
     """The embedded store is part of the core install."""
     saga = Saga(bare, "", tmp_path)
