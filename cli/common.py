@@ -8,6 +8,7 @@ bad input, 3 could not do it (Redis unreachable, could not verify).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -48,6 +49,9 @@ class Context:
     _store: EventStore | None = field(default=None, repr=False)
     queue_url: str | None = None
     _queues: redis.Redis | None = field(default=None, repr=False)
+    # when the command began (time.monotonic()): the process's start when run as
+    # 'saga', so --timeout counts what the person waited
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def log_url(self) -> str:

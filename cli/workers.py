@@ -30,6 +30,7 @@ from .common import (
     pass_ctx,
 )
 from .fleet import NoWorkerWarning
+from .waiting import WaitReporter, remaining, waiting_for
 
 QUEUES = [jobs.STEP_QUEUE, jobs.COMPENSATION_QUEUE]
 
@@ -228,16 +229,20 @@ def run(ctx: Context, plan_file: str, tools: tuple[str, ...], wait: bool, timeou
         if not wait:
             emit_json({"saga_id": sid, "state": "running"}) if as_json else click.echo(sid)
             return
+        warn = NoWorkerWarning(store.queues, log=store.redis)
+        state = store.state(sid)
         try:
-            warn = NoWorkerWarning(store.queues, log=store.redis)
-            if interactive:
+            if interactive:  # its prompts say what the saga waits for
                 from .approvals import wait_interactively
-                state = wait_interactively(store, sid, timeout, tick=warn)
+                state = wait_interactively(store, sid, remaining(ctx.started, timeout), tick=warn)
             else:
-                state = store.follow(store.state(sid), _settled, timeout, tick=warn)
+                state = store.follow(state, _settled, remaining(ctx.started, timeout),
+                                     tick=WaitReporter(state, then=warn))
         except StepPending:
-            fail(f"saga {sid} is not done after {timeout:g} s; it goes on (is 'saga worker' "
-                 f"running?); 'saga show {sid}' follows it", EXIT_WAIT_TIMEOUT)
+            held = waiting_for(state)
+            why = f"it waits: {held}" if held else "is 'saga worker' running?"
+            fail(f"saga {sid} is not done after {timeout:g} s ({why}); it goes on; "
+                 f"'saga show {sid}' follows it", EXIT_WAIT_TIMEOUT)
         steps = [{"step": s.step, "tool": s.tool, "status": s.status,
                   "compensation": s.compensation,
                   **({"error": s.error} if s.error else {})} for s in state.steps.values()]
