@@ -104,10 +104,42 @@ def errors_to_exit() -> Iterator[None]:
         fail(str(exc), EXIT_USAGE)
     except (StoreUnavailable, CannotVerify) as exc:
         fail(str(exc), EXIT_UNAVAILABLE)
+    except redis.exceptions.NoPermissionError as exc:
+        fail(no_permission(exc), EXIT_UNAVAILABLE)
     except redis.RedisError as exc:
         fail(f"Redis error: {exc}; check the server and SAGA_REDIS_URL", EXIT_UNAVAILABLE)
     except SagaError as exc:
         fail(str(exc), EXIT_INTEGRITY)
+
+
+_WHOLE_STORE = ("run it as the worker's Redis user ('saga acl worker') or an "
+                "administrator's; an agent's user ('saga acl agent') reads and drives only "
+                "its own agent's sagas")
+# what a user refused by the ACL can do instead, by command
+_INSTEAD = {
+    "ls": "an agent's user ('saga acl agent') lists only its own agent's sagas: "
+          "saga ls --agent AGENT_ID; the whole list needs the worker's user ('saga acl "
+          "worker') or an administrator's",
+    "verify": "an agent's user reads its own sagas ('saga show SAGA_ID') but not the "
+              "ledger that 'saga verify' checks every saga against; verify as the worker's "
+              "user ('saga acl worker') or an administrator's",
+    "show": "an agent's user reads only its own agent's sagas, whose ids start with "
+            "AGENT_ID_ ('saga ls --agent AGENT_ID' lists them); " + _WHOLE_STORE.split("; ")[0],
+    "context": "an agent's user reads only its own agent's sagas: saga context --agent "
+               "AGENT_ID, or --saga with one of its ids; for others, " +
+               _WHOLE_STORE.split("; ")[0],
+}
+
+
+def no_permission(exc: redis.RedisError) -> str:
+    """A NOPERM refusal in the user's terms: what the ACL refused, and the command or
+    user that does it (never Saga Store's internal key names)."""
+    ctx = click.get_current_context(silent=True)
+    name = ctx.info_name if ctx is not None else None
+    what = "this command" if "command" in str(exc) else "a key this command needs"
+    instead = _INSTEAD.get(name or "") or (
+        f"'saga {name}' reads the whole store: {_WHOLE_STORE}" if name else _WHOLE_STORE)
+    return f"the Redis user of SAGA_REDIS_URL may not use {what} (Redis ACL): {instead}"
 
 
 def operator(by: str | None) -> str:
