@@ -119,7 +119,7 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool, use_async:
                            "see 'saga doctor'", err=True)
                 sys.exit(EXIT_UNAVAILABLE)
         # a worker outlives any outage: it backs off (capped, jittered) and carries on
-        from saga_store.ops.connection import set_retry_window
+        from saga_store.ops.connection import redact, set_retry_window
         set_retry_window(store.redis, None)
         rq_redis = ctx.queues()  # RQ's connection; the log's too unless that is elsewhere
         set_retry_window(rq_redis, None)
@@ -130,6 +130,12 @@ def worker(ctx: Context, tools: tuple[str, ...], n: int, burst: bool, use_async:
             worker_class = aio.configured(worker_class, concurrency or aio.DEFAULT_CONCURRENCY)
         names = list(queues) or QUEUES
         logging.basicConfig(level=log_level, format="%(asctime)s %(name)s %(message)s")
+        logging.getLogger("saga_store.worker").info(
+            "saga worker: %d %s process%s on %s%s, queues %s, tools %s, policy %s",
+            n, "asyncio" if use_async else "RQ", "" if n == 1 else "es", redact(ctx.log_url),
+            "" if rq_redis is store.redis else f" (queues on {redact(ctx.queue_url or '')})",
+            ", ".join(names), ", ".join(tools), policy_file or
+            "none (every call allowed unless its tool asks for approval)")
         if metrics_port is not None:
             serve_metrics(store.redis, metrics_port, metrics_host, multiprocess=True,
                           check_s=ctx.settings.durability_check_s, rq_redis=rq_redis)
