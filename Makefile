@@ -18,9 +18,15 @@ $(STAMP): pyproject.toml
 # of its own, not the 546 MB of .[dev], so a fresh clone runs it in seconds
 DEMO_VENV ?= .venv-demo
 DEMO_STAMP := $(DEMO_VENV)/.installed
+# python3's own pip installs into a venv made without one (ensurepip takes longer
+# than the rest); a python3 with no pip of its own gets the usual venv
 $(DEMO_STAMP): pyproject.toml
-	$(PY) -m venv $(DEMO_VENV)
-	$(DEMO_VENV)/bin/pip install -q -e .
+	if $(PY) -m pip --version >/dev/null 2>&1; then \
+		$(PY) -m venv --without-pip $(DEMO_VENV) && \
+		$(PY) -m pip --python $(DEMO_VENV)/bin/python install -q -e .; \
+	else \
+		$(PY) -m venv $(DEMO_VENV) && $(DEMO_VENV)/bin/pip install -q -e .; \
+	fi
 	touch $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
