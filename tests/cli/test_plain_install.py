@@ -101,7 +101,8 @@ class Saga:
 
     def __call__(self, *args: str, code: int = 0) -> subprocess.CompletedProcess[str]:
         done = subprocess.run([self.exe, *args], cwd=self.cwd, env=self.env,
-                              capture_output=True, text=True, timeout=120, check=False)
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=120, check=False)
         assert done.returncode == code, (f"saga {' '.join(args)}: exit {done.returncode}\n"
                                          f"{done.stdout}\n{done.stderr}")
         return done
@@ -119,7 +120,7 @@ def _plan(folder: Path, name: str, *steps: dict[str, Any]) -> str:
 def test_a_plain_install_runs_the_everyday_commands(bare: Path, server: RedisServer,
                                                     tmp_path: Path) -> None:
     """help, run, worker --burst, approve, run --wait --json, verify, ls and show work
-    with no extra installed; console names its extra and exits 2."""
+    with no extra installed; console and mcp-guard name their extras and exit 2."""
     (tmp_path / "shop_tools.py").write_text(TOOLS)
     saga = Saga(bare, server.url, tmp_path)
     assert "worker" in saga("--help").stdout
@@ -148,9 +149,10 @@ def test_a_plain_install_runs_the_everyday_commands(bare: Path, server: RedisSer
     assert sid in listed
     assert listed.count("committed") == 2
 
-    console = saga("console", code=2)
-    assert "pip install 'saga-store[console]'" in console.stderr
-    assert "Traceback" not in console.stderr
+    for command, extra in ((["console"], "console"), (["mcp-guard", "--", "true"], "mcp")):
+        needs = saga(*command, code=2)
+        assert f"pip install 'saga-store[{extra}]'" in needs.stderr
+        assert "Traceback" not in needs.stderr
 
 
 def test_the_demo_runs_from_the_repository_root_on_a_real_redis(
