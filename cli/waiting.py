@@ -84,11 +84,12 @@ def remaining(began: float, timeout: float) -> float:
 def process_started() -> float:
     """This process's start on the time.monotonic() clock (Linux's /proc; elsewhere,
     now): a --timeout then counts the interpreter's start and imports, as the person
-    who typed the command does."""
+    who typed the command does. A start over 10 s ago is a process that exec'd this
+    one after work of its own: then now."""
     try:
         stat = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
         uptime = float(Path("/proc/uptime").read_text().split()[0])
         age = uptime - int(stat[19]) / os.sysconf("SC_CLK_TCK")  # field 22: starttime
     except (OSError, ValueError, IndexError):
         return time.monotonic()
-    return time.monotonic() - min(max(0.0, age), 60.0)
+    return time.monotonic() - (age if 0.0 <= age <= 10.0 else 0.0)
