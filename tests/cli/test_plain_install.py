@@ -72,9 +72,11 @@ def bare() -> Iterator[Path]:
         _pip(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(work / "dist"),
              str(src), cwd=work)
         wheel = next((work / "dist").glob("saga_store-*.whl"))
-        subprocess.run([sys.executable, "-m", "venv", str(work / "venv")], check=True)
-        _pip(str(work / "venv" / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel),
-             cwd=work)
+        # no pip of its own (ensurepip takes longer than the install): this pip fills it
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(work / "venv")],
+                       check=True)
+        _pip(sys.executable, "-m", "pip", "--python", str(work / "venv" / "bin" / "python"),
+             "install", "-q", str(wheel), cwd=work)
         yield work / "venv" / "bin"
     finally:
         shutil.rmtree(work, ignore_errors=True)
