@@ -7,7 +7,7 @@ import datetime as dt
 import re
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -25,7 +25,13 @@ _AGO = re.compile(r"^(\d+)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-class Since(click.ParamType):
+if TYPE_CHECKING:  # generic from click 8.2 on; the floor is 8.1
+    _SinceBase = click.ParamType[int, Any]
+else:
+    _SinceBase = click.ParamType
+
+
+class Since(_SinceBase):
     """``1h``, ``30m``, ``2d`` ago, or a UTC date and time (``2026-12-01T10:00``)."""
 
     name = "since"

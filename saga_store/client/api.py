@@ -229,7 +229,7 @@ class SagaStore:
         agent's sagas that are due."""
         if self._runner is None:
             # the workers' own drivers (mypy checks them apart: they live in workers/)
-            from saga_store.workers.inline import InlineRunner  # type: ignore[import-not-found]
+            from saga_store.workers.inline import InlineRunner
             self._runner = InlineRunner(self, f"inline-{os.getpid()}")
         if agent_id not in self._recovered:
             self._recovered.add(agent_id)
@@ -243,7 +243,7 @@ class SagaStore:
         abort of a saga whose caller is gone). Touches no other agent's saga and
         runs no queued job. Called by the first inline saga of an agent; call it
         again to wait out a lease. Returns how many steps and unwinds it ran."""
-        from saga_store.workers.sweeper import Sweeper  # type: ignore[import-not-found]
+        from saga_store.workers.sweeper import Sweeper
         check_id(agent_id, "agent_id")
         self._recovered.add(agent_id)
         runner = self._inline(agent_id)
