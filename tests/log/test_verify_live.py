@@ -17,11 +17,17 @@ import redis
 from click.testing import CliRunner
 from saga_store.cli.main import cli
 
-from saga_store import Registry, SagaStore
+from saga_store import Registry, SagaStore, keys
+from saga_store.log.events import EventKind as K
+from saga_store.log.store import EventStore
+from saga_store.log.stream import SagaLog
 from saga_store.protocol.state import Status
 from saga_store.settings import Settings
 from saga_store.testing import RedisServer, assert_eventually
 from saga_store.testing.workers import workers
+from saga_store.verify.checker import Verifier
+
+from ..helpers import committed_saga
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(180)]
 TOOLS = "tests.ledger_tools"
@@ -133,3 +139,84 @@ def test_a_projection_changed_by_hand_is_caught_on_a_busy_store(
         assert_eventually(lambda: settled(store, ids), timeout=60, what="the drain")
     assert out["exit"] == 1, out["text"]
     assert [(f["chain"], f["reason"]) for f in out["failures"]] == [(first, "projection")]
+
+
+def test_a_saga_that_moves_between_its_chain_and_its_projection_is_judged_at_one_head(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The saga's state changes (saga_failed) right after verify read its chain and
+    before it reads the cached state: verify judges the cache at one head, not the
+    old chain against the new cache, and finds it intact."""
+    w = store.open("agent-1")
+    w.append(K.STEP_INTENT, step=0, tool="t", data={"args": {}, "reversibility": "readonly"})
+    read = SagaLog.pages
+    moved: list[str] = []
+
+    def pages(log: SagaLog, chain_id: str, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        yield from read(log, chain_id, *args, **kwargs)
+        if chain_id == w.saga_id and not moved:  # once its chain was read whole
+            moved.append(chain_id)
+            w.append(K.SAGA_FAILED, data={"reason": "moved while verified"})
+    monkeypatch.setattr(SagaLog, "pages", pages)
+    res = Verifier(store.log, jobs=1).verify()
+    assert moved
+    assert res.ok, res.to_dict()["failures"]
+    monkeypatch.undo()
+    store.redis.hset(store.keys.meta(w.saga_id), "state", "running")  # by hand
+    assert [(f.chain_id, f.reason) for f in Verifier(store.log).verify().failures] == \
+        [(w.saga_id, "projection")]
+
+
+def test_a_saga_opened_after_the_ledger_was_read_is_not_unregistered(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A saga opened (with a step announced) between verify's read of the ledger and
+    its read of the sagas is found in the ledger read again: intact."""
+    committed_saga(store, steps=1)
+    scan = SagaLog.chain_ids
+    made: list[str] = []
+
+    def chain_ids(log: SagaLog) -> Iterator[str]:
+        if not made:
+            w = store.open("agent-2")
+            w.append(K.STEP_INTENT, step=0, tool="t", data={"args": {}})
+            made.append(w.saga_id)
+        yield from scan(log)
+    monkeypatch.setattr(SagaLog, "chain_ids", chain_ids)
+    res = Verifier(store.log, jobs=1).verify()
+    assert made
+    assert res.ok, res.to_dict()["failures"]
+
+
+def test_a_saga_whose_opening_never_reached_the_ledger_is_still_unregistered(
+        store: EventStore, client: redis.Redis) -> None:
+    """The opening entry of a saga with events is taken off the pending list before
+    it is chained: the ledger read again does not hold it either, and verify fails
+    the saga ('unregistered')."""
+    store.ledger.deferred = True
+    w = store.open("agent-1")
+    w.append(K.STEP_INTENT, step=0, tool="t", data={"args": {}})
+    pending = keys.ledger_pending(store.log.layout.ledger_of(w.saga_id))
+    [entry] = client.lrange(pending, 0, -1)
+    client.lrem(pending, 1, entry)
+    assert [(f.chain_id, f.reason) for f in Verifier(store.log).verify().failures] == \
+        [(w.saga_id, "unregistered")]
+
+
+def test_a_root_that_records_heads_sealed_after_the_ledger_was_read_is_no_mismatch(
+        store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweeper seals new entries and records their chain's head in the root
+    between verify's read of the ledger chains and its read of the sagas: the
+    root, read before the chains, holds them only to heads they had."""
+    committed_saga(store, steps=1)
+    store.ledger.record_root()
+    scan = SagaLog.chain_ids
+    made: list[str] = []
+
+    def chain_ids(log: SagaLog) -> Iterator[str]:
+        if not made:
+            made.append(committed_saga(store, steps=1).saga_id)  # sealed at once
+            store.ledger.record_root()
+        yield from scan(log)
+    monkeypatch.setattr(SagaLog, "chain_ids", chain_ids)
+    res = Verifier(store.log, jobs=1).verify()
+    assert made
+    assert res.ok, res.to_dict()["failures"]
