@@ -33,6 +33,7 @@ and names a reason class:
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing as mp
 import os
 from collections.abc import Callable
@@ -244,8 +245,8 @@ class LedgerView:
     closed: dict[str, tuple[int, bytes]] = field(default_factory=dict)  # saga -> (seq, hash)
     conflicts: dict[str, str] = field(default_factory=dict)  # saga -> what disagrees
     closed_as: dict[str, str] = field(default_factory=dict)  # saga -> the state it closed in
-    opened_as: dict[str, bytes] = field(default_factory=dict)  # saga -> its opening, whole
-    closed_whole: dict[str, bytes] = field(default_factory=dict)  # saga -> its close, whole
+    opened_as: dict[str, bytes] = field(default_factory=dict)  # saga -> its opening's digest
+    closed_whole: dict[str, bytes] = field(default_factory=dict)  # saga -> its close's digest
     where: dict[str, set[str]] = field(default_factory=dict)  # saga -> ledger chains of it
 
     def merge(self, other: LedgerView) -> None:
@@ -281,13 +282,13 @@ class LedgerView:
         try:
             if ev["kind"] == K.LEDGER_OPENED:
                 first = bytes.fromhex(str(data["first"]))
-                whole = canonical(data)  # the agent and every field, not the hash alone
+                whole = _digest(data)  # the agent and every field, not the hash alone
                 if self.opened.setdefault(sid, first) != first \
                         or self.opened_as.setdefault(sid, whole) != whole:
                     self.conflicts[sid] = "the ledger opened this saga twice, differently"
             elif ev["kind"] == K.LEDGER_CLOSED:
                 end = (int(data["seq"]), bytes.fromhex(str(data["hash"])))
-                whole = canonical(data)
+                whole = _digest(data)
                 if self.closed.setdefault(sid, end) != end \
                         or self.closed_whole.setdefault(sid, whole) != whole:
                     self.conflicts[sid] = "the ledger closed this saga twice, differently"
@@ -295,6 +296,13 @@ class LedgerView:
         except (KeyError, TypeError, ValueError):
             return f"malformed ledger entry for saga {sid}"
         return None
+
+
+def _digest(data: dict[str, Any]) -> bytes:
+    """What a ledger entry says, as 32 bytes: two entries of a saga are compared
+    by it. Not the canonical bytes themselves: orjson hands them back in a buffer
+    of about 4 KB, which, kept for every entry, made verify's memory 8 KB a saga."""
+    return hashlib.sha256(canonical(data)).digest()
 
 
 def cross_check(rep: ChainReport, view: LedgerView, layout: Layout = V1) -> None:
