@@ -59,8 +59,8 @@ def fill(store: EventStore, n: int) -> list[str]:
             if not w.store.keys.bucketed:  # of layout 2 the close is pushed apart
                 w.store.ledger.closed(w.saga_id, "committed", w.head)
         made += [op.writer.saga_id for op in ops]
-    left = store.ledger.flush(timeout_s=120)
-    assert left == 0, f"{left} ledger entries still pending"
+    while store.ledger.flush(timeout_s=60):  # a loaded machine seals slower
+        pass
     return made
 
 
@@ -74,18 +74,18 @@ def ls(url: str, checkout: str, limit: int) -> tuple[float, list[str]]:
     return took, [r["saga_id"] for r in json.loads(out.stdout)]
 
 
-def verify_rss(url: str, checkout: str) -> dict[str, Any]:
-    """'saga verify --json' of ``checkout``: exit code, time, and the largest RSS of
-    its process or any it waited for (its forked checkers)."""
+def verify_rss(url: str, checkout: str, scratch: Path) -> dict[str, Any]:
+    """'saga verify --json' of ``checkout``: exit code, time, and its peak RSS (or its
+    forked checkers', whichever is larger), as GNU time reports it: a process
+    started from this one would inherit this one's peak in its own count."""
     env = {**os.environ, "SAGA_REDIS_URL": url, "SAGA_HMAC_KEY": "", "SAGA_HMAC_KEY_FILE": ""}
+    report = scratch / "verify.rss"
     t = time.perf_counter()
-    proc = subprocess.Popen([python_of(checkout), "-m", "saga_store.cli.main", "verify",
-                             "--json"], cwd=checkout, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return {"exit": proc.returncode, "s": round(time.perf_counter() - t, 1),
-            "max_rss_mb": round(usage.ru_maxrss / 1024, 1)}
+    done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(report), python_of(checkout),
+                           "-m", "saga_store.cli.main", "verify", "--json"], cwd=checkout,
+                          env=env, capture_output=True, check=False)
+    return {"exit": done.returncode, "s": round(time.perf_counter() - t, 1),
+            "max_rss_mb": round(int(report.read_text().split()[-1]) / 1024, 1)}
 
 
 def judge(listed: list[str], truth: list[str]) -> dict[str, Any]:
@@ -119,7 +119,7 @@ def main() -> None:
             out[f"ls_{name}"] = {"median_s": round(statistics.median(r[0] for r in runs), 3),
                                  **judge(runs[-1][1], truth)}
             if args.verify:
-                out[f"verify_{name}"] = verify_rss(srv.url, checkout)
+                out[f"verify_{name}"] = verify_rss(srv.url, checkout, srv.dir)
         times = []
         for _ in range(args.runs):
             t = time.perf_counter()
