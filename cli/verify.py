@@ -12,8 +12,8 @@ from saga_store import keys
 from saga_store.errors import AnchorMismatch, InvalidInput
 from saga_store.ids import check_saga_id
 from saga_store.log.chain import Chain
-from saga_store.log.ledger import read_anchor
 from saga_store.log.store import EventStore
+from saga_store.verify.anchor import fits, read_anchor
 from saga_store.verify.checker import Verifier, VerifyResult
 from saga_store.verify.export import export as export_log
 from saga_store.verify.export import verify_file
@@ -64,6 +64,8 @@ def verify(ctx: Context, saga_id: str | None, anchor_file: str | None,
                 close()
             _finish(result, None, as_json)
         store = ctx.store()
+        if anchor is not None:
+            fits(anchor, store.log.layout)
         if saga_id:
             store.require(saga_id)
         # no write: what is pending is read as it is and checked against the chains
