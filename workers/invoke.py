@@ -556,24 +556,41 @@ async def _fence(lease: Hold, sends: Sends | None) -> bool:
     return take(replies)
 
 
-def _keep(lease: Hold | None, sends: Sends | None) -> asyncio.Task[None] | None:
-    """A task on the running loop that renews ``lease`` every third of it until
-    cancelled (None: no lease to keep). A renewal sent before the outcome's append
-    reaches Redis before it (one connection, or at once); one that lands after it
-    finds the lease released and the log moved on, and takes nothing back."""
-    if lease is None:
-        return None
+class _Keeper:
+    """Renews ``lease`` on the running loop every third of ``SAGA_LEASE_MS`` until
+    cancelled: a timer first (a call that ends before its first renewal is due,
+    nearly every call, costs no task), then a task. A renewal sent before the
+    outcome's append reaches Redis before it (one connection, or at once); one that
+    lands after it finds the lease released and the log moved on, and takes
+    nothing back."""
 
-    async def renew() -> None:
+    def __init__(self, lease: Hold, sends: Sends | None) -> None:
+        self.lease, self.sends = lease, sends
+        self.task: asyncio.Task[None] | None = None
+        self.timer = asyncio.get_running_loop().call_later(lease.every_s, self._start)
+
+    def _start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._renew())
+
+    async def _renew(self) -> None:
         while True:
-            await asyncio.sleep(lease.every_s)
             try:
-                if not await _fence(lease, sends):
+                if not await _fence(self.lease, self.sends):
                     return
             except Exception:  # an outage: the check before the next try decides
-                log.warning("%s: the lease could not be renewed", lease.lease_key,
+                log.warning("%s: the lease could not be renewed", self.lease.lease_key,
                             exc_info=True)
-    return asyncio.get_running_loop().create_task(renew())
+            await asyncio.sleep(self.lease.every_s)
+
+    def cancel(self) -> None:
+        self.timer.cancel()
+        if self.task is not None:
+            self.task.cancel()
+
+
+def _keep(lease: Hold | None, sends: Sends | None) -> _Keeper | None:
+    """A :class:`_Keeper` of ``lease`` (None: no lease to keep)."""
+    return _Keeper(lease, sends) if lease is not None else None
 
 
 def _timed_out(spec: ToolSpec, tries: int) -> Outcome:
