@@ -159,7 +159,7 @@ class Compensator:
                 yield from writer.append(act.items, lease)
             elif isinstance(act, unwind.Probe):
                 probed.add(act.step)
-                found = yield from self._probe(act, state, self._hold(writer, lease, act.tool))
+                found = yield from self._probe(act, state, self._hold(writer, lease))
                 yield from writer.append(unwind.probed(act, found), lease)
             elif isinstance(act, unwind.Compensate):
                 yield from self._compensate(writer, state, act, lease)
@@ -180,7 +180,7 @@ class Compensator:
         with tracing.tool_span(act.undo.tool, st.tool_call_id, state.saga_id, act.step,
                                parent=st.trace, compensation=True) as span:
             outcome = yield Call(self.store.registry.get(act.undo.tool), act.args, ctx,
-                                 lease=self._hold(writer, lease, act.undo.tool))
+                                 lease=self._hold(writer, lease))
             tracing.outcome(span, outcome.kind, outcome.error)
         fault("comp_after_tool")
         items, retry_in = unwind.compensated(state, act, outcome, self.tools.resume_hint)
@@ -192,12 +192,9 @@ class Compensator:
             # jitter: retries don't march in step
             yield Pause(retry_in * (0.5 + random.random()), self._hold(writer, lease))
 
-    def _hold(self, writer: Writer, lease: Lease, tool: str | None = None) -> Hold:
-        """The saga's lease, kept while a call of ``tool`` (or a back-off) runs (see
-        :mod:`.lease`)."""
-        timeout = self.store.registry.get(tool).timeout if tool else 0.0
-        return Hold.of(self.store, writer.chain.saga_id, lease.token, writer.chain.head.seq,
-                       timeout)
+    def _hold(self, writer: Writer, lease: Lease) -> Hold:
+        """The saga's lease, kept while a call or a back-off runs (see :mod:`.lease`)."""
+        return Hold.of(self.store, writer.chain.saga_id, lease.token, writer.chain.head.seq)
 
     def _close(self, writer: Writer, state: SagaState, act: unwind.Close,
                token: str) -> Work[str]:

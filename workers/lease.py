@@ -54,22 +54,21 @@ class Hold:
     lease_key: str
     log_key: str
     token: str
-    ttl_ms: int  # what a renewal leaves at least: SAGA_LEASE_MS and a try's timeout
+    ttl_ms: int  # SAGA_LEASE_MS: a worker cut off loses the step one lease after
     after: int
-    every_s: float  # between two renewals: a third of SAGA_LEASE_MS
     lost: bool = field(default=False)
 
     @classmethod
-    def of(cls, store: Any, saga_id: str, token: str, after: int,
-           timeout_s: float = 0.0) -> Hold:
-        """``store``: a :class:`~saga_store.client.api.SagaStore`; ``timeout_s``: a
-        try's timeout, which the lease covers beyond ``SAGA_LEASE_MS`` (as the one
-        taken with ``step_started`` does), so a worker stalled for less than that
-        (a busy loop, a machine short of CPU) keeps it."""
+    def of(cls, store: Any, saga_id: str, token: str, after: int) -> Hold:
+        """``store``: a :class:`~saga_store.client.api.SagaStore`."""
         names = store.events.keys
-        lease_ms = store.settings.lease_ms
         return cls(store.redis, names.lease(saga_id), names.log(saga_id), token,
-                   lease_ms + int(timeout_s * 1000), after, lease_ms / 3000)
+                   store.settings.lease_ms, after)
+
+    @property
+    def every_s(self) -> float:
+        """Seconds between two renewals: a third of the lease."""
+        return self.ttl_ms / 3000
 
     def trip(self) -> tuple[Any, Callable[[list[Any]], bool]]:
         """A lean pipeline that renews and checks the lease, and what takes its

@@ -266,10 +266,9 @@ class StepRunner:
         data = view.intent["data"]
         with tracing.tool_span(spec.name, ctx.tool_call_id, saga_id, step,
                                parent=data.get("trace")) as span:
+            hold = Hold.of(self.store, saga_id, token, writer.head.seq)
             try:
-                outcome = yield Call(spec, args, ctx, secrets,
-                                     Hold.of(self.store, saga_id, token, writer.head.seq,
-                                             spec.timeout))
+                outcome = yield Call(spec, args, ctx, secrets, hold)
             except InvalidInput as exc:  # the logged args no longer fit the tool
                 outcome = Outcome.failed(str(exc))
             except LeaseLost:
@@ -286,13 +285,15 @@ class StepRunner:
         if metrics is not None:
             self._child(metrics.step_seconds, spec.name).observe(time.perf_counter() - began)
         return (yield from self._finish(writer, saga_id, step, view, token, extra, outcome,
-                                        spec))
+                                        spec, hold=hold))
 
     def _finish(self, writer: ChainWriter, saga_id: str, step: int, view: StepView,
                 token: str, extra: Any, outcome: Outcome, spec: ToolSpec | None,
-                acquire: int = 0) -> Work[str]:
+                acquire: int = 0, hold: Hold | None = None) -> Work[str]:
         """Append the outcome (and what follows from it), releasing the lease, or
-        keeping it for the plan's next step when this worker runs that one too."""
+        keeping it for the plan's next step when this worker runs that one too.
+        ``hold``: the lease the call kept, taken back if it lapsed (a stall longer
+        than the lease) while nobody acted on the saga."""
         for _ in range(MAX_REDECIDE):
             items, follow = self._outcome_events(saga_id, step, view, outcome)
             if follow is Follow.COMPENSATE and self.eager and self.keep_going():
@@ -343,6 +344,9 @@ class StepRunner:
                     # an outcome decided on delivery (dead letter, in doubt) while another
                     # worker runs the step: this copy is a duplicate, as for a start
                     return self._busy(writer, step, extra)
+                if exc.lease_lost and hold is not None and hold.fence():
+                    hold = None  # lapsed, and nobody acted meanwhile: taken back, once
+                    continue
                 log.warning("saga %s step %d: lease lost before the outcome was recorded; "
                             "the next holder decides", saga_id, step)
                 return "lease_lost"

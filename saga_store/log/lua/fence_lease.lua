@@ -1,7 +1,6 @@
 -- FENCE_LEASE: whether the holder of a saga's lease may go on with the work it
 -- holds the lease for (a step's next try, a renewal while a call or a back-off
--- runs); if so the lease is extended to ARGV[2] ms from now (never shortened:
--- the lease a step took for its first try may be longer).
+-- runs); if so the lease is set to ARGV[2] ms from now.
 --
 -- A lease that lapsed (an outage, a stall longer than the lease) is taken back
 -- only when nobody acted on the saga meanwhile: every entry appended after the
@@ -17,10 +16,7 @@
 -- or the saga moved on while it was free)
 local h = redis.call('GET', KEYS[1])
 if h == ARGV[1] then
-  if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  end
-  return 1
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 elseif h then
   return 0
 end
