@@ -546,11 +546,11 @@ class Invoker:
         return _unstoppable(spec, kwargs, watch)
 
 
-async def _fence(lease: Hold, sends: Sends | None) -> bool:
+async def _fence(lease: Hold, sends: Sends | None, grow_only: bool = False) -> bool:
     """:meth:`Hold.fence` through the loop's group commit (or at once without one)."""
     if lease.lost:
         return False
-    pipe, take = lease.trip()
+    pipe, take = lease.trip(grow_only)
     replies = await sends.send(pipe) if sends is not None else pipe.execute(
         raise_on_error=False)
     return take(replies)
@@ -575,7 +575,9 @@ class _Keeper:
     async def _renew(self) -> None:
         while True:
             try:
-                if not await _fence(self.lease, self.sends):
+                # on the loop: a stall under load must not cut the try's own lease
+                # short, so a renewal here only ever makes it last longer
+                if not await _fence(self.lease, self.sends, grow_only=True):
                     return
             except Exception:  # an outage: the check before the next try decides
                 log.warning("%s: the lease could not be renewed", self.lease.lease_key,

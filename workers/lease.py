@@ -70,12 +70,13 @@ class Hold:
         """Seconds between two renewals: a third of the lease."""
         return self.ttl_ms / 3000
 
-    def trip(self) -> tuple[Any, Callable[[list[Any]], bool]]:
+    def trip(self, grow_only: bool = False) -> tuple[Any, Callable[[list[Any]], bool]]:
         """A lean pipeline that renews and checks the lease, and what takes its
-        replies (True: the lease is still this holder's; raises a reply's error)."""
+        replies (True: the lease is still this holder's; raises a reply's error).
+        ``grow_only``: a lease held for longer (a try's timeout) is left as it is."""
         pipe = lean(self.client)
         pipe.execute_command("EVAL", FENCE_LEASE, 2, self.lease_key, self.log_key, self.token,
-                             self.ttl_ms, keys.entry_id(self.after))
+                             self.ttl_ms, keys.entry_id(self.after), "gt" if grow_only else "")
 
         def take(replies: list[Any]) -> bool:
             [got] = replies

@@ -12,10 +12,19 @@
 -- KEYS[1] the lease key        KEYS[2] the saga's log stream (same hash tag)
 -- ARGV[1] the holder's token   ARGV[2] ttl in ms (Redis's clock, relative)
 -- ARGV[3] the entry id of the last entry the holder knows ('0-<seq+1>')
+-- ARGV[4] 'gt': a held lease only ever grows (the event loop's renewals of an
+--         async call: a loop that stalls under load never shortens the lease its
+--         try took); '' sets it to ARGV[2] (a thread's renewals, the check before
+--         a try: a worker cut off loses the step one lease after its last renewal)
 -- returns 1 if the token holds the lease now, 0 if not (another holder has it,
 -- or the saga moved on while it was free)
 local h = redis.call('GET', KEYS[1])
 if h == ARGV[1] then
+  if ARGV[4] == 'gt' then
+    -- never cut short a longer lease (the one a try took for its tool's timeout)
+    redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
+    return 1
+  end
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 elseif h then
   return 0
