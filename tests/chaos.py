@@ -8,7 +8,11 @@ against the soak's own side-effect ledger, ``saga verify`` and the metrics.
 
 Shapes: success (4 steps); failure at a random step (compensated); an in-doubt
 timeout (the probe settles it, compensated); an irreversible step before a
-failure (needs attention); invalid input (refused, nothing written).
+failure (needs attention); invalid input (refused, nothing written); a slow
+service whose tries and back-offs outlast the lease (committed: one body at a
+time, never two workers on it); a tool that raises SystemExit,
+KeyboardInterrupt, GeneratorExit or a BaseException of its own after its
+effect (in doubt after that one run; the probe finds the effect; compensated).
 """
 
 from __future__ import annotations
@@ -47,9 +51,11 @@ from .chaos_tools import FORWARD
 TOOLS = "tests.chaos_tools"
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = {"success": Status.COMMITTED, "fail": Status.COMPENSATED,
-            "in_doubt": Status.COMPENSATED, "irreversible": Status.NEEDS_ATTENTION}
+            "in_doubt": Status.COMPENSATED, "irreversible": Status.NEEDS_ATTENTION,
+            "slow": Status.COMMITTED, "raises": Status.COMPENSATED}
 SHAPES = [("success", 40), ("fail", 30), ("in_doubt", 10), ("irreversible", 10),
-          ("invalid", 10)]
+          ("invalid", 10), ("slow", 3), ("raises", 5)]
+SLOW_TRY_S = 0.35  # four tries and three back-offs: about 2.4 s, past a 1 s lease
 
 
 @dataclass
@@ -61,7 +67,7 @@ class Config:
     kill_every_s: float = 2.0
     in_flight: int = 200
     redis_restart_at: float = 0.5  # once this share of sagas is final
-    lease_ms: int = 2000
+    lease_ms: int = 1000
     seed: int = 1
     timeout_s: float = 3600.0
     worker_kind: str = "rq"  # or "async": each process runs ASYNC_CONCURRENCY jobs at once
@@ -95,6 +101,7 @@ class Report:
     effects: int = 0
     compensations: int = 0
     tool_reruns: int = 0
+    doubled: int = 0  # overlapping tries of one step, BaseException tools run twice
     in_doubt: int = 0
     recoveries_s: list[float] = field(default_factory=list)
     unrecovered: int = 0
@@ -130,6 +137,8 @@ class Report:
             ("forward effects", str(self.effects)),
             ("compensations", str(self.compensations)),
             ("tool bodies re-run after a kill", str(self.tool_reruns)),
+            ("doubled effects (overlapping tries, BaseException tools run twice)",
+             str(self.doubled)),
             ("steps left in doubt by a kill", f"{self.in_doubt} (irreversible, not re-run)"),
             ("stall after a kill p50 / p99 / max",
              f"{self.percentile(0.5):.2f} / {self.percentile(0.99):.2f} / "
@@ -161,6 +170,12 @@ def plan_for(shape: str, rng: random.Random, n: int) -> list[dict[str, Any]]:
                                                                  "hang": True}}]
     if shape == "irreversible":
         return [forward[0], {"tool": "ship", "args": {"order": f"o-{n}"}}, fraud]
+    if shape == "slow":
+        return [{"tool": "book", "args": {"slot": f"slot-{n}", "seconds": SLOW_TRY_S}},
+                forward[1]]
+    if shape == "raises":
+        return [forward[0], {"tool": "hold", "args": {
+            "slot": f"slot-{n}", "raises": rng.choice(chaos_tools.RAISED)}}]
     bad = rng.choice([{"tool": "charge", "args": {"amount_cents": "lots", "card": "4"}},
                       {"tool": "reserve", "args": {"sku": "x", "extra": 1}},
                       {"tool": "no_such_tool", "args": {}}])
@@ -427,6 +442,7 @@ def check(rep: Report, store: SagaStore, ids: dict[str, str], ledger: Path,
     runs = db.execute("SELECT COUNT(*) FROM runs").fetchone()[0]
     total = db.execute("SELECT COUNT(*) FROM effects").fetchone()[0]
     rep.tool_reruns = runs - total
+    _check_doubles(rep, db)
     comp_kinds = set(FORWARD.values())
     log_counts: Counter[str] = Counter()
     for sid, shape in ids.items():
@@ -466,7 +482,7 @@ def _check_saga(rep: Report, sid: str, st: SagaState, rows: list[tuple[int, str,
     rep.effects += len(forward)
     rep.compensations += len(comps)
     steps = st.steps.values()
-    effectful = ("reserve", "charge", "crm", "ship")
+    effectful = ("reserve", "charge", "crm", "ship", "book", "hold")
     exact = {(s.tool, s.step) for s in steps if s.status == "succeeded" and s.tool in effectful}
     maybe = {(s.tool, s.step) for s in steps if s.status == "in_doubt" and s.tool in effectful}
     rep.in_doubt += len(maybe)
@@ -492,6 +508,22 @@ def _check_saga(rep: Report, sid: str, st: SagaState, rows: list[tuple[int, str,
     for s in steps:
         if s.compensation == "succeeded" and st.status is not Status.COMMITTED:
             log_counts["compensations succeeded"] += 1
+
+
+def _check_doubles(rep: Report, db: Any) -> None:
+    """The soak's own ledger: no two tries of one step ran at the same time (a step
+    whose tries outlast the lease stays with its worker while that lives), and no
+    tool that raised a BaseException ran twice (it is in doubt after one run)."""
+    overlaps = db.execute(
+        "SELECT a.key, a.pid, b.pid FROM tries a JOIN tries b ON a.key = b.key "
+        "AND a.rowid < b.rowid AND a.start < b.end AND b.start < a.end").fetchall()
+    twice = db.execute("SELECT key, COUNT(*) FROM runs WHERE kind = 'hold' GROUP BY key "
+                       "HAVING COUNT(*) > 1").fetchall()
+    rep.doubled = len(overlaps) + len(twice)
+    for key, a, b in overlaps[:10]:
+        rep.fail(f"tries of step {key[:16]} ran at once in processes {a} and {b}")
+    for key, n in twice[:10]:
+        rep.fail(f"the BaseException tool ran {n} times under key {key[:16]}")
 
 
 def _steps(st: SagaState) -> str:

@@ -1,7 +1,9 @@
 """Tools for the chaos soak. Each records what it did in the soak's own SQLite
 ledger ($SAGA_TEST_LEDGER): ``effects`` holds one row per (kind, key), as a
 service honouring idempotency keys would; ``runs`` holds one row per time a
-tool body ran, so re-runs after kills are visible too."""
+tool body ran, so re-runs after kills are visible too; ``tries`` one row per
+try of the slow retrying tool (pid, start, end), so two bodies of one step
+running at once are visible."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from saga_store import Reversibility, StepContext, tool
+from saga_store import RetryableError, RetryPolicy, Reversibility, StepContext, tool
 
 from .sqlite_ledger import connect
 
@@ -28,7 +30,9 @@ def db() -> sqlite3.Connection:
         c = connect(path, [
             "CREATE TABLE IF NOT EXISTS effects (n INTEGER PRIMARY KEY AUTOINCREMENT, "
             "kind TEXT, key TEXT, saga TEXT, step INTEGER, UNIQUE(kind, key))",
-            "CREATE TABLE IF NOT EXISTS runs (kind TEXT, key TEXT)"], timeout=60)
+            "CREATE TABLE IF NOT EXISTS runs (kind TEXT, key TEXT)",
+            "CREATE TABLE IF NOT EXISTS tries (key TEXT, pid INTEGER, start REAL, "
+            "end REAL)"], timeout=60)
         c.execute("PRAGMA synchronous=NORMAL")
         conn = _local.conn = ((os.getpid(), path), c)
     return conn[1]
@@ -101,4 +105,64 @@ def check_fraud(score: int) -> dict[str, Any]:
     return {"score": score}
 
 
-FORWARD = {"reserve": "release", "charge": "refund", "crm": "unlink_crm"}
+@tool
+def unbook(slot: str, ctx: StepContext) -> dict[str, Any]:
+    effect("unbook", ctx)
+    return {"unbooked": slot}
+
+
+BOOK_TRIES = 4  # the last one books; each asks for a retry before it
+
+
+@tool(compensation=unbook, mapping={"slot": "$.input.slot"}, timeout=1,
+      retry=RetryPolicy(max_attempts=BOOK_TRIES, backoff_s=0.2, max_backoff_s=0.4))
+def book(slot: str, seconds: float, ctx: StepContext) -> dict[str, Any]:
+    """A busy service: each try takes ``seconds`` and the first ones ask for a
+    retry, so the step (tries and back-offs) outlasts the soak's lease."""
+    c = db()
+    n = 1 + c.execute("SELECT COUNT(*) FROM tries WHERE key = ?",
+                      (ctx.idempotency_key,)).fetchone()[0]
+    started = time.time()
+    time.sleep(seconds)
+    c.execute("INSERT INTO tries (key, pid, start, end) VALUES (?, ?, ?, ?)",
+              (ctx.idempotency_key, os.getpid(), started, time.time()))
+    if n < BOOK_TRIES:
+        raise RetryableError(f"try {n}: the service is busy")
+    effect("book", ctx)
+    return {"slot": slot}
+
+
+class Doom(BaseException):
+    """A BaseException of a tool's own."""
+
+
+RAISED = ("SystemExit", "KeyboardInterrupt", "GeneratorExit", "Doom")
+
+
+@tool
+def unhold(slot: str, ctx: StepContext) -> dict[str, Any]:
+    effect("unhold", ctx)
+    return {"unheld": slot}
+
+
+@tool(reversibility=Reversibility.READONLY)
+def hold_probe(slot: str, ctx: StepContext) -> dict[str, Any]:
+    row = db().execute("SELECT 1 FROM effects WHERE kind = 'hold' AND key = ?",
+                       (ctx.idempotency_key,)).fetchone()
+    return {"slot": slot} if row else {"happened": False}
+
+
+@tool(compensation=unhold, mapping={"slot": "$.input.slot"}, probe=hold_probe, timeout=2,
+      retry=RetryPolicy(after_crash="in_doubt"))
+def hold(slot: str, raises: str, ctx: StepContext) -> dict[str, Any]:
+    """Takes effect, then raises what only a process's end should: in doubt after
+    this one run (a kill inside it: in doubt too, never run again blind)."""
+    effect("hold", ctx)
+    made: dict[str, BaseException] = {"SystemExit": SystemExit(2),
+                                      "KeyboardInterrupt": KeyboardInterrupt(),
+                                      "GeneratorExit": GeneratorExit(), "Doom": Doom()}
+    raise made[raises]
+
+
+FORWARD = {"reserve": "release", "charge": "refund", "crm": "unlink_crm", "book": "unbook",
+           "hold": "unhold"}

@@ -341,10 +341,14 @@ class AsyncWorker(StepWorker):
             log.exception("Worker %s: chores failed; again in %.2f s", self.name,
                           CHORES_EVERY_S)
 
+    def _unfinished(self) -> int:
+        return self._in_flight
+
     def _on_signal(self, signum: int) -> None:
         now = time.monotonic()
         if not self._stop_requested:
             self._stop_requested, self._stop_at = True, now
+            self._invoker.stopping.request()  # every wait of the steps gives way
             log.warning("Worker %s: %s: no more jobs taken; the %d in flight finish, then "
                         "it exits (signal again to exit at once)", self.name,
                         signal.Signals(signum).name, self._in_flight)

@@ -38,7 +38,7 @@ from saga_store.tools.spec import StepContext, ToolSpec
 from saga_store.verify.checker import read_verified
 
 from .invoke import Call, Invoker, Pause, Send, Work, drive
-from .step import keep_lease
+from .lease import HandBack, Hold, LeaseLost
 
 log = logging.getLogger("saga_store.compensator")
 MAX_REDECIDE = 50
@@ -119,10 +119,15 @@ class Compensator:
             for _ in range(MAX_REDECIDE):
                 try:
                     return (yield from self._unwind(saga_id, token, ctx))
-                except FencedOff:
+                except (FencedOff, LeaseLost):
                     return "fenced"
                 except ConflictError:
                     ctx = None  # someone appended: re-read and decide again
+                except HandBack:
+                    # asked to stop between two tries: the lease is given up below and
+                    # the sweeper hands the unwind to another worker
+                    log.info("saga %s: unwind handed back between two tries", saga_id)
+                    return "handed back"
             return "conflict"
         finally:
             if not self._released:  # the closing append gives it up itself
@@ -156,7 +161,7 @@ class Compensator:
                     self.store.metrics.count_uncalled_compensations(act.items)
             elif isinstance(act, unwind.Probe):
                 probed.add(act.step)
-                found = yield from self._probe(act, state, lease.token)
+                found = yield from self._probe(act, state, self._hold(writer, lease))
                 yield from writer.append(unwind.probed(act, found), lease)
             elif isinstance(act, unwind.Compensate):
                 yield from self._compensate(writer, state, act, lease)
@@ -177,7 +182,7 @@ class Compensator:
         with tracing.tool_span(act.undo.tool, st.tool_call_id, state.saga_id, act.step,
                                parent=st.trace, compensation=True) as span:
             outcome = yield Call(self.store.registry.get(act.undo.tool), act.args, ctx,
-                                 keepalive=keep_lease(self.store, state.saga_id, lease.token))
+                                 lease=self._hold(writer, lease))
             tracing.outcome(span, outcome.kind, outcome.error)
         fault("comp_after_tool")
         items, retry_in = unwind.compensated(state, act, outcome, self.tools.resume_hint)
@@ -186,7 +191,12 @@ class Compensator:
         if outcome.ok:
             fault("comp_after_outcome")  # its retraction rides on the next append
         if retry_in is not None:
-            yield Pause(retry_in * (0.5 + random.random()))  # jitter: retries don't march in step
+            # jitter: retries don't march in step
+            yield Pause(retry_in * (0.5 + random.random()), self._hold(writer, lease))
+
+    def _hold(self, writer: Writer, lease: Lease) -> Hold:
+        """The saga's lease, kept while a call or a back-off runs (see :mod:`.lease`)."""
+        return Hold.of(self.store, writer.chain.saga_id, lease.token, writer.chain.head.seq)
 
     def _close(self, writer: Writer, state: SagaState, act: unwind.Close,
                token: str) -> Work[str]:
@@ -217,7 +227,7 @@ class Compensator:
         if self.store.metrics is not None:
             self.store.metrics.compensations.labels(tool, str(outcome.kind)).inc()
 
-    def _probe(self, act: unwind.Probe, state: SagaState, token: str) -> Work[Any]:
+    def _probe(self, act: unwind.Probe, state: SagaState, hold: Hold) -> Work[Any]:
         """Ask the probe tool whether the in-doubt call happened: it gets the step's
         arguments and idempotency key and returns a result dict (it happened),
         ``{"happened": false}`` (it did not), or raises (still unknown)."""
@@ -226,8 +236,7 @@ class Compensator:
         args = {k: v for k, v in (st.args or {}).items() if k in spec.params}
         ctx = StepContext(st.idem_key or "", state.saga_id, st.step, 1, st.tool_call_id,
                           state.agent_id)
-        outcome = yield Call(spec, args, ctx, keepalive=keep_lease(self.store, state.saga_id,
-                                                                   token))
+        outcome = yield Call(spec, args, ctx, lease=hold)
         return outcome.result if outcome.ok else None
 
 

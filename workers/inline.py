@@ -14,17 +14,26 @@ from saga_store.execution import jobs
 from saga_store.log.stream import command
 
 from .compensator import Compensator
+from .invoke import Invoker
 from .step import StepRunner
 
 QUEUES = (jobs.STEP_QUEUE, jobs.COMPENSATION_QUEUE)
 
 
 class InlineRunner:
-    """Pops jobs off the step queue, then the compensation queue, and runs them here."""
+    """Pops jobs off the step queue, then the compensation queue, and runs them here.
+
+    This is the user's own process: a KeyboardInterrupt (Ctrl+C) or SystemExit
+    raised inside a tool leaves its step in doubt, as on any worker, and is then
+    raised to the caller; nothing after it runs here (no next step, no unwind:
+    those go to the queue, for a worker or the next ``recover()``)."""
 
     def __init__(self, store: SagaStore, name: str = "inline") -> None:
         self.store = store
-        self.steps, self.unwinds = StepRunner(store, name), Compensator(store, name)
+        invoker = Invoker(passes_on=True)
+        self.steps = StepRunner(store, name, keep_going=lambda: invoker.interrupted is None,
+                                invoker=invoker)
+        self.unwinds = Compensator(store, name, invoker)
 
     def run_one(self) -> bool:
         """Run the next queued job, if any; False when both queues are empty."""

@@ -23,13 +23,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
+import logging
 import signal
 import threading
-import time
 from collections import deque
 from collections.abc import Generator, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 import redis
@@ -44,9 +45,12 @@ from saga_store.protocol.vocab import OutcomeKind
 from saga_store.tools.secrets import scrub
 from saga_store.tools.spec import StepContext, ToolSpec
 
+from .lease import HandBack, Hold, LeaseLost
+from .stopping import Stopping, process_stopping
 from .watchdog import Keepalive, Watch, Watchdog, process_watchdog
 
 T = TypeVar("T")
+log = logging.getLogger("saga_store.worker")
 # Redis names a cached script by this digest (a name, not a safeguard)
 APPEND_SHA = hashlib.sha1(APPEND.encode(), usedforsecurity=False).hexdigest()
 
@@ -60,14 +64,17 @@ class Call:
     args: Mapping[str, Any]
     ctx: StepContext
     secrets: Mapping[str, Any] | None = None
-    keepalive: Keepalive | None = None
+    lease: Hold | None = None  # kept over every try and back-off, checked before each
 
 
 @dataclass(frozen=True)
 class Pause:
-    """A wait a step's work asks for (a back-off between compensation tries)."""
+    """A wait a step's work asks for (a back-off between compensation tries),
+    with the lease to keep meanwhile; a stop request cuts it short
+    (:class:`~.lease.HandBack` at the ``yield``)."""
 
     seconds: float
+    lease: Hold | None = None
 
 
 @dataclass(frozen=True)
@@ -101,21 +108,26 @@ def _resume(work: Work[Any], value: Any, error: BaseException | None) -> Any:
 
 def drive(work: Work[T], invoker: Invoker) -> T:
     """Run ``work`` to its end on this thread: each call through ``invoker``, each
-    pause slept."""
+    pause slept (its lease kept). An invoker that ``passes_on`` interruptions
+    raises a tool's KeyboardInterrupt or SystemExit once the work has ended (its
+    step logged in doubt)."""
     value: Any = None
     error: BaseException | None = None
     while True:
         req = _resume(work, value, error)
         if isinstance(req, _Done):
+            if invoker.passes_on and invoker.interrupted is not None:
+                exc, invoker.interrupted = invoker.interrupted, None
+                raise exc
             return req.value  # type: ignore[no-any-return]
         value = error = None
         try:
             if isinstance(req, Send):
                 value = req.trip.execute(raise_on_error=False)
             elif isinstance(req, Pause):
-                time.sleep(req.seconds)
+                invoker.pause(req.seconds, req.lease)
             else:
-                value = invoker.invoke(req.spec, req.args, req.ctx, req.secrets, req.keepalive)
+                value = invoker.invoke(req.spec, req.args, req.ctx, req.secrets, lease=req.lease)
         except BaseException as exc:  # raised at the yield, as if the work had called
             error = exc
 
@@ -125,9 +137,10 @@ async def adrive(work: Work[T], invoker: Invoker, pool: Executor,
     """Run ``work`` to its end on the running event loop: async tools awaited here,
     sync tools on ``pool``, pauses awaited, round trips through ``sends`` (or made
     at once). Between two yields the work runs on the loop's thread (its other
-    Redis round trips included). Whatever a call raises goes into the work at its
-    ``yield``, as :func:`drive` does (SystemExit from a tool included);
-    cancellation does not, and closes the work (its ``finally`` blocks run now)."""
+    Redis round trips included). What a call raises goes into the work at its
+    ``yield``, as :func:`drive` does (a tool's own BaseException never does: the
+    invoker makes it an in-doubt outcome); cancellation does not, and closes the
+    work (its ``finally`` blocks run now)."""
     value: Any = None
     error: BaseException | None = None
     try:
@@ -141,9 +154,9 @@ async def adrive(work: Work[T], invoker: Invoker, pool: Executor,
                     value = await sends.send(req.trip) if sends is not None else \
                         req.trip.execute(raise_on_error=False)
                 elif isinstance(req, Pause):
-                    await asyncio.sleep(req.seconds)
+                    await invoker.apause(req.seconds, req.lease, sends)
                 else:
-                    value = await invoker.ainvoke(req, pool)
+                    value = await invoker.ainvoke(req, pool, sends)
             except asyncio.CancelledError:
                 raise
             except BaseException as exc:  # raised at the yield, as if the work had called
@@ -353,98 +366,165 @@ class StepTimeout(BaseException):
 
 
 class Invoker:
-    """Runs tools for one worker thread; async tools on an event loop of its own."""
+    """Runs tools for one worker thread; async tools on an event loop of its own.
 
-    def __init__(self, watchdog: Watchdog | None = None) -> None:
+    Whatever a try raises that only a process's end should (SystemExit,
+    KeyboardInterrupt, GeneratorExit, another BaseException) leaves the step in
+    doubt after that one try, on every driver: the worker goes on, and nothing
+    runs the tool again blind. ``interrupted`` keeps the last KeyboardInterrupt or
+    SystemExit, for a caller (the inline executor) that is the user's own process
+    and passes it on once the outcome is logged (``passes_on``)."""
+
+    def __init__(self, watchdog: Watchdog | None = None,
+                 stopping: Stopping | None = None, *, passes_on: bool = False) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._watchdog = watchdog or process_watchdog()
+        self.stopping = stopping or process_stopping()
+        self.interrupted: BaseException | None = None
+        self.passes_on = passes_on  # see drive()
 
     def invoke(self, spec: ToolSpec, args: Mapping[str, Any], ctx: StepContext,
                secrets: Mapping[str, Any] | None = None,
-               keepalive: Keepalive | None = None) -> Outcome:
-        """One call of ``spec`` (with its retries). ``keepalive``: (renew, every_s),
-        the caller's lease renewal while a sync tool runs off the main thread (the
-        watchdog renews it over every try and back-off; see :mod:`.watchdog`)."""
+               keepalive: Keepalive | None = None, *, lease: Hold | None = None) -> Outcome:
+        """One call of ``spec`` (with its retries). ``lease``: the caller's lease,
+        renewed by the watchdog over every try and back-off and checked before each
+        try after the first (:class:`~.lease.LeaseLost` if gone); ``keepalive``: a
+        bare renewal instead, (renew, every_s). A stop request during a back-off
+        raises :class:`~.lease.HandBack`."""
         kwargs = spec.kwargs(args)
         for pre in spec.preconditions:
             if not _holds(pre, args):
                 return Outcome.failed(f"precondition {_name(pre)} does not hold")
-        if spec.is_async or threading.current_thread() is threading.main_thread():
-            return self._tries(spec, args, kwargs, ctx, secrets, None)
-        watch = self._watchdog.watch(spec.name, keepalive)
+        if lease is not None:
+            keepalive = (lease.renew, lease.every_s)
+        main = threading.current_thread() is threading.main_thread()
+        # off the main thread a watch also says when a try ran past its timeout
+        watch = self._watchdog.watch(spec.name, keepalive) \
+            if keepalive is not None or not main else None
         try:
-            return self._tries(spec, args, kwargs, ctx, secrets, watch)
+            return self._tries(spec, args, kwargs, ctx, secrets, watch, main, lease)
         finally:
-            watch.end()  # before the outcome is appended: no renewal after it
+            if watch is not None:
+                watch.end()  # before the outcome is appended: no renewal after it
 
     def _tries(self, spec: ToolSpec, args: Mapping[str, Any], kwargs: dict[str, Any],
                ctx: StepContext, secrets: Mapping[str, Any] | None,
-               watch: Watch | None) -> Outcome:
+               watch: Watch | None, main: bool, lease: Hold | None) -> Outcome:
         tries = 0
         while True:
             tries += 1
+            if tries > 1 and lease is not None and not lease.fence():
+                raise LeaseLost(f"{spec.name}: the lease went to another before try {tries}")
             try:
-                raw = self._call(spec, kwargs, ctx, watch)
+                with self.stopping.calling():
+                    raw = self._call(spec, kwargs, ctx, watch if not main else None)
             except StepTimeout:
                 return _timed_out(spec, tries)
             except Exception as exc:  # any exception fails the step (contract)
                 failed = _raised(spec, exc, secrets, tries)
                 if failed is None:
-                    time.sleep(spec.retry.backoff(tries))
+                    if self.stopping.nap(spec.retry.backoff(tries)):
+                        raise HandBack(f"{spec.name}: asked to stop before try "
+                                       f"{tries + 1}") from None
                     continue
                 return failed
+            except BaseException as exc:  # a tool's, not this process's
+                return self._interrupted(spec, exc, secrets, tries)
             return _returned(spec, args, raw, tries)
 
-    async def ainvoke(self, call: Call, pool: Executor) -> Outcome:
+    def pause(self, seconds: float, lease: Hold | None) -> None:
+        """A back-off on this thread, its lease kept by the watchdog meanwhile;
+        :class:`~.lease.HandBack` if a stop is asked for."""
+        watch = self._watchdog.watch("pause", (lease.renew, lease.every_s)) \
+            if lease is not None else None
+        try:
+            if self.stopping.nap(seconds):
+                raise HandBack("asked to stop during a back-off")
+        finally:
+            if watch is not None:
+                watch.end()
+
+    async def apause(self, seconds: float, lease: Hold | None, sends: Sends | None) -> None:
+        """:meth:`pause` on the running event loop, the lease renewed by a task."""
+        keeper = _keep(lease, sends)
+        try:
+            if await self.stopping.anap(seconds):
+                raise HandBack("asked to stop during a back-off")
+        finally:
+            if keeper is not None:
+                keeper.cancel()
+
+    async def ainvoke(self, call: Call, pool: Executor, sends: Sends | None = None) -> Outcome:
         """:meth:`invoke` for the running event loop: an async tool is awaited on it
-        (its back-offs too); a sync one runs on ``pool``, watched as off the main
-        thread. A tool that raises what only a process's end should (SystemExit,
-        KeyboardInterrupt, another BaseException) leaves its step in doubt; the
-        worker goes on."""
+        (its back-offs too, its lease renewed by a task on the loop and checked
+        through ``sends`` before each try after the first); a sync one runs on
+        ``pool``, watched as off the main thread. A tool that raises what only a
+        process's end should leaves its step in doubt; the worker goes on."""
         spec, args = call.spec, call.args
         try:
             if not spec.is_async:  # on a pool thread, in the step's context (its span)
                 return await asyncio.get_running_loop().run_in_executor(
-                    pool, contextvars.copy_context().run, self.invoke, spec, args,
-                    call.ctx, call.secrets, call.keepalive)
-            return await self._atries(spec, args, call)
+                    pool, contextvars.copy_context().run, partial(
+                        self.invoke, spec, args, call.ctx, call.secrets, lease=call.lease))
+            return await self._atries(spec, args, call, sends)
         except asyncio.CancelledError as exc:
             task = asyncio.current_task()
             if task is None or task.cancelling():
                 raise  # the step's own task is cancelled: not the tool's doing
-            return _interrupted(spec, exc, call.secrets)
+            return self._interrupted(spec, exc, call.secrets, 1)
         except Exception:
             raise
-        except BaseException as exc:
-            return _interrupted(spec, exc, call.secrets)
+        except BaseException as exc:  # a tool's, not this process's
+            return self._interrupted(spec, exc, call.secrets, 1)
 
-    async def _atries(self, spec: ToolSpec, args: Mapping[str, Any], call: Call) -> Outcome:
+    async def _atries(self, spec: ToolSpec, args: Mapping[str, Any], call: Call,
+                      sends: Sends | None) -> Outcome:
         kwargs = spec.kwargs(args)
         for pre in spec.preconditions:
             if not _holds(pre, args):
                 return Outcome.failed(f"precondition {_name(pre)} does not hold")
         if spec.takes_ctx:
             kwargs = {**kwargs, "ctx": call.ctx}
+        lease = call.lease
+        keeper = _keep(lease, sends)
         tries = 0
-        while True:
-            tries += 1
-            try:
-                # in this task, not one of its own (as wait_for would make): a
-                # SystemExit from the tool then reaches the step, not the loop
-                async with asyncio.timeout(spec.timeout):
-                    raw = await spec.fn(**kwargs)
-            except TimeoutError:
-                return _timed_out(spec, tries)
-            except Exception as exc:  # any exception fails the step (contract)
-                failed = _raised(spec, exc, call.secrets, tries)
-                if failed is None:
-                    await asyncio.sleep(spec.retry.backoff(tries))
-                    continue
-                return failed
-            return _returned(spec, args, raw, tries)
+        try:
+            while True:
+                tries += 1
+                if tries > 1 and lease is not None and not await _fence(lease, sends):
+                    raise LeaseLost(f"{spec.name}: the lease went to another before try "
+                                    f"{tries}")
+                try:
+                    # in this task, not one of its own (as wait_for would make): a
+                    # SystemExit from the tool then reaches the step, not the loop
+                    with self.stopping.calling():
+                        async with asyncio.timeout(spec.timeout):
+                            raw = await spec.fn(**kwargs)
+                except TimeoutError:
+                    return _timed_out(spec, tries)
+                except Exception as exc:  # any exception fails the step (contract)
+                    failed = _raised(spec, exc, call.secrets, tries)
+                    if failed is None:
+                        if await self.stopping.anap(spec.retry.backoff(tries)):
+                            raise HandBack(f"{spec.name}: asked to stop before try "
+                                           f"{tries + 1}") from None
+                        continue
+                    return failed
+                return _returned(spec, args, raw, tries)
+        finally:
+            if keeper is not None:
+                keeper.cancel()
+
+    def _interrupted(self, spec: ToolSpec, exc: BaseException,
+                     secrets: Mapping[str, Any] | None, tries: int) -> Outcome:
+        if isinstance(exc, KeyboardInterrupt | SystemExit):
+            self.interrupted = exc
+        return _interrupted(spec, exc, secrets, tries)
 
     def _call(self, spec: ToolSpec, kwargs: dict[str, Any], ctx: StepContext,
               watch: Watch | None) -> Any:
+        """One try: on the main thread under SIGALRM (``watch`` None), else on this
+        thread where nothing stops it (``watch`` says when it ran past its timeout)."""
         if spec.takes_ctx:
             kwargs = {**kwargs, "ctx": ctx}
         if spec.is_async:
@@ -454,9 +534,65 @@ class Invoker:
                 return loop.run_until_complete(asyncio.wait_for(spec.fn(**kwargs), spec.timeout))
             except TimeoutError:
                 raise StepTimeout from None
+            except Exception:
+                raise
+            except BaseException:
+                # the loop stops inside the task that raised it; its waiter would
+                # raise it again in the next call's run: the next call gets a new loop
+                self._loop = None
+                raise
         if watch is None:
             return _with_alarm(spec, kwargs)
         return _unstoppable(spec, kwargs, watch)
+
+
+async def _fence(lease: Hold, sends: Sends | None, grow_only: bool = False) -> bool:
+    """:meth:`Hold.fence` through the loop's group commit (or at once without one)."""
+    if lease.lost:
+        return False
+    pipe, take = lease.trip(grow_only)
+    replies = await sends.send(pipe) if sends is not None else pipe.execute(
+        raise_on_error=False)
+    return take(replies)
+
+
+class _Keeper:
+    """Renews ``lease`` on the running loop every third of ``SAGA_LEASE_MS`` until
+    cancelled: a timer first (a call that ends before its first renewal is due,
+    nearly every call, costs no task), then a task. A renewal sent before the
+    outcome's append reaches Redis before it (one connection, or at once); one that
+    lands after it finds the lease released and the log moved on, and takes
+    nothing back."""
+
+    def __init__(self, lease: Hold, sends: Sends | None) -> None:
+        self.lease, self.sends = lease, sends
+        self.task: asyncio.Task[None] | None = None
+        self.timer = asyncio.get_running_loop().call_later(lease.every_s, self._start)
+
+    def _start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._renew())
+
+    async def _renew(self) -> None:
+        while True:
+            try:
+                # on the loop: a stall under load must not cut the try's own lease
+                # short, so a renewal here only ever makes it last longer
+                if not await _fence(self.lease, self.sends, grow_only=True):
+                    return
+            except Exception:  # an outage: the check before the next try decides
+                log.warning("%s: the lease could not be renewed", self.lease.lease_key,
+                            exc_info=True)
+            await asyncio.sleep(self.lease.every_s)
+
+    def cancel(self) -> None:
+        self.timer.cancel()
+        if self.task is not None:
+            self.task.cancel()
+
+
+def _keep(lease: Hold | None, sends: Sends | None) -> _Keeper | None:
+    """A :class:`_Keeper` of ``lease`` (None: no lease to keep)."""
+    return _Keeper(lease, sends) if lease is not None else None
 
 
 def _timed_out(spec: ToolSpec, tries: int) -> Outcome:
@@ -465,11 +601,11 @@ def _timed_out(spec: ToolSpec, tries: int) -> Outcome:
 
 
 def _interrupted(spec: ToolSpec, exc: BaseException,
-                 secrets: Mapping[str, Any] | None) -> Outcome:
+                 secrets: Mapping[str, Any] | None, tries: int = 1) -> Outcome:
     """The outcome of a call that raised what only a process's end should."""
     what = scrub(f"{type(exc).__name__}({str(exc)[:200]})", secrets)
     return Outcome(OutcomeKind.IN_DOUBT, error=f"{spec.name} raised {what}, which ends a "
-                   "process, not a call; whether it took effect is not known")
+                   "process, not a call; whether it took effect is not known", tries=tries)
 
 
 def _raised(spec: ToolSpec, exc: Exception, secrets: Mapping[str, Any] | None,

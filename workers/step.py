@@ -40,7 +40,6 @@ from saga_store.ids import check_saga_id
 from saga_store.keys import SagaKeys
 from saga_store.log.events import EventKind as K
 from saga_store.log.pipeline import answered, lean
-from saga_store.log.scripts import RENEW_LEASE
 from saga_store.log.store import ChainWriter
 from saga_store.log.stream import Head, Lease, body_and_hash
 from saga_store.ops import tracing
@@ -53,7 +52,7 @@ from saga_store.protocol.vocab import Follow, LeaseMode, OutcomeKind, Phase
 from saga_store.tools.spec import StepContext, ToolSpec
 
 from .invoke import Call, Invoker, Send, Work, drive
-from .watchdog import Keepalive
+from .lease import HandBack, Hold, LeaseLost
 
 log = logging.getLogger("saga_store.worker")
 _APPROVAL_KINDS = frozenset({K.APPROVAL_REQUESTED, K.APPROVAL_GRANTED, K.APPROVAL_DENIED})
@@ -152,6 +151,8 @@ class StepRunner:
                 continue
             if kind == K.STEP_STARTED:
                 view.started += 1
+            elif kind == K.STEP_RELEASED:
+                view.released += 1
             elif kind in _APPROVAL_KINDS:
                 view.approval = (kind, ev.get("data"))
             elif kind in (K.STEP_SUCCEEDED, K.STEP_FAILED, K.STEP_IN_DOUBT):
@@ -225,8 +226,10 @@ class StepRunner:
             return self._request_approval(writer, saga_id, step, view, spec, decided.verdict,
                                           extra)
         data: dict[str, Any] = {"worker": self.name}
-        if view.started:
-            data["after_unfinished_attempts"] = view.started
+        if view.started - view.released:
+            data["after_unfinished_attempts"] = view.started - view.released
+        if view.released:
+            data["after_released"] = view.released
         call = writer.prepare([build.step_started(step, view.started + 1, **data)],
                               lease=Lease(token, LeaseMode.ACQUIRE, ttl), phase=Phase.FORWARD)
         pipe = lean(self.store.redis)
@@ -237,10 +240,7 @@ class StepRunner:
             writer.applied(call, queued((yield Send(pipe))))
         except FencedOff as exc:
             if exc.lease_lost:  # another worker is running it: this copy is a duplicate
-                if metrics is not None:
-                    metrics.dedupe_hits.labels("in_flight").inc()
-                with contextlib.suppress(ConflictError):
-                    writer.append_many([build.duplicate_suppressed(step, "running elsewhere")])
+                return self._busy(writer, step, extra)
             self._ack(extra)
             return "busy"
         except ConflictError:
@@ -266,22 +266,34 @@ class StepRunner:
         data = view.intent["data"]
         with tracing.tool_span(spec.name, ctx.tool_call_id, saga_id, step,
                                parent=data.get("trace")) as span:
+            hold = Hold.of(self.store, saga_id, token, writer.head.seq)
             try:
-                outcome = yield Call(spec, args, ctx, secrets,
-                                     keep_lease(self.store, saga_id, token))
+                outcome = yield Call(spec, args, ctx, secrets, hold)
             except InvalidInput as exc:  # the logged args no longer fit the tool
                 outcome = Outcome.failed(str(exc))
+            except LeaseLost:
+                # another worker has the step now (this one stalled past its lease):
+                # it decides; nothing is appended from here
+                log.warning("saga %s step %d: its lease went to another worker between "
+                            "two tries; no further try runs here", saga_id, step)
+                self._ack(extra)
+                return "fenced"
+            except HandBack as exc:
+                return (yield from self._hand_back(writer, saga_id, step, view, token, extra,
+                                                   str(exc)))
             tracing.outcome(span, outcome.kind, outcome.error)
         if metrics is not None:
             self._child(metrics.step_seconds, spec.name).observe(time.perf_counter() - began)
         return (yield from self._finish(writer, saga_id, step, view, token, extra, outcome,
-                                        spec))
+                                        spec, hold=hold))
 
     def _finish(self, writer: ChainWriter, saga_id: str, step: int, view: StepView,
                 token: str, extra: Any, outcome: Outcome, spec: ToolSpec | None,
-                acquire: int = 0) -> Work[str]:
+                acquire: int = 0, hold: Hold | None = None) -> Work[str]:
         """Append the outcome (and what follows from it), releasing the lease, or
-        keeping it for the plan's next step when this worker runs that one too."""
+        keeping it for the plan's next step when this worker runs that one too.
+        ``hold``: the lease the call kept, taken back if it lapsed (a stall longer
+        than the lease) while nobody acted on the saga."""
         for _ in range(MAX_REDECIDE):
             items, follow = self._outcome_events(saga_id, step, view, outcome)
             if follow is Follow.COMPENSATE and self.eager and self.keep_going():
@@ -327,7 +339,14 @@ class StepRunner:
             try:
                 writer.applied(call, reply if reply is not None
                                else call.send(self.store.redis), ledger=False)
-            except FencedOff:
+            except FencedOff as exc:
+                if acquire and exc.lease_lost:
+                    # an outcome decided on delivery (dead letter, in doubt) while another
+                    # worker runs the step: this copy is a duplicate, as for a start
+                    return self._busy(writer, step, extra)
+                if exc.lease_lost and hold is not None and hold.fence():
+                    hold = None  # lapsed, and nobody acted meanwhile: taken back, once
+                    continue
                 log.warning("saga %s step %d: lease lost before the outcome was recorded; "
                             "the next holder decides", saga_id, step)
                 return "lease_lost"
@@ -372,6 +391,38 @@ class StepRunner:
                 self._closed(done, saga_id)
                 done.execute()
         return outcome.kind
+
+    def _busy(self, writer: ChainWriter, step: int, extra: Any) -> str:
+        """A delivery of a step another worker holds the lease for: noted, acknowledged."""
+        if self.store.metrics is not None:
+            self.store.metrics.dedupe_hits.labels("in_flight").inc()
+        with contextlib.suppress(ConflictError):
+            writer.append_many([build.duplicate_suppressed(step, "running elsewhere")])
+        self._ack(extra)
+        return "busy"
+
+    def _hand_back(self, writer: ChainWriter, saga_id: str, step: int, view: StepView,
+                   token: str, extra: Any, why: str) -> Work[str]:
+        """Asked to stop between two tries: log ``step_released`` (releasing the
+        lease) and queue the step again, in one round trip, for another worker; the
+        next delivery counts as no lost one. Refused (the lease is gone, the log
+        moved): whoever has the step decides."""
+        assert view.intent is not None
+        trip = self.store.trip()
+        try:
+            call = writer.prepare([build.step_released(step, why)],
+                                  lease=Lease(token, LeaseMode.RELEASE))
+            queued = call.queue(trip.log)
+            enqueue_step(trip.queue, self.store.queue, saga_id, step, view.intent["seq"],
+                         view.intent["idem_key"])
+            if extra is not None:
+                extra(trip.queue)
+            writer.applied(call, queued((yield Send(trip))), ledger=False)
+        except (FencedOff, ConflictError):
+            self._ack(extra)
+            return "fenced"
+        log.info("saga %s step %d: handed back between two tries (%s)", saga_id, step, why)
+        return "released"
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, remembered: labels() validates and locks each time."""
@@ -487,22 +538,6 @@ class StepRunner:
             pipe = lean(self.store.queues)
             extra(pipe)
             pipe.execute()
-
-
-def keep_lease(store: SagaStore, saga_id: str, token: str) -> Keepalive:
-    """Renewal of the saga's lease held by ``token``, for a tool call that a thread
-    cannot stop: a third of ``SAGA_LEASE_MS`` apart, each renewal good for a whole
-    one (taken back if it lapsed and no one else has it; given up to anyone who
-    did: the append of the outcome is then fenced off)."""
-    ttl = store.settings.lease_ms
-
-    def renew() -> None:
-        try:
-            store.redis.eval(RENEW_LEASE, 1, store.events.keys.lease(saga_id), token, ttl)
-        except Exception:  # an outage: the lease may lapse, and the append is fenced
-            log.warning("saga %s: could not renew the lease of a running tool call",
-                        saga_id, exc_info=True)
-    return renew, ttl / 3000
 
 
 def _verdict(policy: Policy, spec: ToolSpec, args: dict[str, Any]) -> Verdict:

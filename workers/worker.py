@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import re
 import time
 import uuid
@@ -28,6 +29,7 @@ from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
+from rq.utils import now
 from rq.worker import SimpleWorker, WorkerStatus
 
 from saga_store.approval import notify
@@ -47,6 +49,7 @@ from saga_store.tools.registry import Registry
 
 from .invoke import Work, drive
 from .step import StepRunner, queue_reads
+from .stopping import process_stopping
 from .sweeper import Sweeper
 
 log = logging.getLogger("saga_store.worker")
@@ -303,6 +306,49 @@ class StepWorker(SimpleWorker):
             pipe = lean(self.connection)
             ack(pipe)
             pipe.execute()
+
+    # -- stopping -------------------------------------------------------------
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        # the thread that ends a stop stuck on Redis, started before any signal can
+        # come (a thread started in a signal handler could wait on a lock for ever)
+        stopping = process_stopping()
+        stopping.watch_exit(self._unfinished)
+        super().bootstrap(*args, **kwargs)  # type: ignore[no-untyped-call]
+
+    def _unfinished(self) -> int:
+        return 1 if self._state == WorkerStatus.BUSY else 0
+
+    def request_stop(self, signum: int, frame: Any) -> None:
+        """SIGTERM or SIGINT: RQ's warm shutdown (the step under way finishes, then
+        the worker exits), with every wait of the step giving way: a back-off hands
+        its step back, and a stop that is left waiting on Redis ends the process
+        (see :mod:`.stopping`)."""
+        process_stopping().request()
+        super().request_stop(signum, frame)  # type: ignore[no-untyped-call]
+
+    def _shutdown(self) -> None:
+        # RQ's writes the request's date to Redis here, in the signal handler: with
+        # Redis unreachable that write would hold the handler (and the tool call it
+        # interrupted) in the outage's retries for ever
+        if self.get_state() == WorkerStatus.BUSY:
+            self._stop_requested = True
+            log.info("Worker %s: stopping once the step under way is done (signal again "
+                     "to exit at once)", self.name)
+        else:
+            raise StopRequested
+
+    def request_force_stop(self, signum: int, frame: Any) -> None:
+        """The second signal: exit at once. RQ's raises SystemExit wherever the
+        worker is, inside a tool call too, where it would read as the tool's own;
+        the log keeps what the step did and the sweeper redelivers the rest, as
+        after SIGKILL."""
+        requested = self._shutdown_requested_date
+        if requested is not None and (now() - requested).total_seconds() < 1:
+            return  # the pool and the terminal both passed on one Ctrl+C
+        log.warning("Worker %s: cold shut down; the sweeper redelivers what was in flight",
+                    self.name)
+        os._exit(1)
 
     # -- the sweeper rides on RQ's maintenance hook --------------------------
 

@@ -24,6 +24,7 @@ class EventKind(StrEnum):
     STEP_FAILED = "step_failed"
     STEP_IN_DOUBT = "step_in_doubt"
     STEP_DUPLICATE_SUPPRESSED = "step_duplicate_suppressed"
+    STEP_RELEASED = "step_released"  # handed back between two tries: not a delivery lost
     STEP_INVALID = "step_invalid"
     SAGA_FAILED = "saga_failed"
     COMPENSATION_INTENT = "compensation_intent"

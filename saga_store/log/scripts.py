@@ -4,6 +4,7 @@ the keys of one hash tag (one Cluster slot).
 
     append.lua           compare-and-set a chain's head, lease and phase checks
     claim.lua            claim an idempotency key
+    fence_lease.lua      keep a worker's lease while it works, or say it is lost
     heartbeat.lua        note a worker's heartbeat by Redis's clock
     release_lease.lua    expire a lease if the token still holds it
     renew_lease.lua      extend a held lease, or retake it if it lapsed
@@ -28,6 +29,7 @@ def source(name: str) -> str:
 
 APPEND = source("append")
 CLAIM = source("claim")
+FENCE_LEASE = source("fence_lease")
 HEARTBEAT = source("heartbeat")
 RELEASE_LEASE = source("release_lease")
 RENEW_LEASE = source("renew_lease")

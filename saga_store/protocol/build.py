@@ -52,6 +52,12 @@ def duplicate_suppressed(n: int, what: str) -> Item:
     return K.STEP_DUPLICATE_SUPPRESSED, {"step": n, "data": {"outcome": str(what)}}
 
 
+def step_released(n: int, why: str) -> Item:
+    """A worker handed a started step back with no try of it running (each try it
+    made asked for a retry): the next delivery is no redelivery of a lost one."""
+    return K.STEP_RELEASED, {"step": n, "data": {"why": why}}
+
+
 def approval_requested(n: int, tool: str, preview: Mapping[str, Any]) -> Item:
     return K.APPROVAL_REQUESTED, {"step": n, "tool": tool, "data": dict(preview)}
 

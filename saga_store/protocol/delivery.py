@@ -34,6 +34,7 @@ class StepView:
 
     intent: dict[str, Any] | None = None
     started: int = 0
+    released: int = 0  # of those starts, handed back by their worker with no try running
     outcome: dict[str, Any] | None = None
     unwinding: bool = False
     approval: tuple[str, Any] | None = None  # the step's last approval event (kind, data)
@@ -82,18 +83,21 @@ def on_delivery(view: StepView, tool: ToolFacts | None, tool_error: str = "") ->
         return Decided(Act.CANCELLED)
     if tool is None:
         return Decided(Act.FAIL, Outcome.failed(f"{tool_error} (in this worker)"))
-    if view.started >= tool.max_deliveries:
+    # a start its worker handed back (asked to stop between two tries) is no lost
+    # delivery: only the others count towards dead-lettering and being in doubt
+    lost = view.started - view.released
+    if lost >= tool.max_deliveries:
         # in doubt, not failed: any of those attempts may have had its effect before
         # its worker died, and a failed step is never undone (the unwind probes or
         # compensates an in-doubt one)
         return Decided(Act.FAIL, Outcome(OutcomeKind.IN_DOUBT, error=(
-            f"dead-lettered: {view.started} deliveries never finished (the step keeps "
+            f"dead-lettered: {lost} deliveries never finished (the step keeps "
             "killing its worker); whether any of them took effect is unknown")))
     if not view.started:  # a step that started once had passed its gate
         gated = _gate(view, tool)
         if gated is not None:
             return gated
-    elif not tool.re_run_blind:
+    elif lost and not tool.re_run_blind:
         return Decided(Act.FAIL, Outcome(OutcomeKind.IN_DOUBT, error=(
             f"attempt {view.started} never finished; its outcome is unknown")))
     return Decided(Act.START, attempt=view.started + 1)

@@ -59,6 +59,10 @@ class Invariants:
             return self._forward(kind, step)
         if kind == K.STEP_DUPLICATE_SUPPRESSED:
             return None
+        if kind == K.STEP_RELEASED:  # handed back by the worker that started it
+            if step not in self.started or self.outcome[step] is not None:
+                return f"step {step} released without being started, or after its outcome"
+            return None
         if kind.startswith("approval_"):
             return self._approval(kind, step)
         return self._compensation(kind, step)
