@@ -10,6 +10,7 @@ from saga_store.settings import Settings
 from . import (
     acl,
     approvals,
+    archive,
     attention,
     console,
     demo,
@@ -49,8 +50,8 @@ def cli(ctx: click.Context, redis_url: str | None, queue_url: str | None,
         ctx.obj = Context(redis_url, Settings.from_env(hmac_key=key), queue_url=queue_url)
 
 
-for module in (acl, approvals, attention, console, demo, fleet, inspect, listing, mcp_guard,
-               verify, workers):
+for module in (acl, approvals, archive, attention, console, demo, fleet, inspect, listing,
+               mcp_guard, verify, workers):
     for command in module.COMMANDS:
         cli.add_command(command)
 cli.add_command(dev_redis.dev_redis)

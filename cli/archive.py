@@ -1,0 +1,58 @@
+"""``saga archive``: move closed sagas out of Redis into verifiable segments."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from saga_store.log.archive import BATCH, PER_SEGMENT, Archiver, parse_duration
+
+from .common import Context, emit_json, errors_to_exit, pass_ctx
+
+
+@click.command("archive")
+@click.option("--closed-before", "closed_before", envvar="SAGA_RETENTION", required=True,
+              metavar="DURATION", help="Archive sagas whose ledger close is older than this "
+              "(7d, 12h, 30m, 45s).")
+@click.option("--to", "folder", envvar="SAGA_ARCHIVE_DIR", required=True,
+              type=click.Path(file_okay=False), help="The archive folder (created if absent).")
+@click.option("--batch", type=int, default=BATCH, show_default=True,
+              envvar="SAGA_ARCHIVE_BATCH", help="Sagas read, or removed, per round trip.")
+@click.option("--per-segment", type=int, default=PER_SEGMENT, show_default=True,
+              envvar="SAGA_ARCHIVE_PER_SEGMENT", help="Sagas per segment file.")
+@click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
+              help="Machine-readable output.")
+@pass_ctx
+def archive(ctx: Context, closed_before: str, folder: str, batch: int, per_segment: int,
+            as_json: bool) -> None:
+    """Move closed sagas (committed, compensated, needs_attention) out of Redis into
+    gzip'd JSONL segments and a signed manifest in FOLDER, leaving a tombstone in
+    each saga's ledger chain. Needs an admin Redis user (it deletes keys).
+
+    A run killed part-way is finished by the next one. 'saga verify --archive
+    FOLDER' checks the archive offline. Exit codes: 0 done, 1 an archive file does
+    not verify, 2 usage error, 3 Redis unreachable.
+    """
+    with errors_to_exit():
+        cutoff = time.time_ns() // 1_000_000 - parse_duration(closed_before)
+        done = Archiver(ctx.store().log, Path(folder), batch=batch,
+                        per_segment=per_segment).run(cutoff)
+        if as_json:
+            emit_json(done.to_dict())
+            return
+        if done.cleared:
+            click.echo(f"cleared {len(done.cleared)} files a killed run left (in no manifest)",
+                       err=True)
+        if done.resumed:
+            click.echo(f"finished an earlier run: removed {done.resumed} sagas it had archived")
+        click.echo(f"archived {done.written} sagas ({done.events} events, {done.bytes} bytes "
+                   f"in {len(done.segments)} segments) to {folder}"
+                   + (f", manifest {done.manifest}" if done.manifest else "")
+                   + f"; removed {done.removed - done.resumed} from Redis")
+        for sid, why in sorted(done.skipped.items())[:20]:
+            click.echo(f"left {sid}: {why}", err=True)
+
+
+COMMANDS = [archive]

@@ -1,0 +1,382 @@
+"""Retention that keeps the proof: ``saga archive`` moves closed sagas out of Redis.
+
+A run, holding a lock on the archive folder:
+
+1. clears what a run killed before its manifest left (temporary files, and
+   segments no manifest lists: their sagas are still in Redis);
+2. finishes the removals of earlier runs: a saga a manifest lists, whose log is
+   still in Redis and the ledger has no tombstone of (a run killed after its
+   manifest);
+3. picks the sagas whose ledger close (chained, not pending: a pending close is
+   checked against the saga's log when it is sealed, so the log must outlive it)
+   is older than the cut-off and that have no tombstone: committed, compensated
+   or needs_attention, never one running, compensating or stuck;
+4. reads each one's entries, verifies its chain and holds its head to the close,
+   and writes them to segments, then the manifest (:mod:`saga_store.log.segments`);
+   a saga that does not verify is left in Redis and reported;
+5. removes each saga with ``archive.lua``: in one script, if its head is still
+   the close it was archived at, its tombstone goes onto its bucket's ledger
+   pending list and its keys go (log, meta, lease, driver, secrets, blobs; its
+   index entries). So no saga is removed without its segment and tombstone, and
+   a rerun never archives one twice.
+
+Removing needs UNLINK, which the worker and agent ACL users lack on purpose: an
+operator runs it with an admin user. It needs layout 3, where the pending list
+shares the saga's slot. What it leaves in Redis: the saga's events in its
+agent's context stream (``ss:ctx:{A}``, shared by the agent's sagas) and its
+explicit idempotency records (they expire on their own retention).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+
+from saga_store import keys
+from saga_store.errors import IntegrityError, InvalidInput, StoreUnavailable
+from saga_store.faults import fault
+from saga_store.log import segments as seg
+from saga_store.log.canonical import canonical
+from saga_store.log.events import EventKind as K
+from saga_store.log.ledger import CLOSING_KINDS, Ledger, tombstone
+from saga_store.log.scripts import source
+from saga_store.log.stream import SagaLog, body_and_hash, command, stamp_of
+from saga_store.verify.checker import ChainChecker
+
+ARCHIVE = source("archive")
+BATCH = 500  # sagas read, or removed, per round trip
+PER_SEGMENT = 10_000  # sagas per segment file
+_BLOB = re.compile(rb'"\$blob":"sha256:([0-9a-f]{64})"')
+_DURATION = re.compile(r"(\d{1,9})([smhd])")
+_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration(text: str, what: str = "--closed-before") -> int:
+    """``7d``, ``12h``, ``30m``, ``45s`` in milliseconds."""
+    m = _DURATION.fullmatch(text.strip())
+    if m is None:
+        raise InvalidInput(f"{what}={text!r}: use a whole number and a unit, e.g. 7d, 12h, "
+                           "30m or 45s", field=what)
+    return int(m[1]) * _UNIT_MS[m[2]]
+
+
+@dataclass
+class Close:
+    """What the ledger recorded of a saga's end, and where it is archived to."""
+
+    saga_id: str
+    state: str
+    seq: int
+    hash: str
+    ts: int = 0
+    segment: str = ""  # the segment's file name, then (for the tombstone) its digest
+    events: int = 0
+    deletes: list[str] = field(default_factory=list)
+    approvals: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ArchiveReport:
+    written: int = 0  # sagas written to this run's segments
+    removed: int = 0  # sagas removed from Redis (this run's and earlier runs')
+    resumed: int = 0  # of those, listed by an earlier run's manifest
+    events: int = 0
+    bytes: int = 0  # of the segment files written
+    segments: list[str] = field(default_factory=list)
+    manifest: str | None = None
+    cleared: list[str] = field(default_factory=list)  # files a killed run left
+    skipped: dict[str, str] = field(default_factory=dict)  # saga -> why it stays
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"written": self.written, "removed": self.removed, "resumed": self.resumed,
+                "events": self.events, "bytes": self.bytes, "segments": self.segments,
+                "manifest": self.manifest, "cleared": self.cleared, "skipped": self.skipped}
+
+
+class Archiver:
+    """Archives a store's closed sagas into ``folder`` (see the module's doc)."""
+
+    def __init__(self, log: SagaLog, folder: Path, *, batch: int = BATCH,
+                 per_segment: int = PER_SEGMENT) -> None:
+        if log.layout.version < 3:
+            raise InvalidInput(f"'saga archive' needs layout 3 (this store is layout "
+                               f"{log.layout.record()}): run 'saga migrate --to 3' first")
+        if batch < 1 or per_segment < 1:
+            raise InvalidInput("--batch and the segment size must be at least 1")
+        self.log, self.folder = log, folder
+        self.batch, self.per_segment = batch, per_segment
+        self.ledger = Ledger(log)
+        self.report = ArchiveReport()
+
+    def run(self, closed_before_ms: int) -> ArchiveReport:
+        """Archive every saga closed before ``closed_before_ms`` (Unix ms)."""
+        self._may_remove()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self._locked():
+            listed = self._clear_leftovers()
+            self.ledger.flush()
+            closes, stoned = self._ledger()
+            self._remove(self._unfinished(listed, stoned), resumed=True)
+            picks = [c for sid, c in sorted(closes.items())
+                     if c.ts < closed_before_ms and sid not in stoned and sid not in listed]
+            done = self._write(picks)
+            self._remove(done)
+            self.ledger.seal_many(sorted({self.log.layout.ledger_of(c.saga_id) for c in done}))
+        return self.report
+
+    def _may_remove(self) -> None:
+        """Refuse a user who may not remove keys before anything is written: the
+        script on a saga that does not exist checks the rights and writes nothing."""
+        probe = "archive-probe"
+        self._remove([Close(probe, "committed", 0, "00" * 32)], probe=True)
+
+    # -- reading the ledger -----------------------------------------------
+
+    def _ledger(self) -> tuple[dict[str, Close], set[str]]:
+        """The chained closes by saga, and the sagas with a tombstone (chained or pending)."""
+        closes: dict[str, Close] = {}
+        stoned: set[str] = set()
+        for ev in self.ledger.bodies():
+            data = ev.get("data") or {}
+            sid = data.get("saga_id")
+            if ev.get("kind") == K.LEDGER_CLOSED and isinstance(sid, str):
+                closes.setdefault(sid, Close(sid, str(data["state"]), int(data["seq"]),
+                                             str(data["hash"]), int(ev.get("ts", 0))))
+            elif ev.get("kind") == K.LEDGER_ARCHIVED and isinstance(sid, str):
+                stoned.add(sid)
+        stoned.update(b["data"]["saga_id"] for b in self.ledger.pending()
+                      if b["kind"] == K.LEDGER_ARCHIVED)
+        return closes, stoned
+
+    # -- the folder ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.folder / ".lock", "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise InvalidInput(f"another 'saga archive' is writing to {self.folder}; let "
+                                   "it finish, then run again") from None
+            yield
+
+    def _clear_leftovers(self) -> dict[str, tuple[dict[str, Any], dict[str, str]]]:
+        """Drop what a killed run left that no manifest lists; return the sagas the
+        manifests list: saga -> (its entry, its segment's digest by name)."""
+        listed: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
+        names: set[str] = set()
+        for path in seg.manifests(self.folder):
+            doc = seg.read_manifest(path, self.log.chain)
+            if not seg.signature_ok(doc, self.log.chain):
+                raise IntegrityError(f"{path} does not verify (its signature); nothing was "
+                                     f"removed: run 'saga verify --archive {self.folder}'")
+            digests = {s["name"]: s["sha256"] for s in doc["segments"]}
+            names.update(digests)
+            for entry in doc["sagas"]:
+                listed[entry["saga_id"]] = (entry, digests)
+        for path in self.folder.iterdir():
+            if path.name.startswith(seg.TMP_PREFIX) or (
+                    path.match(seg.SEGMENTS) and path.name not in names):
+                path.unlink()
+                self.report.cleared.append(path.name)
+        return listed
+
+    def _unfinished(self, listed: dict[str, tuple[dict[str, Any], dict[str, str]]],
+                    stoned: set[str]) -> list[Close]:
+        """The sagas earlier manifests list that still await removal, each held to
+        its segment file as it was listed (a changed file removes nothing)."""
+        out, checked = [], {}
+        for sid, (entry, digests) in sorted(listed.items()):
+            if sid in stoned:
+                continue
+            name = entry["segment"]
+            if name not in checked:
+                path = self.folder / name
+                checked[name] = path.exists() and seg.file_digest(path) == digests[name]
+            if not checked[name]:
+                raise IntegrityError(f"segment {name} is missing or changed since its manifest "
+                                     f"listed it; nothing was removed: run 'saga verify "
+                                     f"--archive {self.folder}'")
+            close = Close(sid, str(entry["state"]), int(entry["seq"]), str(entry["hash"]),
+                          segment=digests[name])
+            self._plan_keys(close, self._steps_of(sid))
+            out.append(close)
+        return out
+
+    def _steps_of(self, saga_id: str) -> list[int]:
+        """The steps of ``saga_id`` that asked for an approval (their index members)."""
+        return [b.get("step", -1) for b in self.log.bodies(saga_id)
+                if b.get("kind") == K.APPROVAL_REQUESTED]
+
+    # -- writing segments ---------------------------------------------------
+
+    def _write(self, picks: list[Close]) -> list[Close]:
+        """Write ``picks`` to segments and the run's manifest; returns those written."""
+        run = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + os.urandom(3).hex()
+        done: list[Close] = []
+        entries: list[dict[str, Any]] = []
+        segs: list[dict[str, Any]] = []
+        for n, start in enumerate(range(0, len(picks), self.per_segment)):
+            name = f"seg-{run}-{n:04d}.jsonl.gz"
+            kept: list[Close] = []
+            digest = seg.write_atomic(self.folder, name,
+                                      self._lines(picks[start:start + self.per_segment], kept),
+                                      gz=True)
+            if not kept:
+                (self.folder / name).unlink()
+                continue
+            size = (self.folder / name).stat().st_size
+            fault("archive_after_segment")
+            segs.append({"name": name, "sha256": digest, "bytes": size, "sagas": len(kept),
+                         "events": sum(c.events for c in kept)})
+            for c in kept:
+                entries.append({"saga_id": c.saga_id, "segment": name, "state": c.state,
+                                "seq": c.seq, "hash": c.hash, "events": c.events})
+                c.segment = digest
+            done += kept
+            self.report.segments.append(name)
+            self.report.bytes += size
+        if not done:
+            return []
+        chains = {self.log.layout.ledger_of(c.saga_id) for c in done}
+        root = self.ledger.record_root()
+        doc: dict[str, Any] = {
+            **seg.FORMAT, "mode": self.log.chain.mode, "layout": self.log.layout.record(),
+            "run": run, "created_ms": time.time_ns() // 1_000_000, "segments": segs,
+            "sagas": entries, "root": [root.seq, root.hash.hex()],
+            "heads": {c: [h.seq, h.hash.hex()] for c, h in sorted(self.ledger.heads().items())
+                      if c in chains}}
+        doc["sig"] = seg.sign(self.log.chain, doc)
+        name = f"manifest-{run}.json"
+        seg.write_atomic(self.folder, name, [canonical(doc) + b"\n"], gz=False)
+        self.report.manifest = name
+        self.report.written = len(done)
+        fault("archive_after_manifest")
+        return done
+
+    def _lines(self, picks: list[Close], kept: list[Close]) -> Iterator[bytes]:
+        """The segment's lines, a batch of sagas at a time; each saga that verifies
+        and ends at its ledger close goes into ``kept``."""
+        for i in range(0, len(picks), self.batch):
+            batch = picks[i:i + self.batch]
+            pipe: Any = self.log.raw.pipeline(transaction=False)
+            for c in batch:
+                pipe.execute_command("XRANGE", self.log.keys.log(c.saga_id), "-", "+")
+            for c, rows in zip(batch, pipe.execute(), strict=True):
+                lines = self._saga_lines(c, rows)
+                if lines:
+                    kept.append(c)
+                    yield from lines
+
+    def _saga_lines(self, c: Close, rows: list[Any]) -> list[bytes]:
+        if not rows:
+            self.report.skipped[c.saga_id] = "its log is not in Redis"
+            return []
+        checker = ChainChecker(self.log.chain, c.saga_id)
+        lines: list[bytes] = []
+        blobs: set[str] = set()
+        steps: list[int] = []
+        for eid, fields in rows:
+            body, h = body_and_hash(fields)
+            stamp = stamp_of(fields)
+            checker.feed(body, h, eid=eid, stamp=stamp)
+            lines.append(seg.entry_line(c.saga_id, keys.seq_of_entry_id(eid), body, h, stamp))
+            blobs.update(m.decode() for m in _BLOB.findall(body))
+            if b'"approval_requested"' in body:
+                steps.append(orjson.loads(body).get("step", -1))
+        rep = checker.finish()
+        if not rep.ok:
+            self.report.skipped[c.saga_id] = f"its chain does not verify at seq " \
+                f"{rep.first_bad_seq} ({rep.reason}): run 'saga verify'"
+            return []
+        if (rep.head_seq, rep.head_hash.hex()) != (c.seq, c.hash) \
+                or CLOSING_KINDS.get(rep.last_kind) != c.state:
+            self.report.skipped[c.saga_id] = f"its log ends at seq {rep.head_seq}, not at the " \
+                f"close the ledger recorded (seq {c.seq}): run 'saga verify'"
+            return []
+        for digest in sorted(blobs):
+            raw = command(self.log.raw, "GET", self.log.keys.blob(c.saga_id, digest))
+            if raw is not None:
+                lines.append(seg.blob_line(c.saga_id, digest, raw))
+        c.events = rep.events
+        self.report.events += rep.events
+        self._plan_keys(c, steps, blobs)
+        return lines
+
+    def _plan_keys(self, c: Close, steps: list[int], blobs: set[str] | None = None) -> None:
+        k, sid = self.log.keys, c.saga_id
+        if blobs is None:  # a resumed removal: its blobs are found by name
+            pattern = k.blob(sid, "*")
+            blobs = {key.decode().rsplit(":", 1)[1]
+                     for key in self.log.redis.scan_iter(match=pattern, count=1000)}
+        c.deletes = [k.meta(sid), k.lease(sid), k.driver(sid), k.secrets(sid),
+                     *(k.blob(sid, d) for d in sorted(blobs))]
+        c.approvals = [f"{sid}:{s}" for s in steps]
+
+    # -- removing -------------------------------------------------------------
+
+    def _remove(self, todo: list[Close], *, resumed: bool = False, probe: bool = False,
+                ) -> None:
+        """Remove ``todo`` from Redis, each with its tombstone in one script."""
+        if not todo:
+            return
+        k = self.log.keys
+        try:
+            sha = self.log.raw.script_load(ARCHIVE)
+        except redis.exceptions.NoPermissionError as exc:
+            raise _refused(str(exc)) from exc
+        for i in range(0, len(todo), self.batch):
+            batch = todo[i:i + self.batch]
+            pipe: Any = self.log.raw.pipeline(transaction=False)
+            for c in batch:
+                sid = c.saga_id
+                bucket = k.bucket_of(sid)
+                script_keys = [k.log(sid), keys.ledger_pending(self.log.layout.ledger_of(sid)),
+                               k.needs_attention(sid), k.approvals(sid), k.active(sid),
+                               k.shared_active(bucket), *c.deletes]
+                argv = [keys.entry_id(c.seq), bytes.fromhex(c.hash),
+                        tombstone(sid, c.state, c.seq, c.hash, c.segment), sid, *c.approvals]
+                pipe.execute_command("EVALSHA", sha, len(script_keys), *script_keys, *argv)
+            for c, reply in zip(batch, pipe.execute(raise_on_error=False), strict=True):
+                self._removed(c, reply, resumed, probe)
+            if not probe:
+                fault("archive_removing")
+
+    def _removed(self, c: Close, reply: Any, resumed: bool, probe: bool) -> None:
+        if isinstance(reply, redis.exceptions.NoPermissionError):
+            raise _refused(str(reply))
+        if isinstance(reply, Exception):
+            raise StoreUnavailable(f"removing saga {c.saga_id}: {reply}; its segment is "
+                                   "written: run 'saga archive' again to finish")
+        status, what = int(reply[0]), reply[1]
+        text = what.decode() if isinstance(what, bytes) else str(what)
+        if probe and not text.startswith("noperm"):
+            return
+        if status == 1:
+            self.report.removed += 1
+            self.report.resumed += resumed
+        elif text.startswith("noperm"):
+            raise _refused(text)
+        else:
+            self.report.skipped[c.saga_id] = (
+                "its log is gone, and the ledger has no tombstone of it: run 'saga verify'"
+                if status == 0 else f"left in Redis: {text}")
+
+
+def _refused(why: str) -> InvalidInput:
+    return InvalidInput(
+        f"this Redis user may not remove keys ({why.replace('noperm', 'NOPERM on')}): "
+        "'saga archive' deletes "
+        "archived sagas from Redis, which the worker and agent ACL users may not do on "
+        "purpose; run it with an admin user's SAGA_REDIS_URL. Segments already written "
+        "stay valid; the next run finishes the removals")
