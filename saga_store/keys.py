@@ -52,6 +52,9 @@ names them; every key user asks it).
 The ledger key does not begin with ``ss:{`` so no saga id can collide with it.
 No key here is ever deleted: leases, secrets and idempotency claims expire
 (``PEXPIRE key 0`` retires one at once), so ACL users need no DEL (see acl.py).
+The one exception is ``saga archive``, an operator's command with an admin
+user, which removes a closed saga's keys together with writing its tombstone
+(``log/archive.py``).
 """
 
 from __future__ import annotations
