@@ -276,7 +276,7 @@ class Archiver:
                 lines = self._saga_lines(c, rows)
                 if lines:
                     kept.append(c)
-                    yield from lines
+                    yield b"".join(lines)  # one gzip write per saga, not per entry
 
     def _saga_lines(self, c: Close, rows: list[Any]) -> list[bytes]:
         if not rows:

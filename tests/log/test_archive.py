@@ -187,11 +187,23 @@ def test_a_duration_that_is_not_one_is_refused(redis_url: str, tmp_path: Path) -
     assert not any(tmp_path.iterdir())
 
 
-def test_keys_of_an_archived_saga_are_all_gone(
+def test_every_key_of_an_archived_saga_goes_and_its_large_payload_is_kept(
         client: redis.Redis, store: EventStore, redis_url: str, tmp_path: Path) -> None:
-    done, running = some_sagas(store, closed=1)
-    CliRunner().invoke(cli, ["archive", "--closed-before", "0s", "--to", str(tmp_path)],
-                       env=env_of(redis_url))
-    left = [k.decode() for k in client.scan_iter(match=f"*{done[0]}*")]
+    _, running = some_sagas(store, closed=0)
+    w = store.open("agent-1", conversation_id="conv-1")
+    w.append(K.STEP_INTENT, step=0, tool="tool_0", tool_call_id="call-0",
+             data={"args": {}, "reversibility": "compensable"})
+    w.append(K.STEP_SUCCEEDED, step=0, data={"result": {"text": "t" * 20_000}})
+    w.append(K.SAGA_COMMITTED)
+    assert list(client.scan_iter(match=f"*{w.saga_id}:blob:*"))  # stored aside
+    got = CliRunner().invoke(cli, ["archive", "--closed-before", "0s", "--to",
+                                   str(tmp_path)], env=env_of(redis_url))
+    assert got.exit_code == 0, got.output
+    left = [k.decode() for k in client.scan_iter(match=f"*{w.saga_id}*")]
     assert left == [], left
+    segment = next(tmp_path.glob("seg-*.jsonl.gz"))
+    rows = [orjson.loads(line) for line in gzip.decompress(segment.read_bytes()).splitlines()]
+    assert [len(r["raw"]) for r in rows if "blob" in r] == [len('{"result":{"text":""}}') + 20_000]
+    ok = CliRunner().invoke(cli, ["verify", "--archive", str(tmp_path)], env=env_of(redis_url))
+    assert ok.exit_code == 0, ok.output
     assert list(client.scan_iter(match=f"*{running}*"))
