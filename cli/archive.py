@@ -22,11 +22,12 @@ from .common import Context, emit_json, errors_to_exit, pass_ctx
               envvar="SAGA_ARCHIVE_BATCH", help="Sagas read, or removed, per round trip.")
 @click.option("--per-segment", type=int, default=PER_SEGMENT, show_default=True,
               envvar="SAGA_ARCHIVE_PER_SEGMENT", help="Sagas per segment file.")
+@click.option("--dry-run", is_flag=True, help="Count what would be archived; change nothing.")
 @click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
               help="Machine-readable output.")
 @pass_ctx
 def archive(ctx: Context, closed_before: str, folder: str, batch: int, per_segment: int,
-            as_json: bool) -> None:
+            dry_run: bool, as_json: bool) -> None:
     """Move closed sagas (committed, compensated, needs_attention) out of Redis into
     gzip'd JSONL segments and a signed manifest in FOLDER, leaving a tombstone in
     each saga's ledger chain. Needs an admin Redis user (it deletes keys).
@@ -38,9 +39,13 @@ def archive(ctx: Context, closed_before: str, folder: str, batch: int, per_segme
     with errors_to_exit():
         cutoff = time.time_ns() // 1_000_000 - parse_duration(closed_before)
         done = Archiver(ctx.store().log, Path(folder), batch=batch,
-                        per_segment=per_segment).run(cutoff)
+                        per_segment=per_segment).run(cutoff, dry_run=dry_run)
         if as_json:
             emit_json(done.to_dict())
+            return
+        if dry_run:
+            click.echo(f"would archive {done.due} sagas to {folder}, and finish removing "
+                       f"{done.unfinished} an earlier run archived; nothing changed")
             return
         if done.cleared:
             click.echo(f"cleared {len(done.cleared)} files a killed run left (in no manifest)",

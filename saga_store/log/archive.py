@@ -96,9 +96,12 @@ class ArchiveReport:
     manifest: str | None = None
     cleared: list[str] = field(default_factory=list)  # files a killed run left
     skipped: dict[str, str] = field(default_factory=dict)  # saga -> why it stays
+    due: int = 0  # of a dry run: sagas it would archive, and earlier runs' to finish
+    unfinished: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"written": self.written, "removed": self.removed, "resumed": self.resumed,
+        return {"due": self.due, "unfinished": self.unfinished, "written": self.written,
+                "removed": self.removed, "resumed": self.resumed,
                 "events": self.events, "bytes": self.bytes, "segments": self.segments,
                 "manifest": self.manifest, "cleared": self.cleared, "skipped": self.skipped}
 
@@ -118,8 +121,16 @@ class Archiver:
         self.ledger = Ledger(log)
         self.report = ArchiveReport()
 
-    def run(self, closed_before_ms: int) -> ArchiveReport:
-        """Archive every saga closed before ``closed_before_ms`` (Unix ms)."""
+    def run(self, closed_before_ms: int, *, dry_run: bool = False) -> ArchiveReport:
+        """Archive every saga closed before ``closed_before_ms`` (Unix ms); with
+        ``dry_run``, only count them (and what earlier runs left), writing nothing."""
+        if dry_run:
+            listed = self._listed()[0] if self.folder.is_dir() else {}
+            closes, stoned = self._ledger()
+            self.report.due = sum(c.ts < closed_before_ms and sid not in stoned
+                                  and sid not in listed for sid, c in closes.items())
+            self.report.unfinished = len(listed.keys() - stoned)
+            return self.report
         self._may_remove()
         self.folder.mkdir(parents=True, exist_ok=True)
         with self._locked():
@@ -173,6 +184,17 @@ class Archiver:
     def _clear_leftovers(self) -> dict[str, tuple[dict[str, Any], dict[str, str]]]:
         """Drop what a killed run left that no manifest lists; return the sagas the
         manifests list: saga -> (its entry, its segment's digest by name)."""
+        listed, names = self._listed()
+        for path in self.folder.iterdir():
+            if path.name.startswith(seg.TMP_PREFIX) or (
+                    path.match(seg.SEGMENTS) and path.name not in names):
+                path.unlink()
+                self.report.cleared.append(path.name)
+        return listed
+
+    def _listed(self) -> tuple[dict[str, tuple[dict[str, Any], dict[str, str]]], set[str]]:
+        """The sagas the folder's manifests list (saga -> its entry, its manifest's
+        segment digests by name), and the segments they list."""
         listed: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
         names: set[str] = set()
         for path in seg.manifests(self.folder):
@@ -184,12 +206,7 @@ class Archiver:
             names.update(digests)
             for entry in doc["sagas"]:
                 listed[entry["saga_id"]] = (entry, digests)
-        for path in self.folder.iterdir():
-            if path.name.startswith(seg.TMP_PREFIX) or (
-                    path.match(seg.SEGMENTS) and path.name not in names):
-                path.unlink()
-                self.report.cleared.append(path.name)
-        return listed
+        return listed, names
 
     def _unfinished(self, listed: dict[str, tuple[dict[str, Any], dict[str, str]]],
                     stoned: set[str]) -> list[Close]:

@@ -13,8 +13,9 @@ import redis
 from click.testing import CliRunner
 from saga_store.cli.main import cli
 
+from saga_store import keys
 from saga_store.log.events import EventKind as K
-from saga_store.log.ledger import Ledger
+from saga_store.log.ledger import Ledger, tombstone
 from saga_store.log.store import EventStore
 from saga_store.ops import acl
 from saga_store.verify.checker import Verifier
@@ -207,3 +208,30 @@ def test_every_key_of_an_archived_saga_goes_and_its_large_payload_is_kept(
     ok = CliRunner().invoke(cli, ["verify", "--archive", str(tmp_path)], env=env_of(redis_url))
     assert ok.exit_code == 0, ok.output
     assert list(client.scan_iter(match=f"*{running}*"))
+
+
+def test_a_tombstone_pushed_by_hand_for_a_saga_still_here_is_never_chained(
+        client: redis.Redis, store: EventStore) -> None:
+    """Someone who may push ledger entries cannot make the ledger say a live saga
+    was archived: the sealer sets the tombstone aside, and verify reports it."""
+    w = committed_saga(store)
+    head = store.log.head(w.saga_id)
+    chain = store.log.layout.ledger_of(w.saga_id)
+    client.rpush(keys.ledger_pending(chain), tombstone(w.saga_id, "committed", head.seq,
+                                                       head.hash.hex(), "0" * 64))
+    Ledger(store.log).flush()
+    [(entry, why)] = Ledger(store.log).rejected()
+    assert b"saga_archived" in entry
+    assert why == "the saga it says was archived is still in Redis"
+    assert [f.reason for f in Verifier(store.log).verify().failures] == ["rejected_entry"]
+
+
+def test_a_dry_run_names_what_would_go_and_changes_nothing(
+        client: redis.Redis, store: EventStore, redis_url: str, tmp_path: Path) -> None:
+    done, _ = some_sagas(store, closed=2)
+    got = CliRunner().invoke(cli, ["archive", "--closed-before", "0s", "--to",
+                                   str(tmp_path / "a"), "--dry-run"], env=env_of(redis_url))
+    assert got.exit_code == 0, got.output
+    assert "would archive 2 sagas" in got.output
+    assert all(store.exists(s) for s in done)
+    assert not (tmp_path / "a").exists()
