@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from saga_store.log.archive import BATCH, PER_SEGMENT, Archiver, parse_duration
+from saga_store.log.archive import BATCH, PER_SEGMENT, Archiver, ArchiveReport, parse_duration
 
 from .common import Context, emit_json, errors_to_exit, pass_ctx
 
@@ -22,12 +22,18 @@ from .common import Context, emit_json, errors_to_exit, pass_ctx
               envvar="SAGA_ARCHIVE_BATCH", help="Sagas read, or removed, per round trip.")
 @click.option("--per-segment", type=int, default=PER_SEGMENT, show_default=True,
               envvar="SAGA_ARCHIVE_PER_SEGMENT", help="Sagas per segment file.")
+@click.option("--every", "every", envvar="SAGA_ARCHIVE_EVERY", metavar="DURATION",
+              default=None, help="Run again every DURATION until SIGTERM or Ctrl-C "
+              "(an operator's service; workers do not archive).")
+@click.option("--metrics-port", type=int, default=None, envvar="SAGA_ARCHIVE_METRICS_PORT",
+              help="With --every: serve saga_archived_sagas_total and "
+              "saga_archived_bytes_total on this port (127.0.0.1).")
 @click.option("--dry-run", is_flag=True, help="Count what would be archived; change nothing.")
 @click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
               help="Machine-readable output.")
 @pass_ctx
 def archive(ctx: Context, closed_before: str, folder: str, batch: int, per_segment: int,
-            dry_run: bool, as_json: bool) -> None:
+            every: str | None, metrics_port: int | None, dry_run: bool, as_json: bool) -> None:
     """Move closed sagas (committed, compensated, needs_attention) out of Redis into
     gzip'd JSONL segments and a signed manifest in FOLDER, leaving a tombstone in
     each saga's ledger chain. Needs an admin Redis user (it deletes keys).
@@ -37,7 +43,12 @@ def archive(ctx: Context, closed_before: str, folder: str, batch: int, per_segme
     not verify, 2 usage error, 3 Redis unreachable.
     """
     with errors_to_exit():
-        cutoff = time.time_ns() // 1_000_000 - parse_duration(closed_before)
+        retention = parse_duration(closed_before)
+        if every is not None:
+            _every(ctx, retention, parse_duration(every, "--every"), Path(folder), batch,
+                   per_segment, metrics_port)
+            return
+        cutoff = time.time_ns() // 1_000_000 - retention
         done = Archiver(ctx.store().log, Path(folder), batch=batch,
                         per_segment=per_segment).run(cutoff, dry_run=dry_run)
         if as_json:
@@ -58,6 +69,34 @@ def archive(ctx: Context, closed_before: str, folder: str, batch: int, per_segme
                    + f"; removed {done.removed - done.resumed} from Redis")
         for sid, why in sorted(done.skipped.items())[:20]:
             click.echo(f"left {sid}: {why}", err=True)
+
+
+def _every(ctx: Context, retention_ms: int, every_ms: int, folder: Path, batch: int,
+           per_segment: int, metrics_port: int | None) -> None:
+    import signal
+    import threading
+
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from saga_store.ops.retention import ArchiveMetrics
+    from saga_store.ops.retention import every as run_every
+    registry = CollectorRegistry()
+    metrics = ArchiveMetrics(registry)
+    if metrics_port is not None:
+        start_http_server(metrics_port, addr="127.0.0.1", registry=registry)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log = ctx.store().log
+
+    def once(cutoff: int) -> ArchiveReport:
+        done = Archiver(log, folder, batch=batch, per_segment=per_segment).run(cutoff)
+        if done.removed or done.skipped:
+            click.echo(f"archived {done.written} sagas, removed {done.removed}, left "
+                       f"{len(done.skipped)}", err=True)
+        return done
+    runs = run_every(once, retention_ms, every_ms / 1000, metrics, stop)
+    click.echo(f"stopped after {runs} runs", err=True)
 
 
 COMMANDS = [archive]
