@@ -235,3 +235,27 @@ def test_a_dry_run_names_what_would_go_and_changes_nothing(
     assert "would archive 2 sagas" in got.output
     assert all(store.exists(s) for s in done)
     assert not (tmp_path / "a").exists()
+
+
+def test_a_saga_that_ended_needing_attention_is_archived_and_leaves_the_set(
+        client: redis.Redis, store: EventStore, redis_url: str, tmp_path: Path) -> None:
+    w = store.open("agent-1", conversation_id="conv-1")
+    w.append(K.STEP_INTENT, step=0, tool="t", tool_call_id="c0",
+             data={"args": {}, "reversibility": "irreversible"})
+    w.append(K.STEP_STARTED, step=0, attempt=1)
+    w.append(K.STEP_SUCCEEDED, step=0, data={"result": {}})
+    w.append(K.STEP_INTENT, step=1, tool="t", tool_call_id="c1",
+             data={"args": {}, "reversibility": "compensable"})
+    w.append(K.STEP_STARTED, step=1, attempt=1)
+    w.append(K.STEP_FAILED, step=1, data={"error": {"message": "declined"}})
+    w.append(K.SAGA_FAILED, data={"reason": "step 1 failed"})
+    w.append(K.STEP_NOT_COMPENSABLE, step=0)
+    w.append(K.SAGA_NEEDS_ATTENTION, data={"steps": [0]})
+    client.sadd(store.keys.needs_attention(w.saga_id), w.saga_id)  # as the compensator does
+    got = CliRunner().invoke(cli, ["archive", "--closed-before", "0s", "--to",
+                                   str(tmp_path)], env=env_of(redis_url))
+    assert got.exit_code == 0, got.output
+    assert not store.exists(w.saga_id)
+    assert not client.sismember(store.keys.needs_attention(w.saga_id), w.saga_id)
+    assert tombstones(store)[w.saga_id]["state"] == "needs_attention"
+    assert Verifier(store.log).verify().ok
