@@ -33,6 +33,7 @@ import contextlib
 import fcntl
 import os
 import re
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -42,18 +43,20 @@ from typing import Any
 import orjson
 
 from saga_store import keys
-from saga_store.errors import IntegrityError, InvalidInput
+from saga_store.errors import IntegrityError, InvalidInput, StoreUnavailable
 from saga_store.faults import fault
 from saga_store.log import segments as seg
 from saga_store.log.canonical import canonical
 from saga_store.log.events import EventKind as K
 from saga_store.log.ledger import CLOSING_KINDS, Ledger
 from saga_store.log.removal import Close, Remover
-from saga_store.log.stream import SagaLog, body_and_hash, command, stamp_of
+from saga_store.log.scripts import RENEW_LEASE, TAKE_OVER_LEASE
+from saga_store.log.stream import SagaLog, body_and_hash, command, release_lease, stamp_of
 from saga_store.verify.checker import ChainChecker
 
 BATCH = 500  # sagas read, or removed, per round trip
 PER_SEGMENT = 10_000  # sagas per segment file
+LEASE_MS = 60_000  # renewed every batch: a run killed holds other runs off this long
 _BLOB = re.compile(rb'"\$blob":"sha256:([0-9a-f]{64})"')
 _DURATION = re.compile(r"(\d{1,9})([smhd])")
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -103,7 +106,9 @@ class Archiver:
         self.batch, self.per_segment = batch, per_segment
         self.ledger = Ledger(log)
         self.report = ArchiveReport()
-        self.remover = Remover(log, batch, self.report.skipped)
+        self.remover = Remover(log, batch, self.report.skipped, tick=self._renew)
+        # who holds the lease: a run killed on this host is known gone by its pid
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
 
     def run(self, closed_before_ms: int, *, dry_run: bool = False) -> ArchiveReport:
         """Archive every saga closed before ``closed_before_ms`` (Unix ms); with
@@ -117,7 +122,7 @@ class Archiver:
             return self.report
         self._may_remove()
         self.folder.mkdir(parents=True, exist_ok=True)
-        with self._locked():
+        with self._locked(), self._leased():
             listed = self._clear_leftovers()
             self.ledger.flush()
             closes, stoned = self._ledger()
@@ -149,6 +154,46 @@ class Archiver:
         stoned.update(b["data"]["saga_id"] for b in self.ledger.pending()
                       if b["kind"] == K.LEDGER_ARCHIVED)
         return closes, stoned
+
+    # -- one run at a time --------------------------------------------------
+
+    @contextlib.contextmanager
+    def _leased(self) -> Iterator[None]:
+        """Hold the store's archive lease: two runs (into two folders) would pick
+        the same sagas, and the loser's manifest would list sagas the winner's
+        tombstones name."""
+        if not self.log.redis.set(keys.ARCHIVE_LEASE, self.token, nx=True, px=LEASE_MS) \
+                and not self._take_over():
+            raise InvalidInput(f"another 'saga archive' is running on this store (it holds "
+                               f"{keys.ARCHIVE_LEASE}); let it finish, or if it was killed, "
+                               f"run again within {LEASE_MS // 1000} s")
+        try:
+            yield
+        finally:
+            release_lease(self.log.redis, keys.ARCHIVE_LEASE, self.token)
+
+    def _take_over(self) -> bool:
+        """Take the lease from a run of this host whose process is gone (killed)."""
+        raw = self.log.redis.get(keys.ARCHIVE_LEASE)
+        holder = raw.decode() if isinstance(raw, bytes) else str(raw)
+        host, _, rest = holder.partition(":")
+        pid = rest.partition(":")[0]
+        if host != socket.gethostname() or not pid.isdigit():
+            return False
+        try:
+            os.kill(int(pid), 0)
+            return False  # alive (or another user's process of that pid)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            return False
+        return bool(self.log.redis.eval(TAKE_OVER_LEASE, 1, keys.ARCHIVE_LEASE, holder,
+                                        self.token, LEASE_MS))
+
+    def _renew(self) -> None:
+        if not self.log.redis.eval(RENEW_LEASE, 1, keys.ARCHIVE_LEASE, self.token, LEASE_MS):
+            raise StoreUnavailable("this run lost the archive lease to another run; nothing "
+                                   "is half-done: run 'saga archive' again to finish")
 
     # -- the folder ---------------------------------------------------------
 
@@ -266,6 +311,7 @@ class Archiver:
         """The segment's lines, a batch of sagas at a time; each saga that verifies
         and ends at its ledger close goes into ``kept``."""
         for i in range(0, len(picks), self.batch):
+            self._renew()
             batch = picks[i:i + self.batch]
             pipe: Any = self.log.raw.pipeline(transaction=False)
             for c in batch:

@@ -5,6 +5,7 @@ its head is still the close it was archived at."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,8 +40,9 @@ class Remover:
     """Removes archived sagas, ``batch`` scripts a round trip; counts what it
     removed and notes in ``skipped`` what it left, with why."""
 
-    def __init__(self, log: SagaLog, batch: int, skipped: dict[str, str]) -> None:
-        self.log, self.batch, self.skipped = log, batch, skipped
+    def __init__(self, log: SagaLog, batch: int, skipped: dict[str, str],
+                 tick: Callable[[], None] = lambda: None) -> None:
+        self.log, self.batch, self.skipped, self.tick = log, batch, skipped, tick
         self.removed = self.resumed = 0
 
     def plan_keys(self, c: Close, steps: list[int], blobs: set[str] | None = None) -> None:
@@ -69,6 +71,8 @@ class Remover:
         except redis.exceptions.NoPermissionError as exc:
             raise _refused(str(exc)) from exc
         for i in range(0, len(todo), self.batch):
+            if not probe:
+                self.tick()  # the caller's lease, renewed before each batch
             batch = todo[i:i + self.batch]
             pipe: Any = self.log.raw.pipeline(transaction=False)
             for c in batch:

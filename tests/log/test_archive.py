@@ -259,3 +259,21 @@ def test_a_saga_that_ended_needing_attention_is_archived_and_leaves_the_set(
     assert not client.sismember(store.keys.needs_attention(w.saga_id), w.saga_id)
     assert tombstones(store)[w.saga_id]["state"] == "needs_attention"
     assert Verifier(store.log).verify().ok
+
+
+def test_a_second_run_on_the_same_store_is_refused_while_one_holds_the_lease(
+        client: redis.Redis, store: EventStore, redis_url: str, tmp_path: Path) -> None:
+    """Two runs into two folders would pick the same sagas: one at a time."""
+    done, _ = some_sagas(store, closed=1)
+    client.set(keys.ARCHIVE_LEASE, "another-run", px=60_000)
+    got = CliRunner().invoke(cli, ["archive", "--closed-before", "0s", "--to",
+                                   str(tmp_path)], env=env_of(redis_url))
+    assert got.exit_code == 2, got.output
+    assert "another 'saga archive' is running on this store" in got.output
+    assert store.exists(done[0])
+    client.delete(keys.ARCHIVE_LEASE)
+    again = CliRunner().invoke(cli, ["archive", "--closed-before", "0s", "--to",
+                                     str(tmp_path)], env=env_of(redis_url))
+    assert again.exit_code == 0, again.output
+    assert not store.exists(done[0])
+    assert not client.exists(keys.ARCHIVE_LEASE)  # given up at the end
