@@ -8,6 +8,7 @@ bad input, 3 could not do it (Redis unreachable, could not verify).
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,6 +30,18 @@ if TYPE_CHECKING:
 EXIT_OK, EXIT_INTEGRITY, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 1, 2, 3
 
 
+def saga_argv(*args: str) -> list[str]:
+    """The argv that runs ``saga ARGS`` in a new process of this same install.
+
+    ``-P`` keeps the working directory off ``sys.path``: run from a checkout of
+    this repository, its own ``saga_store/`` folder (which holds neither ``cli``
+    nor ``workers``; the wheel maps them in) would otherwise shadow the installed
+    package. Tools modules are still found there: the CLI adds the working
+    directory itself, after the package is imported.
+    """
+    return [sys.executable, "-P", "-m", "saga_store.cli.main", *args]
+
+
 @dataclass
 class Context:
     redis_url: str | None
@@ -36,6 +49,9 @@ class Context:
     _store: EventStore | None = field(default=None, repr=False)
     queue_url: str | None = None
     _queues: redis.Redis | None = field(default=None, repr=False)
+    # when the command began (time.monotonic()): the process's start when run as
+    # 'saga', so --timeout counts what the person waited
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def log_url(self) -> str:
@@ -88,10 +104,42 @@ def errors_to_exit() -> Iterator[None]:
         fail(str(exc), EXIT_USAGE)
     except (StoreUnavailable, CannotVerify) as exc:
         fail(str(exc), EXIT_UNAVAILABLE)
+    except redis.exceptions.NoPermissionError as exc:
+        fail(no_permission(exc), EXIT_UNAVAILABLE)
     except redis.RedisError as exc:
         fail(f"Redis error: {exc}; check the server and SAGA_REDIS_URL", EXIT_UNAVAILABLE)
     except SagaError as exc:
         fail(str(exc), EXIT_INTEGRITY)
+
+
+_WHOLE_STORE = ("run it as the worker's Redis user ('saga acl worker') or an "
+                "administrator's; an agent's user ('saga acl agent') reads and drives only "
+                "its own agent's sagas")
+# what a user refused by the ACL can do instead, by command
+_INSTEAD = {
+    "ls": "an agent's user ('saga acl agent') lists only its own agent's sagas: "
+          "saga ls --agent AGENT_ID; the whole list needs the worker's user ('saga acl "
+          "worker') or an administrator's",
+    "verify": "an agent's user reads its own sagas ('saga show SAGA_ID') but not the "
+              "ledger that 'saga verify' checks every saga against; verify as the worker's "
+              "user ('saga acl worker') or an administrator's",
+    "show": "an agent's user reads only its own agent's sagas, whose ids start with "
+            "AGENT_ID_ ('saga ls --agent AGENT_ID' lists them); " + _WHOLE_STORE.split("; ")[0],
+    "context": "an agent's user reads only its own agent's sagas: saga context --agent "
+               "AGENT_ID, or --saga with one of its ids; for others, " +
+               _WHOLE_STORE.split("; ")[0],
+}
+
+
+def no_permission(exc: redis.RedisError) -> str:
+    """A NOPERM refusal in the user's terms: what the ACL refused, and the command or
+    user that does it (never Saga Store's internal key names)."""
+    ctx = click.get_current_context(silent=True)
+    name = ctx.info_name if ctx is not None else None
+    what = "this command" if "command" in str(exc) else "a key this command needs"
+    instead = _INSTEAD.get(name or "") or (
+        f"'saga {name}' reads the whole store: {_WHOLE_STORE}" if name else _WHOLE_STORE)
+    return f"the Redis user of SAGA_REDIS_URL may not use {what} (Redis ACL): {instead}"
 
 
 def operator(by: str | None) -> str:

@@ -21,7 +21,7 @@ from saga_store.protocol.state import SagaState
 from saga_store.tools.registry import Registry
 from saga_store.verify.checker import Verifier
 
-from .common import Context, errors_to_exit, pass_ctx
+from .common import Context, errors_to_exit, pass_ctx, saga_argv
 
 TOOLS = "saga_store.cli.demo_tools"
 DEMO_NAMESPACE = "saga-demo"
@@ -56,7 +56,7 @@ def demo(ctx: Context, n: int) -> None:
         args = ["--redis-url", ctx.redis_url,
                 *(["--queue-url", ctx.queue_url] if ctx.queue_url else []),
                 "demo", "--workers", str(n)]
-        done = subprocess.run([sys.executable, "-m", "saga_store.cli.main", *args],  # noqa: S603
+        done = subprocess.run(saga_argv(*args),  # noqa: S603  # our own argv, no shell
                               env={**os.environ, "SAGA_NAMESPACE": DEMO_NAMESPACE}, check=False)
         sys.exit(done.returncode)
     with errors_to_exit():
@@ -88,8 +88,7 @@ def _start_workers(ctx: Context, n: int) -> list[subprocess.Popen[bytes]]:
     """Worker processes, each in a process group of its own (with the job it forks)."""
     env = {**os.environ, "SAGA_REDIS_URL": ctx.redis_url or "redis://127.0.0.1:6379/0",
            **({"SAGA_QUEUE_URL": ctx.queue_url} if ctx.queue_url else {})}
-    cmd = [sys.executable, "-m", "saga_store.cli.main", "worker", "--tools", TOOLS,
-           "--log-level", "WARNING"]
+    cmd = saga_argv("worker", "--tools", TOOLS, "--log-level", "WARNING")
     return [subprocess.Popen(cmd, env=env, start_new_session=True,  # noqa: S603  # our argv
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             for _ in range(n)]

@@ -7,12 +7,12 @@ import datetime as dt
 import re
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from saga_store import keys
-from saga_store.console.listing import Filters, Row, list_page
+from saga_store.console.listing import Filters, Row, list_page, newest
 from saga_store.ids import check_id
 from saga_store.log.store import EventStore
 from saga_store.protocol.state import Status
@@ -25,7 +25,13 @@ _AGO = re.compile(r"^(\d+)([smhd])$")
 _UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-class Since(click.ParamType):
+if TYPE_CHECKING:  # generic from click 8.2 on; the floor is 8.1
+    _SinceBase = click.ParamType[int, Any]
+else:
+    _SinceBase = click.ParamType
+
+
+class Since(_SinceBase):
     """``1h``, ``30m``, ``2d`` ago, or a UTC date and time (``2026-12-01T10:00``)."""
 
     name = "since"
@@ -47,8 +53,17 @@ class Since(click.ParamType):
 
 
 def rows(store: EventStore, filters: Filters, limit: int) -> Iterator[Row]:
-    """Up to ``limit`` sagas (0: all), newest first, a page of the ledger at a time:
-    only the sagas shown are read."""
+    """Up to ``limit`` sagas (0: all), newest first: only the sagas shown are read.
+    A ledger in buckets is read in one pass over every bucket's chain, merged by
+    time, as far as the listing goes (paging by time would read the newest
+    buckets' entries again for every page); one chain a page at a time."""
+    if store.log.layout.version >= 2:
+        now = time.time_ns() // 1_000_000
+        for n, o in enumerate(newest(store, filters), 1):
+            yield Row.of(store.state(o.saga_id), now)
+            if n == limit:
+                return
+        return
     cursor: int | None = None
     given = 0
     while True:
@@ -139,8 +154,8 @@ def ls(ctx: Context, state: str | None, agent: str | None, since_ms: int | None,
        wide: bool, follow: bool, as_json: bool) -> None:
     """List sagas, newest first: state, agent, created (UTC), duration, steps, events.
 
-    Reads the ledger from its newest entry back, a page at a time, and folds only
-    the sagas it lists.
+    Reads the ledger from its newest entry back (of a ledger in buckets, every
+    bucket's chain, merged by time) and folds only the sagas it lists.
     """
     with errors_to_exit():
         store = ctx.store()

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import gc
+import time
+
 import click
 
 from saga_store.log.chain import load_key
@@ -23,6 +27,7 @@ from . import (
     workers,
 )
 from .common import Context, errors_to_exit
+from .waiting import process_started
 
 
 @click.group(context_settings={"auto_envvar_prefix": "SAGA", "help_option_names": ["-h", "--help"]})
@@ -47,7 +52,9 @@ def cli(ctx: click.Context, redis_url: str | None, queue_url: str | None,
         if os.getcwd() not in sys.path and "" not in sys.path:
             sys.path.insert(0, os.getcwd())
         key = load_key(os.environ.get("SAGA_HMAC_KEY"), hmac_key_file)
-        ctx.obj = Context(redis_url, Settings.from_env(hmac_key=key), queue_url=queue_url)
+        started = ctx.obj if isinstance(ctx.obj, float) else time.monotonic()  # see main()
+        ctx.obj = Context(redis_url, Settings.from_env(hmac_key=key), queue_url=queue_url,
+                          started=started)
 
 
 for module in (acl, approvals, archive, attention, console, demo, fleet, inspect, listing,
@@ -71,7 +78,11 @@ _show_envvars(cli)
 
 
 def main() -> None:
-    cli(prog_name="saga")
+    # the interpreter's last collection walks every object the imports made: half a
+    # second on a busy machine, after a --timeout already ran out. Nothing here needs
+    # a finalizer run by it (sockets and files close with the process)
+    atexit.register(gc.freeze)
+    cli(prog_name="saga", obj=process_started())
 
 
 if __name__ == "__main__":

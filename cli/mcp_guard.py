@@ -65,6 +65,15 @@ def mcp_guard(ctx: Context, policy_file: str | None, tools_map_file: str | None,
                         format="%(asctime)s %(name)s %(message)s")
     with errors_to_exit():
         if init_tools_map is not None:
+            # options that only shape serving would be dropped without a word
+            given = [f"--{n.replace('_file', '').replace('_', '-')}" for n in (
+                "policy_file", "tools_map_file") if click.get_current_context()
+                .get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+            if given:
+                raise InvalidInput(f"--init-tools-map writes a new map from what the server "
+                                   f"declares and serves nothing, so {' and '.join(given)} "
+                                   "would have no effect; leave them out, then serve with "
+                                   f"--tools-map {init_tools_map}")
             _init_tools_map(init_tools_map, command, url, force)
             return
         if force:

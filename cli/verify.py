@@ -9,11 +9,11 @@ from typing import Any
 import click
 
 from saga_store import keys
-from saga_store.errors import AnchorMismatch
+from saga_store.errors import AnchorMismatch, InvalidInput
 from saga_store.ids import check_saga_id
 from saga_store.log.chain import Chain
-from saga_store.log.ledger import read_anchor
 from saga_store.log.store import EventStore
+from saga_store.verify.anchor import fits, read_anchor
 from saga_store.verify.checker import Verifier, VerifyResult
 from saga_store.verify.export import export as export_log
 from saga_store.verify.export import verify_file
@@ -73,6 +73,8 @@ def verify(ctx: Context, saga_id: str | None, anchor_file: str | None,
                 close()
             _finish(result, None, as_json)
         store = ctx.store()
+        if anchor is not None:
+            fits(anchor, store.log.layout)
         if saga_id:
             store.require(saga_id)
         # no write: what is pending is read as it is and checked against the chains
@@ -191,10 +193,23 @@ def anchor(ctx: Context, out: str | None) -> None:
         from saga_store.log.canonical import canonical
         doc = canonical(ctx.store().ledger.anchor())
         if out:
-            Path(out).write_bytes(doc + b"\n")
+            _write_anchor(Path(out), doc + b"\n")
             click.echo(f"anchor written to {out}", err=True)
         else:
             click.echo(doc)
+
+
+def _write_anchor(path: Path, doc: bytes) -> None:
+    """A folder that is not there or not writable is the caller's to fix (exit 2)."""
+    if not path.parent.is_dir():
+        raise InvalidInput(f"--out {path}: the folder {path.parent} does not exist; create "
+                           f"it (mkdir -p {path.parent}), or under systemd give the unit "
+                           "StateDirectory=saga and write to /var/lib/saga/")
+    try:
+        path.write_bytes(doc)
+    except OSError as exc:
+        raise InvalidInput(f"--out {path}: cannot write it ({exc.strerror}); give a file "
+                           "this user may write") from None
 
 
 @click.command("export")

@@ -12,6 +12,9 @@
     ├── StepError             a tool failed; ``retryable`` says whether to retry
     │   ├── RetryableError    raised by a tool: a transient failure, try again
     │   └── StepInDoubt       the outcome is unknown
+    ├── SagaAborted           the saga is unwinding: no more calls
+    │   └── StepRolledBack    a call sent again ran once and was rolled back since
+    ├── SagaTakenOver         another process attached the saga: this handle stops
     ├── StoreUnavailable      Redis could not be reached or answered wrongly
     └── CannotVerify          verification could not run (e.g. the wrong key)
 """
@@ -188,6 +191,24 @@ class SagaAborted(SagaError):
     """The saga is unwinding (a step failed or someone aborted it): no more calls."""
 
     code = "saga_aborted"
+
+
+class StepRolledBack(SagaAborted):
+    """A call sent again (same ``tool_call_id``) already ran in the saga and was rolled
+    back since; it is not run again. ``data`` is what its compensation returned."""
+
+    code = "step_rolled_back"
+
+    def __init__(self, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.data = data
+
+
+class SagaTakenOver(SagaError):
+    """Another process attached the saga (``store.attach``) and drives it now; this
+    handle's calls are refused. Attach again to drive it from here."""
+
+    code = "saga_taken_over"
 
 
 class StepPending(SagaError):

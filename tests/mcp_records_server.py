@@ -11,7 +11,8 @@ import uuid
 from typing import Any
 
 from mcp.server.mcpserver import Context, MCPServer
-from mcp_types import ToolAnnotations
+from mcp.shared.exceptions import MCPError
+from mcp_types import CallToolResult, ImageContent, TextContent, ToolAnnotations
 
 server = MCPServer("records")
 
@@ -134,6 +135,40 @@ async def wait_for(path: str) -> dict[str, Any]:
 def saga_settings_seen() -> dict[str, Any]:
     """Which of Saga Store's settings (SAGA_*) reached this server's environment."""
     return {"names": sorted(k for k in os.environ if k.startswith("SAGA_"))}
+
+
+@server.tool()
+def refuse_order(order: str) -> dict[str, Any]:
+    """Refuse with a JSON-RPC error of the server's own: code, message and data."""
+    raise MCPError(-32042, "custom rpc error", {"order": order, "retry_after_s": 3})
+
+
+@server.tool()
+def reject_upload(name: str) -> CallToolResult:
+    """Fail with a rich tool error: text and image blocks, structured content, _meta."""
+    return CallToolResult(
+        content=[TextContent(type="text", text=f"upload {name} rejected"),
+                 ImageContent(type="image", data="iVBORw0KGgo=", mime_type="image/png")],
+        structured_content={"reason": "quota", "name": name},
+        is_error=True, _meta={"example.dev/trace": "t-42"})
+
+
+@server.tool(meta={"dev.chronomcp/compensate": {
+    "tool": "delete_record", "args": {"id": "$.input.id"}}})
+async def slow_create(id: str, path: str) -> dict[str, Any]:
+    """Create record ``id``, then answer once the file at ``path`` exists. Told of a
+    cancellation, it stops and says so in the ledger."""
+    import anyio
+    with _db() as db:
+        db.execute("INSERT INTO records (id, name) VALUES (?, ?)", (id, id))
+    effect("create", id)
+    try:
+        while not os.path.exists(path):
+            await anyio.sleep(0.01)
+    except anyio.get_cancelled_exc_class():
+        effect("cancelled", id)
+        raise
+    return {"id": id}
 
 
 def archive_record(id: str) -> dict[str, Any]:

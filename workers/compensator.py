@@ -152,6 +152,8 @@ class Compensator:
             act = unwind.next_action(state, self.tools, frozenset(probed))
             if isinstance(act, unwind.Append):
                 yield from writer.append(act.items, lease)
+                if self.store.metrics is not None:
+                    self.store.metrics.count_uncalled_compensations(act.items)
             elif isinstance(act, unwind.Probe):
                 probed.add(act.step)
                 found = yield from self._probe(act, state, lease.token)

@@ -19,6 +19,8 @@ import random
 import time
 from typing import Any
 
+from rq.exceptions import StopRequested
+
 from saga_store import keys
 from saga_store.approval import requests as approvals
 from saga_store.client.api import SagaStore
@@ -97,10 +99,14 @@ class Sweeper:
             if time.monotonic() >= self._root_due:
                 self._root_due = time.monotonic() + ROOT_EVERY_S
                 ledger.record_root()
+        except StopRequested:
+            raise  # a warm shutdown's SIGTERM landed here: the worker stops, not the sweep
         except Exception:
             log.exception("sweeper: pending ledger entries could not be chained")
         try:
             expired = approvals.expire_due(self.store, now_ms=now_ms, buckets=mine)
+        except StopRequested:
+            raise
         except Exception:
             log.exception("sweeper: approval deadlines could not be checked")
         else:
@@ -126,6 +132,8 @@ class Sweeper:
             if index != self.store.events.keys.active(sid):
                 self.store.redis.zrem(index, raw)
             return queued
+        except StopRequested:
+            raise
         except Exception:
             log.exception("sweeper: saga %r could not be examined", sid[:80])
             return 0

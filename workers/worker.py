@@ -238,6 +238,16 @@ class StepWorker(SimpleWorker):
         kwargs["with_scheduler"] = False
         return bool(super().work(*args, **kwargs))
 
+    def subscribe(self) -> None:
+        """RQ's, with the pubsub thread's wait at 1 s instead of 60: stopping the
+        worker joins that thread, which could otherwise sit out a whole wait after
+        the unsubscribe (a burst worker took up to a minute to exit)."""
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(
+            sleep_time=1, daemon=True,  # type: ignore[assignment]  # RQ types it None
+            exception_handler=self._pubsub_exception_handler)
+
     # -- the job path ------------------------------------------------------
 
     def execute_job(self, job: Any, queue: Queue) -> None:
@@ -312,6 +322,8 @@ class StepWorker(SimpleWorker):
                 self.metrics.redeliveries.inc(self.sweeper.sweep())
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 log.error("sweeper: Redis unreachable (%s); next sweep later", exc)
+            except StopRequested:
+                raise  # RQ's warm shutdown, raised wherever SIGTERM found the worker
             except Exception:  # whatever is in Redis, a sweep never stops the worker
                 log.exception("sweeper: this sweep failed; next sweep later")
         if self.durability.due():

@@ -13,6 +13,7 @@ saga's stream with XREAD BLOCK, not by polling and not on RQ's result API.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -177,12 +178,58 @@ class SagaStore:
                           seq=writer.head.seq, head_hash=writer.head.hash)
         return Saga(self, writer, state, inline)
 
+    def attach(self, saga_id: str, *, executor: str = "workers") -> Saga:
+        """Re-open a client-driven saga from any process: the framework's own state
+        (a checkpoint, a run state, a saved history) named it, and its calls go on here.
+
+        A saga still going forward is taken over: this handle holds the client lease
+        from now on, and every handle before it (the process that opened it, an
+        earlier attach) is fenced off, its next call refused with
+        :class:`SagaTakenOver`. A saga that stopped going forward comes back as it
+        is: calls it already logged answer from the log, new ones are refused.
+
+        >>> saga = store.attach("shop_01J...")                       # doctest: +SKIP
+        >>> saga.call("charge_payment", {...}, tool_call_id="call_2")  # doctest: +SKIP
+        """
+        if executor not in EXECUTORS:
+            raise InvalidInput(f"executor {executor!r}: use one of {', '.join(EXECUTORS)}",
+                               field="executor")
+        check_saga_id(saga_id)
+        state, writer = self.events.read_for_write(saga_id)  # NoSuchSaga if none
+        if state.plan or state.executor is not None:
+            raise InvalidInput(f"saga {saga_id} is not driven by a client (it is a "
+                               f"{'plan the workers run' if state.plan else 'gateway saga'}); "
+                               "nothing to attach", field="saga_id")
+        inline = self._inline(state.agent_id or "") if executor == "inline" else None
+        holder = 0
+        if state.status is Status.RUNNING:
+            meta = self.events.keys.meta(saga_id)
+            holder = int(self.redis.hincrby(meta, "driver_gen", 1))
+            pipe = lean(self.redis)
+            # fences off the generation before, which fenced off the ones before it
+            pipe.set(self.taken_key(saga_id, holder), "1",
+                     px=int(self.settings.dedupe_ttl_s * 1000))
+            for w in self.driver_lease(saga_id):  # the client lease is this caller's now
+                getattr(pipe, w.op)(w.key, *w.args)
+            pipe.execute()
+        return Saga(self, writer, state, inline, holder=holder)
+
+    async def aattach(self, saga_id: str, *, executor: str = "workers") -> AsyncSaga:
+        """:meth:`attach` for asyncio: an :class:`AsyncSaga` entered already."""
+        saga = await asyncio.to_thread(self.attach, saga_id, executor=executor)
+        return AsyncSaga(self, saga.state.agent_id or "", {}, saga)
+
+    def taken_key(self, saga_id: str, holder: int) -> str:
+        """The key whose existence fences off every client-lease holder of ``saga_id``
+        before generation ``holder`` (a process attached it as ``holder``)."""
+        return f"{self.events.keys.driver(saga_id)}:taken:{holder}"
+
     def _inline(self, agent_id: str) -> Any:
         """This store's in-process runner; the first use for an agent recovers that
         agent's sagas that are due."""
         if self._runner is None:
             # the workers' own drivers (mypy checks them apart: they live in workers/)
-            from saga_store.workers.inline import InlineRunner  # type: ignore[import-not-found]
+            from saga_store.workers.inline import InlineRunner
             self._runner = InlineRunner(self, f"inline-{os.getpid()}")
         if agent_id not in self._recovered:
             self._recovered.add(agent_id)
@@ -196,7 +243,7 @@ class SagaStore:
         abort of a saga whose caller is gone). Touches no other agent's saga and
         runs no queued job. Called by the first inline saga of an agent; call it
         again to wait out a lease. Returns how many steps and unwinds it ran."""
-        from saga_store.workers.sweeper import Sweeper  # type: ignore[import-not-found]
+        from saga_store.workers.sweeper import Sweeper
         check_id(agent_id, "agent_id")
         self._recovered.add(agent_id)
         runner = self._inline(agent_id)

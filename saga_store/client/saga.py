@@ -8,15 +8,17 @@ from collections.abc import Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
-from saga_store.client.context import project
+from saga_store.client.context import UNDONE, project
 from saga_store.errors import (
     ConflictError,
     FencedOff,
     InvalidInput,
     SagaAborted,
+    SagaTakenOver,
     StepError,
     StepInDoubt,
     StepPending,
+    StepRolledBack,
 )
 from saga_store.execution.enqueue import enqueue_step, intent, schedule
 from saga_store.execution.idempotency import (
@@ -30,12 +32,12 @@ from saga_store.faults import fault
 from saga_store.ids import check_id
 from saga_store.log.events import EventKind as K
 from saga_store.log.store import ChainWriter
-from saga_store.log.stream import Head
+from saga_store.log.stream import Head, SideWrite
 from saga_store.ops import tracing
 from saga_store.protocol import build
-from saga_store.protocol.forward import commit_blocker, repeat_of
+from saga_store.protocol.forward import commit_blocker, logged_call, repeat_of
 from saga_store.protocol.state import SagaState, Status
-from saga_store.protocol.vocab import Approval, OutcomeKind, Phase, StepStatus
+from saga_store.protocol.vocab import Approval, Fence, OutcomeKind, Phase, StepStatus
 from saga_store.tools.spec import ToolSpec
 
 if TYPE_CHECKING:
@@ -46,10 +48,14 @@ class Saga:
     """One saga driven by the caller. Not thread-safe: one agent, one saga."""
 
     def __init__(self, store: SagaStore, writer: ChainWriter, state: SagaState,
-                 inline: Any = None) -> None:
+                 inline: Any = None, holder: int = 0) -> None:
         self.store, self.writer, self.state = store, writer, state
         self.inline = inline  # the in-process executor, or None: workers run the steps
-        self.invalid_calls = 0
+        self.invalid_calls = state.invalid_calls
+        # the caller's generation: 0 for the opener, one more for each attach. Every
+        # append is guarded by the absence of the next generation's taken-over key,
+        # so a process that attached fences off every handle before it
+        self.holder = holder
         self._renewed = time.monotonic()  # when the client lease was last renewed
         self._span: tracing.SagaSpan | None = None  # while its with-block runs
 
@@ -64,8 +70,9 @@ class Saga:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         try:
-            if self.state.status is not Status.RUNNING:
-                return
+            if self.state.status is not Status.RUNNING or isinstance(exc, SagaTakenOver) \
+                    or self.taken_over():
+                return  # ended already, or another process drives it now
             if exc is None:
                 self.commit()
             else:
@@ -84,11 +91,13 @@ class Saga:
         (:class:`SagaAborted`). A failed step raises :class:`StepError`, an
         unknown outcome :class:`StepInDoubt`; either way the saga unwinds.
         """
+        if tool_call_id is not None:
+            check_id(tool_call_id, "tool_call_id")
+            if any(st.tool_call_id == tool_call_id for st in self.state.steps.values()):
+                return self._replay(tool, {} if args is None else args, tool_call_id, timeout)
         if self.state.status is not Status.RUNNING:
             raise SagaAborted(f"saga {self.saga_id} is {self.state.status}; start a new saga")
         spec, validated = self._validate(tool, {} if args is None else args)
-        if tool_call_id is not None:
-            check_id(tool_call_id, "tool_call_id")
         salt = self.store.secrets.salt(self.saga_id) if spec.secret else b""
         logged, secret_values = self.store.secrets.redact(validated, spec.secret, salt)
         key = explicit_key(idempotency_key) if idempotency_key else \
@@ -122,6 +131,32 @@ class Saga:
             self.store.dedupe.release(self.state.agent_id, key, digest, self.saga_id, n)
             raise
         return self._answer(step, wait)
+
+    def _replay(self, tool: str, args: Mapping[str, Any], tool_call_id: str,
+                timeout: float | None) -> dict[str, Any]:
+        """A call the log already has (same ``tool_call_id``): its logged outcome, never
+        a second run. A call that succeeded and was rolled back since raises
+        :class:`StepRolledBack`; one the saga is unwinding waits for its undo."""
+        spec = self.store.registry.get(tool)
+        validated = spec.validate(args, self.store.settings.max_depth)
+        n = logged_call(self.state, tool_call_id, spec.name, validated, spec.secret)
+        assert n is not None
+        if self.store.metrics is not None:
+            self.store.metrics.dedupe_hits.labels("repeated_call").inc()
+        wait = timeout or spec.timeout + 30
+        st = self.state.steps[n]
+        if not st.finished or st.status is not StepStatus.SUCCEEDED:
+            return self._answer(n, wait)  # waits for its outcome; a failure raises
+        if self.state.status not in (Status.RUNNING, Status.COMMITTED):
+            # unwinding: wait until the unwind settled this step (or the saga)
+            self.store.follow(self.state, lambda s: s.final or s.status is Status.STUCK
+                              or s.steps[n].compensation in UNDONE, wait)
+            if st.compensation in UNDONE:
+                raise StepRolledBack(
+                    f"{st.tool} (tool_call_id {tool_call_id}) ran as step {n} of saga "
+                    f"{self.saga_id} and was rolled back since; it is not run again. "
+                    "Start a new saga to do it again", data=st.compensation_result)
+        return dict(st.result or {})
 
     def _take_over(self, key: str, digest: str, claim: Any, n: int) -> Any:
         """Take over a pending claim of the key that can never become a step (its
@@ -165,6 +200,7 @@ class Saga:
             side = self.store.secrets.writes(self.saga_id, {n: secret_values}) \
                 if secret_values else []
             side += self.store.driver_lease(self.saga_id)  # a call renews the client lease
+            side.append(self._guard())
             call = self.writer.prepare([(K.STEP_INTENT, fields)], phase=Phase.FORWARD,
                                        side=side)
             queued = call.queue(pipe)
@@ -182,14 +218,30 @@ class Saga:
                 self.state.apply({**fields, "kind": K.STEP_INTENT, "seq": self.writer.head.seq})
                 self.state.head_hash = self.writer.head.hash
                 return n
-            except FencedOff:
+            except FencedOff as exc:
                 self._catch_up()
+                self._refuse_if_taken(exc)
                 raise SagaAborted(f"saga {self.saga_id} is unwinding; no more calls") from None
             except ConflictError:
                 self._catch_up()  # someone else wrote: re-read, then decide again
                 if self.state.status is not Status.RUNNING:
                     raise SagaAborted(f"saga {self.saga_id} is {self.state.status}") from None
                 fields["step"] = n = self.state.next_step
+
+    def _guard(self) -> SideWrite:
+        """No append once another process attached: its generation's key exists."""
+        return SideWrite("absent", self.store.taken_key(self.saga_id, self.holder + 1))
+
+    def _refuse_if_taken(self, exc: FencedOff) -> None:
+        if exc.reason is Fence.GUARD:
+            raise SagaTakenOver(
+                f"saga {self.saga_id} was attached by another process, which drives it now; "
+                f"this handle is fenced off. Call store.attach({self.saga_id!r}) to drive it "
+                "from here again") from None
+
+    def taken_over(self) -> bool:
+        """Whether another process attached this saga since this handle got it."""
+        return bool(self.store.redis.exists(self.store.taken_key(self.saga_id, self.holder + 1)))
 
     def _sync_head(self) -> None:
         """Writers append to this saga too (its steps' workers): use the newest head
@@ -215,6 +267,15 @@ class Saga:
                                     px=self.store.client_lease_ms, xx=True)
         self._renewed = time.monotonic()
         return bool(held)
+
+    def park(self, seconds: float) -> None:
+        """Suspend the client lease while the run waits for a person (a framework's
+        approval interruption): the lease lasts ``seconds``, the approval's own
+        deadline, instead of ``SAGA_CLIENT_LEASE_S``; the decision may come from
+        another process (``store.attach``), which takes the lease back."""
+        self.store.redis.set(self.store.events.keys.driver(self.saga_id), "1",
+                             px=max(1, int(seconds * 1000)))
+        self._renewed = time.monotonic()
 
     def _renew_now_and_then(self) -> None:
         """While waiting on a step: renew the client lease once a third of it passed."""
@@ -272,10 +333,12 @@ class Saga:
         self._sync_head()
         for _ in range(20):
             try:
-                self.writer.append_many([build.saga_committed()], phase=Phase.FORWARD)
+                self.writer.append_many([build.saga_committed()], phase=Phase.FORWARD,
+                                        side=[self._guard()])
                 break
-            except FencedOff:
+            except FencedOff as exc:
                 self._catch_up()
+                self._refuse_if_taken(exc)
                 raise SagaAborted(f"saga {self.saga_id} is {self.state.status}; "
                                   "it can't commit") from None
             except ConflictError:
@@ -289,6 +352,8 @@ class Saga:
     def abort(self, reason: str = "aborted by the caller") -> None:
         """Stop going forward and unwind what ran (compensations, in reverse order);
         inline, the unwind runs here before this returns."""
+        if self.taken_over():
+            self._refuse_if_taken(FencedOff("taken over", Fence.GUARD))
         if self.store.abort(self.saga_id, reason, queue=self.inline is None):
             self.state.status = Status.COMPENSATING
             if self.inline is not None:
@@ -301,12 +366,15 @@ class AsyncSaga:
     The blocking parts run in a worker thread, so an event loop is never stalled.
     """
 
-    def __init__(self, store: SagaStore, agent_id: str, kwargs: dict[str, Any]) -> None:
+    def __init__(self, store: SagaStore, agent_id: str, kwargs: dict[str, Any],
+                 saga: Saga | None = None) -> None:
         self._store, self._agent_id, self._kwargs = store, agent_id, kwargs
-        self.saga: Saga | None = None
+        self.saga: Saga | None = saga  # given: an attached saga, entered already
 
     async def __aenter__(self) -> Self:
-        self.saga = await asyncio.to_thread(self._store.saga, self._agent_id, **self._kwargs)
+        if self.saga is None:
+            self.saga = await asyncio.to_thread(self._store.saga, self._agent_id,
+                                                **self._kwargs)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

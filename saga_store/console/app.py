@@ -13,8 +13,9 @@ from starlette.staticfiles import StaticFiles
 
 from saga_store import SagaError, SagaStore, StoreUnavailable
 
-from . import ops, sagas
+from . import actions, fleet_page, live, ops, overview, sagas, search
 from .config import ConsoleConfig
+from .counts import NavCounts, Tally
 from .render import make_templates, page
 from .security import Guard
 from .verify_status import VerifyStatus
@@ -59,14 +60,19 @@ def create_app(saga_store: SagaStore, config: ConsoleConfig | None = None) -> St
     routes = [
         Route("/", _home),
         Route("/healthz", _health),
+        Route("/overview", overview.overview_page),
         Route("/sagas", sagas.sagas_list),
         Route("/sagas/{saga_id}", sagas.saga_page),
         Route("/sagas/{saga_id}/export.jsonl", sagas.saga_export),
-        Route("/sagas/{saga_id}/live", sagas.saga_live),
+        Route("/sagas/{saga_id}/live", live.saga_live),
+        Route("/sagas/{saga_id}/do/{action}", actions.confirm_page),
+        Route("/sagas/{saga_id}/do/{action}", actions.act, methods=["POST"]),
         Route("/approvals", ops.approvals_page),
         Route("/approvals/{saga_id}/{step}/{verdict:str}", ops.decide, methods=["POST"]),
         Route("/attention", ops.attention_page),
         Route("/attention/{saga_id}/ack", ops.ack, methods=["POST"]),
+        Route("/workers", fleet_page.workers_page),
+        Route("/search", search.search_page),
         Route("/verify", ops.verify_page),
         Route("/verify/run", ops.verify_run, methods=["POST"]),
         Route("/login", ops.login_page),
@@ -75,12 +81,15 @@ def create_app(saga_store: SagaStore, config: ConsoleConfig | None = None) -> St
         Mount("/static", StaticFiles(packages=[("saga_store.console", "static")]),
               name="static"),
     ]
-    app = Starlette(routes=routes, middleware=[Middleware(Guard, config=config)],
+    tally = Tally(saga_store)
+    app = Starlette(routes=routes, middleware=[Middleware(Guard, config=config),
+                                               Middleware(NavCounts, tally=tally)],
                     exception_handlers={HTTPException: _http_error,
                                         SagaError: _store_error,
                                         redis.RedisError: _store_error})
     app.state.saga_store = saga_store
     app.state.config = config
+    app.state.tally = tally
     app.state.templates = make_templates()
     app.state.verify = VerifyStatus(saga_store.events, config.anchor_file)
     return app

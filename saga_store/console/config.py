@@ -5,6 +5,8 @@ port (that is, this machine's users). Any other bind needs a way to tell who
 is asking: ``SAGA_CONSOLE_TOKEN`` (a bearer token, or the token typed into
 the login form, which sets a signed cookie), or ``SAGA_CONSOLE_USER_HEADER``,
 the header in which a reverse proxy that authenticated the user names them.
+``SAGA_CONSOLE_READONLY_TOKEN`` tokens sign in those who may see everything
+and change nothing: every action they send is refused with 403.
 
 A console answers only requests addressed to a name it serves (the Host
 header): loopback names, the address it binds, and the names given with
@@ -37,13 +39,15 @@ class ConsoleConfig:
     """Settings of one console server.
 
     ``tokens`` maps each accepted token to the name recorded with the decisions
-    of whoever presents it. ``operator`` is the name used when nothing else
+    of whoever presents it; ``readonly_tokens`` those of people who may look
+    but not act. ``operator`` is the name used when nothing else
     names the person (a loopback console with no token).
     """
 
     host: str = "127.0.0.1"
     port: int = 8765
     tokens: Mapping[str, str] = field(default_factory=dict)
+    readonly_tokens: Mapping[str, str] = field(default_factory=dict)
     user_header: str | None = None
     operator: str = "operator"
     anchor_file: str | None = None
@@ -51,6 +55,7 @@ class ConsoleConfig:
     allowed_hosts: tuple[str, ...] = ()
     page_size: int = 25
     live_block_ms: int = 5000  # how long one XREAD BLOCK of a live page waits
+    keepalive_s: float = 10.0  # a quiet live feed sends a comment this often
     # signs login cookies and CSRF tokens; new per process, so a restart logs out
     signing_key: bytes = field(default_factory=lambda: secrets.token_bytes(32), repr=False)
 
@@ -58,7 +63,8 @@ class ConsoleConfig:
     def from_env(cls, host: str = "127.0.0.1", port: int = 8765, operator: str | None = None,
                  env: Mapping[str, str] | None = None,
                  allowed_hosts: tuple[str, ...] = ()) -> ConsoleConfig:
-        """Read ``SAGA_CONSOLE_TOKEN``, ``SAGA_CONSOLE_USER_HEADER``,
+        """Read ``SAGA_CONSOLE_TOKEN``, ``SAGA_CONSOLE_READONLY_TOKEN``,
+        ``SAGA_CONSOLE_USER_HEADER``,
         ``SAGA_OPERATOR``, ``SAGA_ANCHOR`` and ``SAGA_CONSOLE_ALLOWED_HOSTS``
         (comma-separated, added to ``allowed_hosts``); refuse an exposed bind
         with neither a token nor a user header."""
@@ -67,6 +73,8 @@ class ConsoleConfig:
         extra = [h for h in env.get("SAGA_CONSOLE_ALLOWED_HOSTS", "").split(",") if h.strip()]
         config = cls(host=host, port=port,
                      tokens=parse_tokens(env.get("SAGA_CONSOLE_TOKEN", ""), name),
+                     readonly_tokens=parse_tokens(env.get("SAGA_CONSOLE_READONLY_TOKEN", ""),
+                                                  "viewer", "SAGA_CONSOLE_READONLY_TOKEN"),
                      user_header=(env.get("SAGA_CONSOLE_USER_HEADER") or "").strip() or None,
                      operator=check_name(name), anchor_file=env.get("SAGA_ANCHOR") or None,
                      allowed_hosts=tuple(check_host(h) for h in (*allowed_hosts, *extra)))
@@ -86,7 +94,7 @@ class ConsoleConfig:
     @property
     def open_access(self) -> bool:
         """No token and no proxy header: whoever reaches the port is the operator."""
-        return not self.tokens and self.user_header is None
+        return not self.tokens and not self.readonly_tokens and self.user_header is None
 
     def check_bind(self) -> None:
         if not self.loopback and self.open_access:
@@ -118,16 +126,29 @@ class ConsoleConfig:
         return (name, None) in self.served_hosts or \
             (port is not None and (name, port) in self.served_hosts)
 
+    @property
+    def token_login(self) -> bool:
+        """Whether people sign in with a token."""
+        return bool(self.tokens or self.readonly_tokens)
+
     def token_name(self, presented: str) -> str | None:
         """The name of whoever holds ``presented``, compared in constant time."""
+        found = self.token_holder(presented)
+        return found[0] if found else None
+
+    def token_holder(self, presented: str) -> tuple[str, bool] | None:
+        """``(name, read_only)`` of whoever holds ``presented``; every token is
+        compared, in constant time."""
         found = None
-        for token, name in self.tokens.items():
-            if hmac.compare_digest(token.encode(), presented.encode()):
-                found = name
+        for tokens, read_only in ((self.tokens, False), (self.readonly_tokens, True)):
+            for token, name in tokens.items():
+                if hmac.compare_digest(token.encode(), presented.encode()):
+                    found = (name, read_only)
         return found
 
 
-def parse_tokens(text: str, default_name: str) -> dict[str, str]:
+def parse_tokens(text: str, default_name: str,
+                 variable: str = "SAGA_CONSOLE_TOKEN") -> dict[str, str]:
     """``SAGA_CONSOLE_TOKEN``: one token (its holder is ``default_name``), or
     comma-separated ``name:token`` pairs, one per operator."""
     out: dict[str, str] = {}
@@ -137,9 +158,9 @@ def parse_tokens(text: str, default_name: str) -> dict[str, str]:
         name, sep, token = item.rpartition(":")
         name, token = (name.strip(), token.strip()) if sep else (default_name, item)
         if len(token) < 16:
-            raise InvalidInput("SAGA_CONSOLE_TOKEN: each token needs at least 16 characters "
+            raise InvalidInput(f"{variable}: each token needs at least 16 characters "
                                "(python3 -c 'import secrets; print(secrets.token_urlsafe())')",
-                               field="SAGA_CONSOLE_TOKEN")
+                               field=variable)
         out[token] = check_name(name or default_name)
     return out
 

@@ -10,7 +10,10 @@ shown are folded from their logs, and what they show is the fold.
 
 from __future__ import annotations
 
+import heapq
 import time
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +24,13 @@ from saga_store.log.events import EventKind as K
 from saga_store.log.store import EventStore
 from saga_store.log.stream import body_and_hash, command
 
+from . import states
+
 CHUNK = 200
-MAX_SCAN = 5000  # ledger entries one request reads at most, however selective the filter
+MAX_SCAN = 5000  # ledger entries one page reads at most, however selective the filter
+FIRST_LOOK = 100  # openings the first read of a bucketed ledger aims to hold, all chains
+STATE_BATCH = 200  # openings whose cached state is read in one round trip
+_OPENED = b'"kind":"%s"' % K.LEDGER_OPENED.encode()  # as canonical JSON spells it
 
 
 @dataclass(frozen=True)
@@ -44,13 +52,15 @@ class Row:
     events: int = 0  # from the log as folded, never the cached meta
     updated_ms: int | None = None
     conversation_id: str | None = None
+    shown: states.Shown | None = None  # the state in an operator's words
 
     @classmethod
     def of(cls, st: SagaState, now_ms: int) -> Row:
         end = st.updated_ts if st.final else now_ms
         duration = end - st.created_ts if st.created_ts is not None and end else None
         return cls(st.saga_id, str(st.status), st.agent_id, st.created_ts, duration,
-                   len(st.steps), st.seq + 1, st.updated_ts, st.conversation_id)
+                   len(st.steps), st.seq + 1, st.updated_ts, st.conversation_id,
+                   states.shown(st))
 
 
 @dataclass
@@ -152,50 +162,166 @@ def list_page(store: EventStore, filters: Filters, cursor: int | None = None,
 
 def _bucketed_page(store: EventStore, filters: Filters, cursor: int | None,
                    limit: int) -> Page:
-    """A page of a store whose ledger is split into buckets: the newest openings of
-    each bucket's chain (read backwards, as for one chain), merged by time.
-    ``cursor`` is a time (ms): the page holds sagas opened before it, and runs past
-    ``limit`` to keep sagas opened in the same millisecond together, so none falls
-    between two pages. An entry that is not an event is passed over ('saga
-    verify' reports it)."""
-    want = limit + 1
-    found = [o for o in (_opening(b, 0) for b in store.ledger.pending()) if o is not None]
-    scanned = len(found)
-    for chain in store.ledger.present():
-        top: bytes | str = "+"
-        kept = 0
-        while kept < want and scanned < MAX_SCAN:
-            rows = command(store.log.raw, "XREVRANGE", keys.ledger_log(chain), top, "-",
-                           "COUNT", min(CHUNK, want))
-            scanned += len(rows)
-            for _eid, fields in rows:
-                try:
-                    o = _opening(orjson.loads(body_and_hash(fields)[0]), 0)
-                except orjson.JSONDecodeError:
-                    continue
-                if o is not None and (cursor is None or o.ts < cursor) and _matches(o, filters):
-                    found.append(o)
-                    kept += 1
-            if len(rows) < min(CHUNK, want):
-                break
-            top = b"(" + rows[-1][0]
-    seen: set[str] = set()
-    openings = []
-    # newest first; of one millisecond, by id (ids one process made then increase)
-    for o in sorted(found, key=lambda o: (o.ts, o.saga_id), reverse=True):
-        if o.saga_id not in seen and _matches(o, filters):
-            seen.add(o.saga_id)
-            openings.append(o)
-    if filters.state and openings:
-        openings = [o for o, st in zip(openings, _states(store, openings), strict=True)
-                    if st == filters.state]
-    shown = openings[:limit]
-    if len(openings) > limit:
-        shown += [o for o in openings[limit:] if o.ts == shown[-1].ts]
-    nxt = shown[-1].ts if len(openings) > len(shown) else None
+    """A page of a store whose ledger is split into buckets: openings merged from
+    every bucket's chain, newest first (:func:`newest`). ``cursor`` is a time (ms):
+    the page holds sagas opened before it, and runs past ``limit`` to keep sagas
+    opened in the same millisecond together, so none falls between two pages. A
+    page reads at most about MAX_SCAN ledger entries: past that it ends early,
+    its cursor where the reading stopped (a millisecond is read whole first)."""
+    scan = Scan(budget=MAX_SCAN)
+    shown: list[Opening] = []
+    more = False
+    for o in newest(store, filters, below=cursor, scan=scan):
+        if len(shown) >= limit and o.ts != shown[-1].ts:
+            more = True
+            break
+        shown.append(o)
+    nxt = shown[-1].ts if more else scan.cut
     now = time.time_ns() // 1_000_000
     rows_out = [Row.of(store.state(o.saga_id), now) for o in shown]
-    return Page(rows_out, str(nxt) if nxt is not None else None, scanned)
+    return Page(rows_out, str(nxt) if nxt is not None else None, scan.read)
+
+
+@dataclass
+class Scan:
+    """How much of the ledger a listing read, and where it was cut short (a
+    budget of None reads as far as the listing goes)."""
+
+    budget: int | None = None
+    read: int = 0
+    stop_after: int | None = None  # the ms after which a spent listing stops
+    cut: int | None = None  # where it stopped early: the next page starts below it
+
+    @property
+    def spent(self) -> bool:
+        return self.budget is not None and self.read >= self.budget
+
+
+class _Chain:
+    """One ledger chain read backwards (newest first), a chunk at a time."""
+
+    __slots__ = ("buf", "done", "key", "size", "top")
+
+    def __init__(self, chain: str, size: int) -> None:
+        self.key = keys.ledger_log(chain)
+        self.top: bytes | str = "+"
+        self.buf: deque[Opening] = deque()
+        self.done = False
+        self.size = size
+
+    def queue(self, pipe: Any) -> None:
+        pipe.execute_command("XREVRANGE", self.key, self.top, "-", "COUNT", self.size)
+
+    def take(self, rows: list[Any], below: int | None) -> int:
+        """Take in a chunk read by :meth:`queue`; returns how many entries it held."""
+        for _eid, fields in rows:
+            body = body_and_hash(fields)[0]
+            if _OPENED not in body:  # a close: not listed, no need to parse
+                continue
+            try:
+                o = _opening(orjson.loads(body), 0)
+            except orjson.JSONDecodeError:
+                continue  # not an event ('saga verify' reports it)
+            if o is not None and (below is None or o.ts < below):
+                self.buf.append(o)
+        if len(rows) < self.size:
+            self.done = True
+        else:
+            self.top = b"(" + rows[-1][0]
+            self.size = min(self.size * 2, CHUNK)
+        return len(rows)
+
+
+def _order(o: Opening) -> tuple[int, str, str]:
+    """Newest is greatest: by time, then (of one millisecond) by the id's own part
+    (what follows the agent's prefix: ids one process made then increase), then
+    the whole id."""
+    return o.ts, o.saga_id.rpartition("_")[2], o.saga_id
+
+
+class _Head:
+    """A chain's newest unlisted opening, ordered for a heap that pops the newest
+    first (see :func:`_order`)."""
+
+    __slots__ = ("chain", "key")
+
+    def __init__(self, chain: _Chain) -> None:
+        self.chain = chain
+        self.key = _order(chain.buf[0])
+
+    def __lt__(self, other: _Head) -> bool:
+        return self.key > other.key
+
+
+def newest(store: EventStore, filters: Filters, below: int | None = None,
+           scan: Scan | None = None) -> Iterator[Opening]:
+    """Every saga's opening that ``filters`` keeps, newest first, each once: the
+    pending entries and every ledger chain, each chain read backwards a chunk at a
+    time and merged by time (a chain holds its entries in the order they were
+    written). Only as much of each chain is read as the listing consumes; chains
+    that run dry are read again together, in one round trip. ``below``: only
+    sagas opened before this time (ms)."""
+    scan = scan if scan is not None else Scan()
+    pending = [o for o in (_opening(b, 0) for b in store.ledger.pending()) if o is not None
+               and (below is None or o.ts < below)]
+    scan.read += len(pending)
+    chains = store.ledger.present()
+    size = max(4, min(CHUNK, 2 * FIRST_LOOK // max(len(chains), 1) + 4))
+    first = _Chain("pending", 0)  # what is written, not yet chained: newest of all
+    first.buf.extend(sorted(pending, key=_order, reverse=True))
+    first.done = True
+    readers = [first, *(_Chain(c, size) for c in chains)]
+    heap: list[_Head] = []
+    _read(store, readers, below, scan, heap)
+    seen: set[str] = set()
+    batch: list[Opening] = []
+    while heap:
+        head = heapq.heappop(heap)
+        o = head.chain.buf.popleft()
+        if head.chain.buf:
+            heapq.heappush(heap, _Head(head.chain))
+        elif not head.chain.done:
+            _read(store, [head.chain], below, scan, heap)
+        if filters.since_ms is not None and o.ts < filters.since_ms:
+            break  # newest first: everything after is older still
+        if scan.stop_after is not None and o.ts < scan.stop_after:
+            scan.cut = scan.stop_after  # every opening from that ms on was looked at
+            break
+        if scan.spent and scan.stop_after is None:
+            scan.stop_after = o.ts  # out of budget: end once this ms is read whole
+        if o.saga_id in seen or not _matches(o, filters):
+            continue
+        seen.add(o.saga_id)
+        batch.append(o)
+        if len(batch) >= STATE_BATCH or not filters.state:
+            yield from _with_state(store, batch, filters)
+            batch = []
+    yield from _with_state(store, batch, filters)
+
+
+def _read(store: EventStore, chains: list[_Chain], below: int | None, scan: Scan,
+          heap: list[_Head]) -> None:
+    """Read the next chunk of each of ``chains`` (one round trip), again for those
+    whose chunk held no opening, until each has one or is done; push each onto
+    ``heap``."""
+    todo = [c for c in chains if not c.done]
+    while todo:
+        pipe: Any = store.log.raw.pipeline(transaction=False)
+        for c in todo:
+            c.queue(pipe)
+        for c, rows in zip(todo, pipe.execute(), strict=True):
+            scan.read += c.take(rows, below)
+        todo = [c for c in todo if not c.buf and not c.done]
+    for c in chains:
+        if c.buf:
+            heapq.heappush(heap, _Head(c))
+
+
+def _with_state(store: EventStore, batch: list[Opening], filters: Filters) -> list[Opening]:
+    if not filters.state or not batch:
+        return batch
+    return [o for o, st in zip(batch, _states(store, batch), strict=True)
+            if st == filters.state]
 
 
 def _matches(o: Opening, f: Filters) -> bool:

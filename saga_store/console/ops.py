@@ -19,7 +19,7 @@ from saga_store.approval.attention import acknowledge, needing_attention
 from saga_store.ids import valid_id
 
 from .masking import mask
-from .render import page
+from .render import flash, page
 from .security import SESSION_COOKIE, checked_form, operator_of, safe_next, session_cookie
 from .verify_status import VerifyStatus
 
@@ -34,11 +34,6 @@ def _back(path: str, **message: str) -> RedirectResponse:
     return RedirectResponse(f"{path}?{urlencode(message)}" if message else path, 303)
 
 
-def _flash(request: Request) -> dict[str, str]:
-    q = request.query_params
-    return {k: q[k][:500] for k in ("done", "error") if q.get(k)}
-
-
 def _preview(p: approvals.Pending) -> dict[str, Any]:
     d = p.to_dict()
     d["args"] = mask(d.get("args") or {})
@@ -51,7 +46,7 @@ def _preview(p: approvals.Pending) -> dict[str, Any]:
 async def approvals_page(request: Request) -> Response:
     pending = await run_in_threadpool(approvals.pending, _store(request))
     return page(request, "approvals.html", {"pending": [_preview(p) for p in pending],
-                                            **_flash(request)})
+                                            **flash(request)})
 
 
 async def decide(request: Request) -> Response:
@@ -77,7 +72,7 @@ async def decide(request: Request) -> Response:
 
 async def attention_page(request: Request) -> Response:
     rows = await run_in_threadpool(needing_attention, _store(request).events.log)
-    return page(request, "attention.html", {"rows": rows, **_flash(request)})
+    return page(request, "attention.html", {"rows": rows, **flash(request)})
 
 
 async def ack(request: Request) -> Response:
@@ -97,7 +92,7 @@ async def verify_page(request: Request) -> Response:
     head = await run_in_threadpool(status.ledger_head)
     return page(request, "verify.html", {"status": status, "last": status.last, "head": head,
                                          "anchor_file": status.anchor_file,
-                                         **_flash(request)})
+                                         **flash(request)})
 
 
 async def verify_run(request: Request) -> Response:
@@ -117,12 +112,14 @@ async def login(request: Request) -> Response:
     form = await checked_form(request)
     config = request.app.state.config
     target = safe_next(str(form.get("next") or "/"))
-    name = config.token_name(str(form.get("token") or "")) if config.tokens else None
-    if name is None:
+    found = config.token_holder(str(form.get("token") or "")) if config.token_login else None
+    if found is None:
         return page(request, "login.html", {"next": target, "error": "that token is not "
                                             "accepted"}, status_code=401)
     response = RedirectResponse(target, 303)
-    response.set_cookie(SESSION_COOKIE, session_cookie(config.signing_key, name),
+    name, read_only = found
+    response.set_cookie(SESSION_COOKIE, session_cookie(config.signing_key, name,
+                                                       read_only=read_only),
                         max_age=12 * 3600, httponly=True, samesite="strict",
                         secure=request.url.scheme == "https")
     return response

@@ -15,7 +15,8 @@ from .masking import mask
 from .timeline import duration, utc
 
 STATE_CLASS = {"running": "run", "compensating": "comp", "committed": "ok",
-               "compensated": "undone", "needs_attention": "attn", "stuck": "stuck"}
+               "compensated": "undone", "needs_attention": "attn", "stuck": "stuck",
+               "waiting_approval": "wait", "in_doubt": "doubt", "retrying": "retry"}
 
 
 def _pretty(value: Any) -> str:
@@ -38,10 +39,19 @@ def page(request: Request, name: str, context: dict[str, Any],
     """Render ``name`` with what every page needs: who is signed in, the CSRF token."""
     templates: Jinja2Templates = request.app.state.templates
     full = {"operator": request.state.operator, "csrf": request.state.csrf,
-            "token_login": bool(request.app.state.config.tokens), **context}
+            "read_only": getattr(request.state, "read_only", False),
+            "counts": getattr(request.state, "counts", None),
+            "token_login": request.app.state.config.token_login, **context}
     response: HTMLResponse = templates.TemplateResponse(request, name, full,
                                                         status_code=status_code)
     return response
+
+
+def flash(request: Request) -> dict[str, str]:
+    """What the last action did (``done``) or why it was refused (``error``), from
+    the query a see-other carried; shown escaped, never as HTML."""
+    q = request.query_params
+    return {k: q[k][:500] for k in ("done", "error") if q.get(k)}
 
 
 def fragment(request: Request, name: str, context: dict[str, Any]) -> str:

@@ -1,21 +1,16 @@
-"""Pages about sagas: the list, one saga (timeline, history, export), and the
-live feed that keeps a running saga's page current."""
+"""Pages about sagas: the list and one saga (timeline, history, export)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import io
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
-import anyio.to_thread
-import orjson
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from saga_store import SagaStore, Status
 from saga_store.client.context import FORMATS, rebuild_history
@@ -24,12 +19,13 @@ from saga_store.protocol.state import fold
 from saga_store.verify.export import export
 
 from . import timeline
+from .effects import offers, undo_tools, unwind_plan
 from .listing import Filters, list_page
 from .masking import mask_messages
-from .render import fragment, page
+from .render import flash, page
+from .states import reason_lines, shown
 
 STATES = [s.value for s in Status]
-LIVE_THREADS = 32
 
 
 def _store(request: Request) -> SagaStore:
@@ -72,16 +68,17 @@ async def sagas_list(request: Request) -> Response:
                                         "keep": keep, "first": cursor is None})
 
 
-def _saga_id(request: Request) -> str:
+def saga_id_of(request: Request) -> str:
     sid: str = request.path_params["saga_id"]
     if not valid_id(sid):
         raise HTTPException(404, "no such saga")
     return sid
 
 
-def live_context(store: SagaStore, saga_id: str, fmt: str) -> dict[str, Any]:
+def live_context(store: SagaStore, saga_id: str, fmt: str,
+                 read_only: bool = False) -> dict[str, Any]:
     """Everything the live part of a saga page shows (state, timeline, the history
-    the agent sees in ``fmt``), from one read of its log."""
+    the agent sees in ``fmt``, what a person may do), from one read of its log."""
     bodies, head = store.events.log.bodies_and_head(saga_id)
     if not bodies:
         raise HTTPException(404, f"no saga {saga_id}")
@@ -91,10 +88,14 @@ def live_context(store: SagaStore, saga_id: str, fmt: str) -> dict[str, Any]:
     took = (st.updated_ts or now) - created if st.final else now - created
     return {"saga": st, "seq": head.seq, "tl": timeline.build(bodies, now, st.final),
             "took": took, "live": not st.final, "fmt": fmt, "formats": FORMATS,
-            "history": mask_messages(rebuild_history([st], fmt))}
+            "history": mask_messages(rebuild_history([st], fmt)),
+            "shown": shown(st, store.registry, undo_tools(bodies)),
+            "reasons": reason_lines(st),
+            "offers": offers(st, bodies), "read_only": read_only,
+            "plan": [] if st.final else unwind_plan(st, undo_tools(bodies))}
 
 
-def _format(request: Request) -> str:
+def with_format(request: Request) -> str:
     fmt = request.query_params.get("format", "openai")
     if fmt not in FORMATS:
         raise HTTPException(400, f"format: one of {', '.join(FORMATS)}")
@@ -102,14 +103,15 @@ def _format(request: Request) -> str:
 
 
 async def saga_page(request: Request) -> Response:
-    sid, fmt = _saga_id(request), _format(request)
-    ctx = await run_in_threadpool(live_context, _store(request), sid, fmt)
-    return page(request, "saga.html", ctx)
+    sid, fmt = saga_id_of(request), with_format(request)
+    ctx = await run_in_threadpool(live_context, _store(request), sid, fmt,
+                                  request.state.read_only)
+    return page(request, "saga.html", {**ctx, **flash(request)})
 
 
 async def saga_export(request: Request) -> Response:
     """The saga and the ledger as JSONL, which ``saga verify --file`` accepts."""
-    sid = _saga_id(request)
+    sid = saga_id_of(request)
     store = _store(request)
     if (await run_in_threadpool(store.events.log.head, sid)).empty:
         raise HTTPException(404, f"no saga {sid}")
@@ -122,47 +124,3 @@ async def saga_export(request: Request) -> Response:
     body = await run_in_threadpool(write)
     return Response(body, media_type="application/x-ndjson", headers={
         "content-disposition": f'attachment; filename="saga-{sid}.jsonl"'})
-
-
-def _live_limiter(request: Request) -> anyio.CapacityLimiter:
-    """Threads for live pages' blocking reads, apart from the pool every other
-    request uses: many open live pages delay each other's updates, not the pages."""
-    limiter: anyio.CapacityLimiter | None = getattr(request.app.state, "live_limiter", None)
-    if limiter is None:
-        limiter = request.app.state.live_limiter = anyio.CapacityLimiter(LIVE_THREADS)
-    return limiter
-
-
-async def saga_live(request: Request) -> Response:
-    """Server-Sent Events: the saga page's live part, re-rendered whenever events
-    land (XREAD BLOCK on the saga's stream, in a thread, never on the loop)."""
-    sid, fmt = _saga_id(request), _format(request)
-    after_text = request.query_params.get("after", "-1")
-    after = int(after_text) if after_text.lstrip("-").isdigit() else -1
-    store = _store(request)
-    block_ms: int = request.app.state.config.live_block_ms
-    limiter = _live_limiter(request)
-
-    async def events() -> AsyncIterator[str]:
-        seq = after
-        yield "retry: 2000\n\n"
-        while True:
-            got = await anyio.to_thread.run_sync(store.events.log.wait, sid, seq, block_ms,
-                                                 limiter=limiter)
-            if await request.is_disconnected():
-                return
-            if not got:
-                yield ": idle\n\n"  # a comment: keeps proxies from closing the stream
-                continue
-            ctx = await run_in_threadpool(live_context, store, sid, fmt)
-            seq = ctx["seq"]
-            html = fragment(request, "_live.html", ctx)
-            data = orjson.dumps({"seq": seq, "state": str(ctx["saga"].status),
-                                 "final": not ctx["live"], "html": html}).decode()
-            yield f"event: update\nid: {seq}\ndata: {data}\n\n"
-            if not ctx["live"]:
-                yield "event: end\ndata: {}\n\n"
-                return
-
-    return StreamingResponse(events(), media_type="text/event-stream",
-                             headers={"x-accel-buffering": "no"})

@@ -6,7 +6,10 @@ token is handed out: see ``ConsoleConfig.serves``), names the
 operator (proxy header, bearer token, login cookie, or the configured name of
 an open loopback console), turns strangers away, hands each browser a signed
 CSRF token in a cookie, and adds headers that keep pages from being framed
-or running foreign scripts. :func:`checked_form` is how every POST handler
+or running foreign scripts. A read-only sign-in
+(``SAGA_CONSOLE_READONLY_TOKEN``) sees every page, and every POST it sends
+but signing in and out is refused here with 403, whatever route it names, so
+no action can be added that forgets to check. :func:`checked_form` is how every POST handler
 reads its form: the form's ``csrf`` field must equal the cookie (double
 submit) and carry a valid signature, and a request whose Origin is not a
 name this console serves is refused.
@@ -36,6 +39,7 @@ CSRF_COOKIE = "saga_csrf"
 SESSION_COOKIE = "saga_session"
 SESSION_S = 12 * 3600
 PUBLIC = ("/login", "/static/", "/healthz")
+SIGN_IN_OUT = ("/login", "/logout")  # the only POSTs a read-only sign-in may send
 # a load balancer's probe names the address it dials; the answer is "ok" and no cookie
 ANY_HOST = "/healthz"
 HEADERS = {
@@ -66,40 +70,44 @@ def csrf_valid(key: bytes, token: str | None) -> bool:
     return hmac.compare_digest(sig, _sign(key, "csrf", nonce))
 
 
-def session_cookie(key: bytes, name: str, now: float | None = None) -> str:
-    """A login cookie naming ``name`` until it expires, signed with ``key``."""
+def session_cookie(key: bytes, name: str, now: float | None = None,
+                   read_only: bool = False) -> str:
+    """A login cookie naming ``name`` (and whether they may only look) until it
+    expires, signed with ``key``."""
     expires = int((now or time.time()) + SESSION_S)
     who = base64.urlsafe_b64encode(name.encode()).decode()
-    return f"{who}.{expires}.{_sign(key, 'session', f'{who}.{expires}')}"
+    role = "ro" if read_only else "op"
+    return f"{who}.{role}.{expires}.{_sign(key, 'session', f'{who}.{role}.{expires}')}"
 
 
-def session_name(key: bytes, cookie: str | None) -> str | None:
+def session_holder(key: bytes, cookie: str | None) -> tuple[str, bool] | None:
+    """``(name, read_only)`` of a valid, unexpired login cookie."""
     try:
-        who, expires, sig = (cookie or "").split(".")
-        if not hmac.compare_digest(sig, _sign(key, "session", f"{who}.{expires}")):
+        who, role, expires, sig = (cookie or "").split(".")
+        if not hmac.compare_digest(sig, _sign(key, "session", f"{who}.{role}.{expires}")):
             return None
         if int(expires) < time.time():
             return None
-        return base64.urlsafe_b64decode(who.encode()).decode()
+        return base64.urlsafe_b64decode(who.encode()).decode(), role == "ro"
     except ValueError:  # wrong shape, bad base64 or number, not UTF-8
         return None
 
 
-def identify(config: ConsoleConfig, request: Request) -> str | None:
-    """The operator's name, or None when the request proves no identity."""
+def identify(config: ConsoleConfig, request: Request) -> tuple[str, bool] | None:
+    """``(name, read_only)`` of who asks, or None when the request proves no identity."""
     if config.user_header is not None:
         value = request.headers.get(config.user_header)
         if value:
             try:
-                return check_name(value)
+                return check_name(value), False
             except InvalidInput:
                 return None
-    if config.tokens:
+    if config.token_login:
         auth = request.headers.get("authorization", "")
         if auth.lower().startswith("bearer "):
-            return config.token_name(auth[7:].strip())
-        return session_name(config.signing_key, request.cookies.get(SESSION_COOKIE))
-    return config.operator if config.open_access else None
+            return config.token_holder(auth[7:].strip())
+        return session_holder(config.signing_key, request.cookies.get(SESSION_COOKIE))
+    return (config.operator, False) if config.open_access else None
 
 
 class Guard:
@@ -121,15 +129,19 @@ class Guard:
         if not self.config.serves(host):
             await self._stranger(host)(scope, receive, send)
             return
-        operator = identify(self.config, request)
+        found = identify(self.config, request)
+        operator, read_only = found if found else (None, False)
         if operator is None and not path.startswith(PUBLIC):
             await self._refuse(request)(scope, receive, send)
+            return
+        if read_only and request.method not in ("GET", "HEAD") and path not in SIGN_IN_OUT:
+            await self._read_only(operator)(scope, receive, send)
             return
         csrf = request.cookies.get(CSRF_COOKIE)
         fresh = not csrf_valid(self.config.signing_key, csrf)
         if fresh:
             csrf = new_csrf(self.config.signing_key)
-        scope.setdefault("state", {}).update(operator=operator, csrf=csrf)
+        scope.setdefault("state", {}).update(operator=operator, csrf=csrf, read_only=read_only)
         secure = "; Secure" if scope.get("scheme") == "https" else ""
 
         async def send_with_headers(message: Message) -> None:
@@ -153,8 +165,13 @@ class Guard:
             "--allowed-host NAME (SAGA_CONSOLE_ALLOWED_HOSTS) for the name a proxy or DNS "
             "gives it", status_code=400, headers=HEADERS)
 
+    def _read_only(self, name: str | None) -> Response:
+        return PlainTextResponse(f"{name} signed in read-only (SAGA_CONSOLE_READONLY_TOKEN): "
+                                 "nothing was done; an operator token (SAGA_CONSOLE_TOKEN) "
+                                 "is needed to act", status_code=403, headers=HEADERS)
+
     def _refuse(self, request: Request) -> Response:
-        if self.config.user_header is not None and not self.config.tokens:
+        if self.config.user_header is not None and not self.config.token_login:
             return PlainTextResponse(f"authentication required: the {self.config.user_header} "
                                      "header names nobody", status_code=401)
         # a browser is sent to sign in; a program that presented a token is told no

@@ -12,3 +12,12 @@ their schemas, running a call as a step, what a failure tells the model, and
 the rollback-aware rewrite of the history. Importing this package imports no
 framework.
 """
+
+from __future__ import annotations
+
+
+def missing_extra(extra: str, exc: ImportError) -> ImportError:
+    """The error an adapter raises when its framework is not installed: it names the
+    extra that installs it."""
+    return ImportError(f"{exc.name or 'a module'} is not installed, and the adapter "
+                       f"needs it: pip install 'saga-store[{extra}]'", name=exc.name)

@@ -2,27 +2,28 @@
 
 * which registered tools the model sees (:func:`exposed`) and their JSON
   schemas (:func:`tool_defs`, from :meth:`Registry.schemas`);
-* the step id of a framework's tool call id (:func:`step_call_id`);
 * running one model tool call as the saga's next step (:meth:`SagaCalls.run`):
   an invalid call is a repair request, a failed or in-doubt step waits for the
   unwind and becomes a result that says what failed and what was rolled back;
 * approval gates: whether the policy gates a call (:meth:`SagaCalls.gated`)
   and recording a person's decision in the chain when the worker asks;
-* the rollback-aware rewrite of a history (:func:`rewrite`), which gives the
-  same texts as :func:`saga_store.context.rebuild_history`.
+* what a call that did not complete tells the model (:func:`failure_text`).
+
+The rollback-aware rewrite of a history, and the step id of a framework's call
+id, are :mod:`saga_store.integrations._rewrite`'s; finding a run's saga again
+from the framework's own state is :mod:`saga_store.integrations._session`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
 import getpass
-import hashlib
 import logging
 import os
 import threading
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -42,7 +43,7 @@ from saga_store import (
 from saga_store.approval import requests as _approvals
 from saga_store.approval.policy import Decision
 from saga_store.client.context import closing_note, step_views
-from saga_store.ids import valid_id
+from saga_store.integrations._rewrite import step_call_id
 from saga_store.tools.spec import ToolSpec
 
 log = logging.getLogger("saga_store.integrations")
@@ -83,15 +84,6 @@ def operator() -> str:
     return by[:128]
 
 
-def step_call_id(framework_id: str | None) -> str | None:
-    """The step's ``tool_call_id`` for a framework's tool call id: the id itself when
-    Saga Store accepts it (``saga_store.ids.check_id``), else ``h-`` and the first 40
-    hex digits of its SHA-256, so the same framework id always maps to the same step id."""
-    if framework_id is None or valid_id(framework_id):
-        return framework_id
-    return "h-" + hashlib.sha256(framework_id.encode()).hexdigest()[:40]
-
-
 def sync_saga(saga: Saga | AsyncSaga) -> Saga:
     """The caller-driven saga behind a ``Saga`` or an entered ``AsyncSaga``."""
     if isinstance(saga, AsyncSaga):
@@ -121,6 +113,29 @@ def tool_defs(registry: Registry, specs: Sequence[ToolSpec]) -> list[dict[str, A
              "parameters": by_name[s.name]["parameters"]} for s in specs]
 
 
+def gated(store: Any, tool: str, args: Any) -> dict[str, Any] | None:
+    """The impact preview if ``store``'s policy wants a person to approve this call
+    (the same decision a worker's gate makes), else None. Arguments that do not
+    validate are not gated: the call will come back to the model for repair."""
+    try:
+        spec = store.registry.get(tool)
+        validated = spec.validate(args, store.settings.max_depth)
+    except InvalidInput:
+        return None
+    # secrets are masked as in the log: the policy never sees their values
+    logged = {k: ({"$secret": "masked"} if k in spec.secret else v)
+              for k, v in validated.items()}
+    policy = store.policy
+    verdict = policy.decide(spec.name, str(spec.reversibility), logged,
+                            Decision(spec.approval) if spec.approval else None)
+    if verdict.decision is not Decision.REQUIRE_APPROVAL:
+        return None
+    undo = ({"tool": spec.compensation, "mapping": dict(spec.mapping)}
+            if spec.compensation else None)
+    return _approvals.preview(spec.name, logged, str(spec.reversibility), undo, verdict,
+                              policy.approval_timeout_s)
+
+
 class SagaCalls:
     """One saga's tool calls as a framework makes them. Use :func:`calls_for`, so
     a saga's tools, history hook and approval helpers share one instance."""
@@ -147,23 +162,7 @@ class SagaCalls:
         """The impact preview if the saga's policy wants a person to approve this call
         (the same decision a worker's gate makes), else None. Arguments that do not
         validate are not gated: the call will come back to the model for repair."""
-        try:
-            spec = self.store.registry.get(tool)
-            validated = spec.validate(args, self.store.settings.max_depth)
-        except InvalidInput:
-            return None
-        # secrets are masked as in the log: the policy never sees their values
-        logged = {k: ({"$secret": "masked"} if k in spec.secret else v)
-                  for k, v in validated.items()}
-        policy = self.store.policy
-        verdict = policy.decide(spec.name, str(spec.reversibility), logged,
-                                Decision(spec.approval) if spec.approval else None)
-        if verdict.decision is not Decision.REQUIRE_APPROVAL:
-            return None
-        undo = ({"tool": spec.compensation, "mapping": dict(spec.mapping)}
-                if spec.compensation else None)
-        return _approvals.preview(spec.name, logged, str(spec.reversibility), undo, verdict,
-                                  policy.approval_timeout_s)
+        return gated(self.store, tool, args)
 
     def decide_ahead(self, framework_call_id: str, approval: Approval) -> None:
         """Remember a decision the framework collected before the call runs."""
@@ -206,6 +205,7 @@ class SagaCalls:
             else:  # a person decides elsewhere: wait as long as the gate does
                 timeout = self.store.policy.approval_timeout_s or APPROVAL_WAIT_S
                 timeout += self.store.registry.get(tool).timeout + 30
+        closed = self.saga.state.status is not Status.RUNNING  # before this call
         try:
             if approval is None:
                 result = self.saga.call(tool, args, tool_call_id=cid, timeout=timeout)
@@ -217,7 +217,8 @@ class SagaCalls:
             final = self.settle()
             if self.on_failure == "raise":
                 raise
-            return Outcome(text=failure_text(final, cid, tool, exc), ok=False, error=exc)
+            return Outcome(text=failure_text(final, cid, tool, exc, closed=closed), ok=False,
+                           error=exc)
         return Outcome(text=orjson.dumps(result).decode(), ok=True, result=result)
 
     async def arun(self, tool: str, args: Any, framework_call_id: str | None,
@@ -309,79 +310,23 @@ def calls_for(saga: Saga | AsyncSaga, **options: Any) -> SagaCalls:
     return calls
 
 
-def failure_text(final: SagaState, cid: str | None, tool: str, exc: Exception) -> str:
-    """The result of a call that did not complete: what failed and what was rolled back."""
+def failure_text(final: SagaState, cid: str | None, tool: str, exc: Exception, *,
+                 closed: bool = False) -> str:
+    """The result of a call that did not complete: what failed and what was rolled back.
+    ``closed``: the saga had stopped going forward before the call was made."""
     view = next((v for v in step_views(final) if v["tool_call_id"] == cid), None)
     if view is not None and view["status"] in ("failed", "in_doubt"):
         what = f"{tool} did not complete ({view['result']})."
+    elif view is not None and view["status"] == "retracted":  # sent again after its undo
+        what = view["result"]
+    elif isinstance(exc, SagaAborted) and closed:
+        what = (f"{tool} was not run: saga {final.saga_id} "
+                f"{'was rolled back' if final.final else 'is being rolled back'} and takes "
+                "no more calls; tell the user what was undone and let them decide whether "
+                "to start over.")
     elif isinstance(exc, SagaAborted):
         what = f"{tool} was not run: {exc}."
     else:
         what = f"{tool} did not complete: {exc}."
     note = closing_note(final) or f"Saga {final.saga_id} is {final.status}."
     return f"{what} {note}"
-
-
-# -- the rollback-aware history rewrite ------------------------------------------
-
-@dataclass(frozen=True)
-class SagaTruth:
-    """What one saga's calls should say now, by step call id (``step_views``)."""
-
-    saga_id: str
-    results: dict[str, str]
-    errors: frozenset[str]
-    note: str | None
-
-
-def truths(states: Iterable[SagaState]) -> list[SagaTruth]:
-    out = []
-    for state in states:
-        views = step_views(state)
-        out.append(SagaTruth(
-            state.saga_id, {v["tool_call_id"]: v["result"] for v in views},
-            frozenset(v["tool_call_id"] for v in views if v["status"] in ("failed", "in_doubt")),
-            closing_note(state)))
-    return out
-
-
-@dataclass
-class Rewrite:
-    """How to change a history: new result texts by entry index, the notes to put
-    after an entry, and which results are errors now."""
-
-    texts: dict[int, str] = field(default_factory=dict)
-    notes_after: dict[int, list[str]] = field(default_factory=dict)
-    errors: set[int] = field(default_factory=set)
-
-    def __bool__(self) -> bool:
-        return bool(self.texts or self.notes_after)
-
-
-def rewrite(results: Sequence[tuple[str | None, str | None]], states: Iterable[SagaState],
-            present_notes: Iterable[str] = ()) -> Rewrite:
-    """Plan the rewrite of a history, given per entry ``(framework call id, text)``
-    for tool results (``(None, None)`` for anything else) and the sagas' states.
-
-    A result of a saga's call gets the text :func:`rebuild_history` gives it (a
-    rolled-back call says so; its pair is kept), and each saga's closing note goes
-    after the last of its results in the history, unless one of ``present_notes``
-    (the history's system texts, which a framework may have framed) holds it already.
-    """
-    plan = Rewrite()
-    present = list(present_notes)
-    for truth in truths(states):
-        last = None
-        for i, (fid, text) in enumerate(results):
-            cid = step_call_id(fid)
-            if cid is None or cid not in truth.results:
-                continue
-            last = i
-            if text != truth.results[cid]:
-                plan.texts[i] = truth.results[cid]
-            if cid in truth.errors:
-                plan.errors.add(i)
-        if truth.note and last is not None and not any(truth.note in p for p in present):
-            plan.notes_after.setdefault(last, []).append(truth.note)
-            present.append(truth.note)
-    return plan

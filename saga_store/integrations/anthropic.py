@@ -57,38 +57,61 @@ from saga_store.integrations._common import (
     calls_for,
     exposed,
     operator,
-    rewrite,
     tool_defs,
 )
+from saga_store.integrations._rewrite import rewrite, unanswered
+from saga_store.integrations._session import SagaSession
 
-__all__ = ["Approval", "anthropic_tools", "arun_tool_uses", "rebuild", "run_tool_uses"]
+__all__ = ["Approval", "SagaSession", "anthropic_tools", "arun_tool_uses", "rebuild",
+           "run_tool_uses"]
 
 Approver = Callable[[dict[str, Any]], Any]
 
 
-def anthropic_tools(saga: Saga | AsyncSaga, names: Iterable[str] | None = None,
+def anthropic_tools(saga: Saga | AsyncSaga | SagaSession, names: Iterable[str] | None = None,
                     ) -> list[dict[str, Any]]:
     """Tool definitions (``name``, ``description``, ``input_schema``) for the tools
     the model may call: ``names``, or every tool that is not a compensation or probe."""
-    registry = calls_for(saga).store.registry
+    registry = saga.store.registry if isinstance(saga, SagaSession) else \
+        calls_for(saga).store.registry
     return [{"name": d["name"], "description": d["description"], "input_schema": d["parameters"]}
             for d in tool_defs(registry, exposed(registry, names))]
 
 
-def run_tool_uses(saga: Saga | AsyncSaga, message: Any, *,
+def run_tool_uses(saga: Saga | AsyncSaga | SagaSession, message: Any, *,
                   messages: list[Any] | None = None, approve: Approver | None = None,
                   names: Iterable[str] | None = None, on_failure: str = "result",
                   ) -> list[dict[str, Any]]:
     """Run the ``tool_use`` blocks of ``message`` (a ``Message``, ``BetaMessage`` or
     dict) as steps, in order; returns one ``tool_result`` block per call, for the next
     user turn. With ``messages`` (the history so far), a failure also rewrites the
-    earlier results of the rolled-back calls in it, in place."""
-    calls = calls_for(saga, on_failure=on_failure)
+    earlier results of the rolled-back calls in it, in place.
+
+    With a :class:`SagaSession`, the saga is the one ``messages`` (a saved history,
+    loaded in any process) already belongs to: a ``tool_use`` sent again is answered
+    from its log, never run twice."""
+    uses = _tool_uses(message)
+    history: list[str | None] = []
+    if isinstance(saga, SagaSession):
+        saga.options["on_failure"] = on_failure
+        history = [b.get("id") for m in messages or [] for b in _tool_uses(m)]
+        calls = saga.calls(uses[0]["id"] if uses else None, history)
+    else:
+        calls = calls_for(saga, on_failure=on_failure)
     allowed = {s.name for s in exposed(calls.store.registry, names)}
-    blocks = [_run(calls, use, allowed, approve) for use in _tool_uses(message)]
-    if messages is not None and calls.final is not None:
-        # the failed call's own result already carries the closing note
-        messages[:] = rebuild(messages, [calls.final], notes=False)
+    blocks = []
+    for use in uses:
+        if isinstance(saga, SagaSession):  # after a rollback, maybe the next saga
+            calls = saga.calls(use["id"], history)
+        blocks.append(_run(calls, use, allowed, approve))
+    if calls.final is not None:
+        # the reply's earlier calls succeeded before one failed: their results say
+        # what is true now (the failed call's own result carries the closing note)
+        turn = rebuild([{"role": "user", "content": blocks}], [calls.final], notes=False)
+        blocks = [b if b.get("is_error") else r for b, r in zip(blocks, turn[0]["content"],
+                                                                 strict=True)]
+        if messages is not None:
+            messages[:] = rebuild(messages, [calls.final], notes=False)
     return blocks
 
 
@@ -147,7 +170,11 @@ def rebuild(messages: Sequence[Any], states: Iterable[SagaState], *,
     """Message params rewritten from the sagas' logs: each ``tool_result`` of a saga's
     call says what ``rebuild_history`` says of it (``is_error`` for a failed or
     in-doubt call), and, with ``notes``, each saga's closing note is a text block at
-    the end of the user turn holding its last result. Other blocks are unchanged."""
+    the end of the user turn holding its last result. A ``tool_use`` with no result
+    (the call in flight when the agent stopped) gets one, from the log. Other
+    blocks are unchanged."""
+    states = list(states)
+    messages = _answer_all(messages, states)
     where: list[tuple[int, int]] = []
     results: list[tuple[str | None, str | None]] = []
     present: list[str] = []
@@ -187,4 +214,34 @@ def rebuild(messages: Sequence[Any], states: Iterable[SagaState], *,
             touched.setdefault(m, list(out[m]["content"])).append({"type": "text", "text": note})
     for m, content in touched.items():
         out[m] = {**out[m], "content": content}
+    return out
+
+
+def _answer_all(messages: Sequence[Any], states: list[SagaState]) -> list[Any]:
+    """``messages`` with a ``tool_result`` for every ``tool_use``: those missing go
+    first in the next user turn (a new one if there is none), as the API requires."""
+    out = list(messages)
+    m = 0
+    while m < len(out):
+        msg = out[m]
+        if not isinstance(msg, Mapping) or msg.get("role") != "assistant":
+            m += 1
+            continue
+        ids = [str(u["id"]) for u in _tool_uses(msg)]
+        nxt = out[m + 1] if m + 1 < len(out) else None
+        turn = nxt if isinstance(nxt, Mapping) and nxt.get("role") == "user" else None
+        content = turn.get("content") if turn is not None else None
+        blocks = list(content) if isinstance(content, list) else \
+            ([{"type": "text", "text": content}] if isinstance(content, str) else [])
+        have = {b.get("tool_use_id") for b in blocks if isinstance(b, Mapping)}
+        missing = [i for i in ids if i not in have]
+        if missing:
+            texts = unanswered(missing, states)
+            added = [{"type": "tool_result", "tool_use_id": i, "content": texts[i][0],
+                      **({"is_error": True} if texts[i][1] else {})} for i in missing]
+            if turn is None:
+                out.insert(m + 1, {"role": "user", "content": added})
+            else:
+                out[m + 1] = {**turn, "content": [*added, *blocks]}
+        m += 1
     return out

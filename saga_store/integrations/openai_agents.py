@@ -21,12 +21,17 @@ Needs ``pip install 'saga-store[openai-agents]'``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
 
-from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
-from agents.run_config import CallModelData, ModelInputData
-from agents.tool_context import ToolContext
+from saga_store.integrations import missing_extra
+
+try:
+    from agents import FunctionTool, RunContextWrapper, RunState, ToolApprovalItem
+    from agents.run_config import CallModelData, ModelInputData
+    from agents.tool_context import ToolContext
+except ImportError as exc:  # the framework is an extra
+    raise missing_extra("openai-agents", exc) from exc
 
 from saga_store import AsyncSaga, Saga, SagaState
 from saga_store.errors import InvalidInput
@@ -35,37 +40,78 @@ from saga_store.integrations._common import (
     SagaCalls,
     calls_for,
     exposed,
+    gated,
     operator,
-    rewrite,
     tool_defs,
 )
+from saga_store.integrations._rewrite import rewrite, step_call_id, unanswered
+from saga_store.integrations._session import SagaSession
 from saga_store.log.canonical import loads
 
-__all__ = ["approve", "areject", "rebuild", "reject", "saga_input_filter", "saga_tools"]
+__all__ = ["SagaSession", "approve", "areject", "rebuild", "reject", "saga_id_in",
+           "saga_input_filter", "saga_tools"]
 
 
-def saga_tools(saga: Saga | AsyncSaga, names: Iterable[str] | None = None, *,
+def saga_tools(saga: Saga | AsyncSaga | SagaSession, names: Iterable[str] | None = None, *,
                on_failure: str = "result") -> list[FunctionTool]:
     """One ``FunctionTool`` per tool the model may call (``names``, or every tool that
     is not a compensation or a probe). ``on_failure="raise"`` fails the run instead
-    of returning a failed step's result."""
-    calls = calls_for(saga, on_failure=on_failure)
-    specs = exposed(calls.store.registry, names)
-    return [_function_tool(calls, d) for d in tool_defs(calls.store.registry, specs)]
+    of returning a failed step's result.
+
+    With a :class:`SagaSession`, the saga's id goes into the run's context (a dict
+    context gets ``"saga_id"``; an object, its ``saga_id`` attribute), so a
+    ``RunState`` saved with it and resumed in any process goes on with that saga."""
+    if isinstance(saga, SagaSession):
+        saga.options["on_failure"] = on_failure
+        store = saga.store
+    else:
+        store = calls_for(saga, on_failure=on_failure).store
+    specs = exposed(store.registry, names)
+    return [_function_tool(saga, d) for d in tool_defs(store.registry, specs)]
 
 
-def _function_tool(calls: SagaCalls, d: dict[str, Any]) -> FunctionTool:
+def _bind(saga: Saga | AsyncSaga | SagaSession, context: Any, call_id: str | None,
+          ) -> SagaCalls:
+    """The calls of the saga this call belongs to; a session's saga id goes into the
+    run's context."""
+    if not isinstance(saga, SagaSession):
+        return calls_for(saga)
+    calls = saga.calls(call_id, recorded=saga_id_in(context))
+    if isinstance(context, MutableMapping):
+        context["saga_id"] = calls.saga_id
+    elif context is not None and hasattr(context, "saga_id"):
+        context.saga_id = calls.saga_id
+    return calls
+
+
+def saga_id_in(context: Any) -> str | None:
+    """The saga id a run's context holds (see :func:`saga_tools`), or None."""
+    got = context.get("saga_id") if isinstance(context, Mapping) else \
+        getattr(context, "saga_id", None)
+    return got if isinstance(got, str) else None
+
+
+def _function_tool(saga: Saga | AsyncSaga | SagaSession, d: dict[str, Any]) -> FunctionTool:
     name = d["name"]
+    store = saga.store if isinstance(saga, SagaSession) else calls_for(saga).store
 
     async def invoke(ctx: ToolContext[Any], arguments: str) -> str:
+        calls = await asyncio.to_thread(_bind, saga, ctx.context, ctx.tool_call_id)
         # the SDK invokes a call that needs approval only once it was approved
         outcome = await calls.arun(name, _parse(arguments), ctx.tool_call_id,
                                    approved_by_framework=True)
+        if isinstance(saga, SagaSession):
+            saga.unpark(ctx.tool_call_id)
         return outcome.text  # a refused call's text asks the model to repair it
 
     async def needs_approval(ctx: RunContextWrapper[Any], params: dict[str, Any],
                              call_id: str) -> bool:
-        return calls.gated(name, params) is not None
+        if gated(store, name, params) is None:
+            return False
+        if isinstance(saga, SagaSession):  # the run stops here until a person decides
+            await asyncio.to_thread(_bind, saga, ctx.context, call_id)
+            await asyncio.to_thread(saga.park, call_id)
+        return True
 
     # the registry's schema is not in OpenAI's strict subset (defaults, optional
     # fields); the saga validates every call anyway, before anything is written
@@ -83,42 +129,54 @@ def _parse(arguments: str) -> Any:
         return arguments  # not an object: the saga refuses it as an invalid call
 
 
-def approve(saga: Saga | AsyncSaga, state: RunState[Any], item: ToolApprovalItem, *,
-            by: str | None = None, reason: str = "") -> None:
+def approve(saga: Saga | AsyncSaga | SagaSession, state: RunState[Any],
+            item: ToolApprovalItem, *, by: str | None = None, reason: str = "") -> None:
     """``state.approve(item)``, and the grant is recorded in the chain, with ``by``
     (default ``SAGA_OPERATOR`` or the login name), when the step reaches its gate."""
     if item.call_id is not None:
-        calls_for(saga).decide_ahead(item.call_id, Approval(True, by or operator(), reason))
+        decision = Approval(True, by or operator(), reason)
+        if isinstance(saga, SagaSession):  # bound to its saga at the call
+            cid = step_call_id(item.call_id)
+            assert cid is not None
+            saga.approvals[cid] = decision
+        else:
+            calls_for(saga).decide_ahead(item.call_id, decision)
     state.approve(item)
 
 
-def reject(saga: Saga | AsyncSaga, state: RunState[Any], item: ToolApprovalItem, *,
+def reject(saga: Saga | AsyncSaga | SagaSession, state: RunState[Any], item: ToolApprovalItem, *,
            by: str | None = None, reason: str = "") -> str:
     """Deny a gated call: the step is logged, its gate records ``approval_denied``
     (with ``by`` and ``reason``), so it never runs and the saga unwinds what ran, as
     ``saga deny`` does. Then ``state.reject(item)`` with a message that says so,
     which the model reads when the run resumes; returns that message. Blocks until
     the unwind is done (:func:`areject` from a coroutine)."""
-    calls = calls_for(saga)
+    context = getattr(getattr(state, "_context", None), "context", None)
+    calls = _bind(saga, context, item.call_id)
     outcome = calls.run(item.name or "", _parse(item.arguments or "{}"), item.call_id,
                         Approval(False, by or operator(), reason))
+    if isinstance(saga, SagaSession) and item.call_id is not None:
+        saga.unpark(item.call_id)
     state.reject(item, rejection_message=outcome.text)
     return outcome.text
 
 
-async def areject(saga: Saga | AsyncSaga, state: RunState[Any], item: ToolApprovalItem, *,
-                  by: str | None = None, reason: str = "") -> str:
+async def areject(saga: Saga | AsyncSaga | SagaSession, state: RunState[Any],
+                  item: ToolApprovalItem, *, by: str | None = None, reason: str = "") -> str:
     """:func:`reject` on a worker thread."""
     return await asyncio.to_thread(reject, saga, state, item, by=by, reason=reason)
 
 
-def saga_input_filter(saga: Saga | AsyncSaga) -> Any:
+def saga_input_filter(saga: Saga | AsyncSaga | SagaSession) -> Any:
     """A ``RunConfig(call_model_input_filter=...)``: before each model call, the results
     of this saga's rolled-back calls say so (their pairs are kept), and the saga's
     closing note follows them."""
-    calls = calls_for(saga)
+    fixed = None if isinstance(saga, SagaSession) else calls_for(saga)
 
     async def input_filter(data: CallModelData[Any]) -> ModelInputData:
+        calls = fixed if fixed is not None else getattr(saga, "current", None)
+        if calls is None:
+            return data.model_data
         states = await asyncio.to_thread(calls.states)
         if not states:
             return data.model_data
@@ -131,8 +189,11 @@ def saga_input_filter(saga: Saga | AsyncSaga) -> Any:
 def rebuild(items: Sequence[Any], states: Iterable[SagaState]) -> list[Any]:
     """Input items (``RunResult.to_input_list()``) rewritten from the sagas' logs: each
     call's output is what ``rebuild_history`` says of it, and each saga's closing
-    note follows its last output as a system message. Other items are unchanged."""
-    items = list(items)
+    note follows its last output as a system message. A ``function_call`` with no
+    output (the call in flight when the agent stopped) gets one, from the log, right
+    after it. Other items are unchanged."""
+    states = list(states)
+    items = _answer_all(list(items), states)
     results: list[tuple[str | None, str | None]] = []
     notes = []
     for item in items:
@@ -149,4 +210,22 @@ def rebuild(items: Sequence[Any], states: Iterable[SagaState]) -> list[Any]:
     for i, item in enumerate(items):
         out.append({**item, "output": plan.texts[i]} if i in plan.texts else item)
         out.extend({"role": "system", "content": note} for note in plan.notes_after.get(i, []))
+    return out
+
+
+def _answer_all(items: list[Any], states: list[SagaState]) -> list[Any]:
+    """``items`` with a ``function_call_output`` for every ``function_call``."""
+    answered = {i.get("call_id") for i in items
+                if isinstance(i, dict) and i.get("type") == "function_call_output"}
+    calls = [i.get("call_id") for i in items
+             if isinstance(i, dict) and i.get("type") == "function_call"]
+    texts = unanswered([c for c in calls if isinstance(c, str) and c not in answered], states)
+    out: list[Any] = []
+    for item in items:
+        out.append(item)
+        cid = item.get("call_id") if isinstance(item, dict) else None
+        if item is not None and isinstance(item, dict) and item.get("type") == "function_call" \
+                and cid in texts:
+            out.append({"type": "function_call_output", "call_id": cid,
+                        "output": texts[cid][0]})
     return out

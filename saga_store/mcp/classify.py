@@ -39,7 +39,7 @@ from saga_store.mcp.declared import (
     read_declared,
 )
 from saga_store.protocol.mapping import parts_of
-from saga_store.protocol.vocab import Reversibility
+from saga_store.protocol.vocab import Reversibility, Unclassified
 
 __all__ = ["META_COMPENSATE", "Classification", "Compensation", "classify", "load_tools_map"]
 REVERSIBILITIES = frozenset(r.value for r in Reversibility)
@@ -49,7 +49,8 @@ log = logging.getLogger("saga_store.gateway")
 
 @dataclass(frozen=True)
 class Classification:
-    reversibility: str  # readonly, compensable, irreversible, unknown
+    # unknown is a value of its own all the way to the log and back (never None)
+    reversibility: Reversibility | Unclassified
     compensation: Compensation | None = None
     source: str = "none"  # tools-map, _meta, annotations, none
     server_readonly: bool = False  # only the server says it is read-only
@@ -62,27 +63,27 @@ class Classification:
     def unusable(self, problem: str) -> Classification:
         """This classification with a compensation that cannot make a valid call: its
         calls are mutating and not undoable (the policy treats them as unknown)."""
-        return dataclasses.replace(self, reversibility="unknown", compensation=None,
+        return dataclasses.replace(self, reversibility=Unclassified.UNKNOWN, compensation=None,
                                    server_readonly=False, problem=problem)
 
     def for_policy(self, trust_server_hints: bool) -> str:
         if self.server_readonly and not trust_server_hints:
-            return "unknown"
+            return Unclassified.UNKNOWN
         return self.reversibility
 
     @property
     def mutating(self) -> bool:
-        return self.reversibility != "readonly"
+        return self.reversibility is not Reversibility.READONLY
 
     def label(self) -> str:
         if self.problem is not None:
             return ("NOT UNDOABLE: its declared compensation cannot make a valid call "
                     f"({self.problem})")
-        if self.reversibility == Reversibility.READONLY:
+        if self.reversibility is Reversibility.READONLY:
             return "read-only" + (" (server's claim)" if self.server_readonly else "")
         if self.compensation is not None:
             return f"compensable: undone by {self.compensation.tool} if a later call fails"
-        if self.reversibility == Reversibility.IRREVERSIBLE:
+        if self.reversibility is Reversibility.IRREVERSIBLE:
             return "IRREVERSIBLE: cannot be undone"
         return "unclassified: treated as mutating and not undoable"
 
@@ -112,8 +113,8 @@ def load_tools_map(path: str | Path) -> dict[str, Classification]:
                 raise InvalidInput(f"{where}: compensation argument(s) {leaked} would copy a "
                                    "secret into the log; map an id from the output instead")
         probe = _probe(entry.get("probe"), where)
-        out[name] = Classification(rev, compensation, "tools-map", secret=frozenset(secret),
-                                   probe=probe)
+        out[name] = Classification(Reversibility(rev), compensation, "tools-map",
+                                   secret=frozenset(secret), probe=probe)
     return out
 
 
@@ -178,12 +179,13 @@ def classify(tool: Any, tools_map: Mapping[str, Classification]) -> Classificati
         except InvalidInput as exc:
             log.warning("%s; treating %s as unclassified", exc, tool.name)
         else:
-            return Classification(d.reversibility, d.compensation, "_meta",
+            return Classification(Reversibility(d.reversibility), d.compensation, "_meta",
                                   server_readonly=d.reversibility == Reversibility.READONLY,
                                   scope=d.scope, notes=d.notes)
     ann = getattr(tool, "annotations", None)
     if ann is not None and getattr(ann, "read_only_hint", None):
-        return Classification("readonly", None, "annotations", server_readonly=True)
+        return Classification(Reversibility.READONLY, None, "annotations",
+                              server_readonly=True)
     if ann is not None and getattr(ann, "destructive_hint", None) is True:
-        return Classification("irreversible", None, "annotations")
-    return Classification("unknown")
+        return Classification(Reversibility.IRREVERSIBLE, None, "annotations")
+    return Classification(Unclassified.UNKNOWN)

@@ -20,14 +20,13 @@ next gateway for the same downstream finishes their unwinds before serving.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-
-import orjson
 
 from saga_store import keys
 from saga_store.approval import notify
@@ -46,18 +45,32 @@ from saga_store.ids import scoped_saga_id
 from saga_store.log.canonical import check_json
 from saga_store.log.store import ChainWriter
 from saga_store.mcp.argcheck import Check, compile_check
+from saga_store.mcp.cancel import REASON, Cancellation
 from saga_store.mcp.classify import Classification, classify
 from saga_store.mcp.identity import gateway_id
 from saga_store.mcp.leases import Leases
 from saga_store.mcp.mapcheck import mapping_problem
+from saga_store.mcp.results import (
+    CallOutcome,
+    as_outcome,
+    replayed,
+    scrubbed,
+)
 from saga_store.mcp.turns import CURRENT, Turns, exclusive_now
 from saga_store.protocol import build, unwind
 from saga_store.protocol.forward import commit_blocker, repeat_of
 from saga_store.protocol.mapping import resolve_all
-from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.state import SagaState, Status, StepState, fold
-from saga_store.protocol.vocab import Approval, CompStatus, OutcomeKind, Phase, StepStatus
-from saga_store.tools.secrets import Secrets, scrub
+from saga_store.protocol.vocab import (
+    Approval,
+    CompStatus,
+    OutcomeKind,
+    Phase,
+    Reversibility,
+    StepStatus,
+    Unclassified,
+)
+from saga_store.tools.secrets import Secrets
 from saga_store.verify.checker import read_verified
 
 if TYPE_CHECKING:
@@ -79,42 +92,12 @@ EXECUTOR = "mcp-gateway"
 TELL_AFTER_EVENTS = 96  # about 32 calls' worth (intent, started, outcome)
 TELL_AFTER_S = 1.0
 APPROVAL_POLL_S = 0.1
-CONTENT_LOG_LIMIT = 64 * 1024  # bytes of a result's content blocks the log keeps
-META_REPLAYED = "dev.chronomcp/replayed"  # in a result answered from the log
 
 CallFn = Callable[[str, dict[str, Any], dict[str, Any]], Awaitable["CallOutcome"]]
 # how a task-augmented call reaches the server: the client's ``task`` params too
 TaskCallFn = Callable[[str, dict[str, Any], dict[str, Any], dict[str, Any]],
                       Awaitable["CallOutcome"]]
 Answer = Callable[["CallOutcome"], Awaitable[None]]
-
-
-@dataclass(frozen=True)
-class CallOutcome:
-    """What the downstream answered: ``ok`` (not isError), the structured content,
-    the text content, and the raw result object to pass back to the client."""
-
-    ok: bool
-    structured: Any
-    text: str
-    raw: Any = None
-    in_doubt: str | None = None  # the call raised: transport error, timeout
-    content: list[Any] | None = None  # every block of the result, as on the wire
-    task_id: str | None = None  # the server made the call an MCP task: its result comes later
-
-    def logged(self) -> dict[str, Any]:
-        """The result as the log keeps it: a repeat of the call is answered with it.
-        Its content blocks, every one, unless they are too large to log."""
-        out: dict[str, Any] = {"text": self.text[:2000]}
-        if self.structured is not None:
-            out["structuredContent"] = self.structured
-        if self.content is not None:
-            size = len(orjson.dumps(self.content))
-            if size <= CONTENT_LOG_LIMIT:
-                out["content"] = self.content
-            else:
-                out["content_omitted"] = size
-        return out
 
 
 def session_tools() -> list[dict[str, Any]]:
@@ -137,6 +120,10 @@ class Session:
     untold: list[dict[str, Any]] = field(default_factory=list)
     told_at: float = 0.0
     salt: bytes = field(default_factory=lambda: os.urandom(16))
+    # calls whose outcome is logged but whose answer never left (the gateway failed in
+    # between): the call's saga-scoped key -> its step. Only these are replayed
+    # without an explicit key, and once.
+    undelivered: dict[str, int] = field(default_factory=dict)
 
 
 class Gateway:
@@ -193,7 +180,7 @@ class Gateway:
         if cls is None:
             tool = self.tools.get(name)
             cls = classify(tool, self.tools_map) if tool is not None \
-                else self.tools_map.get(name, Classification("unknown"))
+                else self.tools_map.get(name, Classification(Unclassified.UNKNOWN))
             if tool is not None and cls.compensation is not None:
                 problem = mapping_problem(tool, cls.compensation, {**self._seen, **self.tools})
                 if problem is not None:
@@ -372,7 +359,7 @@ class Gateway:
 
     async def handle(self, name: str, args: dict[str, Any], meta: Mapping[str, Any] | None,
                      task: Mapping[str, Any] | None = None, answer: Answer | None = None,
-                     ) -> CallOutcome:
+                     cancel: Cancellation | None = None) -> CallOutcome:
         """One tools/call from the client, start to end. The mutating calls of one
         session run one at a time, in arrival order (a saga's steps are undone last
         first), even when the client sends them concurrently or in a batch; reads
@@ -380,11 +367,15 @@ class Gateway:
 
         A task-augmented call (``task``: the client's ``params.task``) is answered
         through ``answer`` as soon as the server has made it a task; the step's
-        outcome is the task's result, which the gateway waits for itself."""
+        outcome is the task's result, which the gateway waits for itself.
+
+        ``cancel``: the client may cancel the call (:mod:`saga_store.mcp.cancel`)."""
         turn = await self._turns.take(shared=self._reads(name))
         held = CURRENT.set((self._turns, turn))
         try:
-            return await self._handle(name, args, meta, task, answer)
+            if cancel is not None and cancel.requested:  # before its turn: nothing ran
+                return CallOutcome(False, None, f"{REASON} before it ran")
+            return await self._handle(name, args, meta, task, answer, cancel)
         except ConflictError as exc:  # incl. FencedOff
             if (lost := self._lost(exc)) is None:
                 raise
@@ -400,7 +391,7 @@ class Gateway:
 
     async def _handle(self, name: str, args: dict[str, Any], meta: Mapping[str, Any] | None,
                       task: Mapping[str, Any] | None = None, answer: Answer | None = None,
-                      ) -> CallOutcome:
+                      cancel: Cancellation | None = None) -> CallOutcome:
         try:  # before the schema's check, which would take NaN and recurse into any depth
             check_json(args, "arguments", self.saga_store.settings.max_depth)
         except InvalidInput as exc:
@@ -415,13 +406,20 @@ class Gateway:
         st = self.session.state
         assert st is not None
         logged, secrets = Secrets.redact(args, cls.secret, self.session.salt)
-        # a read changes nothing, so reading again is not a repeat: it reaches the server
+        # A call that was answered is never answered again from the log: calling again
+        # is the client's choice (a read sees what changed since; a write is made
+        # again). Replayed are only a call under the same explicit key (the client
+        # says it is the same call) and one whose answer never left the gateway.
         reads = self._reads(name)
         explicit = None if reads else (meta or {}).get(META_IDEMPOTENCY)
+        if self.session.undelivered and not explicit:
+            lost = self.session.undelivered.pop(step_key(writer.saga_id, name, logged), None)
+            if lost is not None and st.steps[lost].finished:
+                return self._repeat(writer, st, lost)
         key = explicit_key(str(explicit)) if explicit else step_key(
-            writer.saga_id, name, [logged, st.next_step] if reads else logged)
+            writer.saga_id, name, [logged, st.next_step])
         try:
-            repeated = None if reads else repeat_of(st, key, name, logged)
+            repeated = repeat_of(st, key, name, logged) if explicit else None
         except KeyReuseError as exc:
             return CallOutcome(False, None, str(exc))  # nothing ran; nothing to undo
         if repeated is not None:  # the same call again in this saga: its recorded answer
@@ -455,28 +453,37 @@ class Gateway:
                 self.dedupe.release(st.agent_id, key, digest, writer.saga_id, step)
             raise
         if verdict.decision is not Decision.ALLOW:
-            denial = await self._gate(writer, step, name, logged, cls, verdict, meta)
+            denial = await self._gate(writer, step, name, logged, cls, verdict, meta, cancel)
             if denial is not None:
                 self._add(writer, [build.step_outcome(step, OutcomeKind.FAILED, error=denial)])
                 if explicit:  # the key's record says how it ended, not "pending" for a week
                     self.dedupe.finish(st.agent_id, key, "failed", {"text": denial})
                 return await self._failed(writer, name, cls, CallOutcome(False, None, denial))
             self._add(writer, [started], phase=Phase.FORWARD)
-        outcome = await self._call(name, args, key, meta=meta, task=task)
+        outcome = await self._call(name, args, key, meta=meta, task=task, cancel=cancel)
+        if cancel is not None and cancel.requested and outcome.in_doubt and not cls.mutating:
+            # a read cut off changed nothing: it failed, and the session goes on
+            outcome = CallOutcome(False, None, f"{REASON} while it ran")
         if outcome.task_id is not None:  # the client polls the task; its result is the outcome
             if answer is not None:
                 await answer(outcome)
             outcome = await self._task_result(outcome.task_id)
-        outcome = _scrubbed(outcome, secrets)
-        said = _as_outcome(outcome)
-        self._add(writer, [build.step_outcome(step, said.kind, result=said.result,
-                                              error=said.error, tool=name)])
-        if explicit:
-            self.dedupe.finish(st.agent_id, key, "succeeded" if outcome.ok else "failed",
-                               outcome.logged())
-        if outcome.ok and not outcome.in_doubt:
-            return outcome  # the agent is told with the next append
-        return await self._failed(writer, name, cls, outcome)
+        outcome = scrubbed(outcome, secrets)
+        said = as_outcome(outcome)
+        try:
+            self._add(writer, [build.step_outcome(step, said.kind, result=said.result,
+                                                  error=said.error, tool=name)])
+            if explicit:
+                self.dedupe.finish(st.agent_id, key,
+                                   "succeeded" if outcome.ok else "failed", outcome.logged())
+            if not outcome.ok or outcome.in_doubt:
+                outcome = await self._failed(writer, name, cls, outcome)
+        except BaseException:
+            # the outcome may be logged (an append whose reply was lost did happen) and
+            # its answer does not leave: the client's retry in this session gets it
+            self.session.undelivered[step_key(writer.saga_id, name, logged)] = step
+            raise
+        return outcome  # the agent is told with the next append
 
     def _claim(self, key: str, digest: str, saga_id: str, step: int) -> Any:
         """Claim an explicit key; a pending claim that can never become a step (its
@@ -492,12 +499,22 @@ class Gateway:
     async def _call(self, name: str, args: dict[str, Any], key: str,
                     timeout_s: float | None = None,
                     meta: Mapping[str, Any] | None = None,
-                    task: Mapping[str, Any] | None = None) -> CallOutcome:
+                    task: Mapping[str, Any] | None = None,
+                    cancel: Cancellation | None = None) -> CallOutcome:
         """Call downstream, passing the idempotency key in ``_meta`` for servers that
         honour one (a resent compensation after a crash is then harmless), beside
         what the client's own ``_meta`` says (its progressToken, say: the server's
         progress notifications pass through to it). A call that outlasts
-        ``timeout_s`` is in doubt."""
+        ``timeout_s``, or that the client cancels while it runs, is in doubt."""
+        if cancel is not None:
+            out: CallOutcome | None = None
+            if not cancel.requested:
+                with cancel:
+                    out = await self._call(name, args, key, timeout_s, meta, task)
+            if out is None:  # cut off: the server's answer, if it comes, is dropped
+                return CallOutcome(False, None, f"{REASON} while it ran",
+                                   in_doubt=f"{REASON} while the call ran")
+            return out
         import anyio
         meta = {**(meta or {}), META_IDEMPOTENCY: key}
         try:
@@ -531,10 +548,13 @@ class Gateway:
             return outcome
         await exclusive_now()  # a read in doubt rolls back alone, as a mutating call
         ended, undone = await self.rollback(writer, f"{name} failed: {outcome.text[:300]}")
-        note = f"\n\n[saga {writer.saga_id} rolled back: {ended}; " + rollback_note(
-            undone, still_standing(self.store.state(writer.saga_id))) + "]"
-        return CallOutcome(False, outcome.structured, outcome.text + note, outcome.raw,
-                           outcome.in_doubt)
+        standing = still_standing(self.store.state(writer.saga_id))
+        server_said = outcome.raw is not None or outcome.error is not None
+        if server_said and not (undone or standing):
+            return outcome  # nothing was undone and nothing stands: the server's answer only
+        note = f"[saga {writer.saga_id} rolled back: {ended}; " + rollback_note(
+            undone, standing) + "]"
+        return dataclasses.replace(outcome, text=f"{outcome.text}\n\n{note}", note=note)
 
     def _repeat(self, writer: ChainWriter, st: SagaState, step: int) -> CallOutcome:
         s = st.steps[step]
@@ -580,7 +600,8 @@ class Gateway:
 
     async def _gate(self, writer: ChainWriter, step: int, name: str, args: dict[str, Any],
                     cls: Classification, verdict: Verdict,
-                    meta: Mapping[str, Any] | None = None) -> str | None:
+                    meta: Mapping[str, Any] | None = None,
+                    cancel: Cancellation | None = None) -> str | None:
         """None if the call may run; else why not. Waits for a person when asked to."""
         if verdict.decision is Decision.DENY:
             return f"denied by policy ({verdict.reason})"
@@ -599,12 +620,14 @@ class Gateway:
         log.warning("saga %s step %d (%s) waits for approval: saga approve %s %d",
                     writer.saga_id, step, name, writer.saga_id, step)
         return await self._await_decision(writer, step, name, timeout_s,
-                                          (meta or {}).get("progressToken"))
+                                          (meta or {}).get("progressToken"), cancel)
 
     async def _await_decision(self, writer: ChainWriter, step: int, name: str,
-                              timeout_s: float, token: Any) -> str | None:
+                              timeout_s: float, token: Any,
+                              cancel: Cancellation | None = None) -> str | None:
         """Wait for the step's approval to be decided: granted (None), denied (why),
-        denied by its deadline, or withdrawn when the client's session closes. A
+        denied by its deadline, or withdrawn when the client cancels the call or its
+        session closes. A
         client that gave a progressToken hears that the call waits, at once and
         then every ``approval_progress_s``, so its request timeout (reset on
         progress) does not end the call while a person decides."""
@@ -622,19 +645,24 @@ class Gateway:
                 writer.head = self.store.log.head(writer.saga_id)
                 return approvals.denial((s.approval_data or {}).get("decision"))
             now = time.monotonic()
-            if self.closing or (deadline is not None and now > deadline):
-                by, why = (("gateway", "the client's session closed before a decision")
+            cancelled = cancel is not None and cancel.requested
+            if cancelled or self.closing or (deadline is not None and now > deadline):
+                by, why = (("gateway", REASON) if cancelled else
+                           ("gateway", "the client's session closed before a decision")
                            if self.closing else
                            ("timeout", "no decision before the deadline"))
                 with contextlib.suppress(InvalidInput, ConflictError):
                     approvals.decide(self.saga_store, writer.saga_id, step, grant=False,
-                                     by=by, reason=why, withdrawn=self.closing)
+                                     by=by, reason=why, withdrawn=by == "gateway")
                 continue
             if token is not None and self.to_client is not None and now >= next_tell:
                 told += 1
                 await self._still_waiting(token, told, writer.saga_id, step, name)
                 next_tell = now + every
-            await anyio.sleep(APPROVAL_POLL_S)
+            if cancel is not None:  # a cancellation is acted on at once, not at the next poll
+                await cancel.wait(APPROVAL_POLL_S)
+            else:
+                await anyio.sleep(APPROVAL_POLL_S)
 
     async def _still_waiting(self, token: Any, told: int, saga_id: str, step: int,
                              name: str) -> None:
@@ -706,7 +734,7 @@ class Gateway:
             elif isinstance(act, unwind.Compensate):
                 self._apply(writer, st, [act.intent])
                 comp = self.classification(st.steps[act.step].tool or "").compensation
-                out = _as_outcome(await self._call(act.undo.tool, act.args, act.key,
+                out = as_outcome(await self._call(act.undo.tool, act.args, act.key,
                                                    comp.timeout_s if comp else None))
                 items, retry_in = unwind.compensated(st, act, out, catalogue.resume_hint)
                 self._apply(writer, st, items)
@@ -816,12 +844,13 @@ def still_standing(st: SagaState) -> list[str]:
     client must not believe gone. Reads and failed calls changed nothing."""
     out = []
     for s in st.steps.values():
-        if s.reversibility == "readonly" or s.compensation in (CompStatus.SUCCEEDED,
-                                                               CompStatus.RESOLVED):
+        if s.reversibility is Reversibility.READONLY or s.compensation in (
+                CompStatus.SUCCEEDED, CompStatus.RESOLVED):
             continue
         if s.status is StepStatus.SUCCEEDED:
-            why = {"irreversible": "irreversible", "unknown": "unclassified, not undoable"
-                   }.get(str(s.reversibility), "its undo did not succeed")
+            why = ("irreversible" if s.reversibility is Reversibility.IRREVERSIBLE else
+                   "unclassified, not undoable" if s.reversibility is Unclassified.UNKNOWN
+                   else "its undo did not succeed")
             out.append(f"{s.tool} (step {s.step}, {why})")
         elif s.status is StepStatus.IN_DOUBT:
             out.append(f"{s.tool} (step {s.step}, may have happened: its outcome is unknown)")
@@ -835,63 +864,3 @@ def rollback_note(undone: list[str], standing: list[str]) -> str:
     if standing:
         return text + f"Still standing, not undone: {', '.join(standing)}."
     return text + "Nothing else this session changed still stands."
-
-
-def _as_outcome(out: CallOutcome) -> Outcome:
-    """A downstream answer in the protocol's terms."""
-    if out.in_doubt:
-        return Outcome.in_doubt(out.in_doubt)
-    if out.ok:
-        return Outcome.succeeded(out.logged())
-    return Outcome.failed(out.text[:2000])
-
-
-def _scrubbed(out: CallOutcome, secrets: Mapping[str, Any]) -> CallOutcome:
-    """The outcome as it may be logged: secret values blanked out of its text and
-    structured content (servers echo arguments in errors). The client still gets
-    the server's own answer (``raw``)."""
-    if not secrets:
-        return out
-    def clean(x: Any) -> Any:
-        return None if x is None else orjson.loads(scrub(orjson.dumps(x).decode(), secrets))
-    return CallOutcome(out.ok, clean(out.structured), scrub(out.text, secrets), out.raw,
-                       scrub(out.in_doubt, secrets) if out.in_doubt else None,
-                       clean(out.content))
-
-
-def result_text(content: Any) -> str:
-    """The text parts of a tool result's content, as SDK models or as wire dicts."""
-    if not isinstance(content, list):
-        return ""
-    parts = (c if isinstance(c, dict) else {"type": getattr(c, "type", None),
-                                            "text": getattr(c, "text", None)}
-             for c in content)
-    return "\n".join(c.get("text") or "" for c in parts if c.get("type") == "text")
-
-
-def replayed(ok: bool, result: Any, error: str | None) -> CallOutcome:
-    """A repeated call's answer, from what the log recorded of the first: a success as
-    the server gave it, every content block (marked in ``_meta`` as a replay); a
-    failure as the error it was."""
-    result = result if isinstance(result, dict) else {}
-    text = str(result.get("text", error or ""))
-    if not ok:
-        return CallOutcome(False, result.get("structuredContent"),
-                           f"(repeated call, recorded answer) {text}")
-    content = result.get("content")
-    raw: dict[str, Any] = {
-        "content": content if isinstance(content, list) else [{"type": "text", "text": text}],
-        "isError": False, "_meta": {META_REPLAYED: True}}
-    if result.get("structuredContent") is not None:
-        raw["structuredContent"] = result["structuredContent"]
-    return CallOutcome(True, result.get("structuredContent"), text, raw=raw)
-
-
-def built_result(out: CallOutcome) -> dict[str, Any]:
-    """A tool result, on the wire, made from the outcome: for a failure or refusal
-    (saying what happened and what was rolled back) and for the session tools."""
-    result: dict[str, Any] = {"content": [{"type": "text", "text": out.text}],
-                              "isError": not out.ok}
-    if out.structured is not None:
-        result["structuredContent"] = out.structured
-    return result

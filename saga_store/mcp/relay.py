@@ -37,6 +37,7 @@ import orjson
 
 from saga_store.errors import InvalidInput
 from saga_store.log.canonical import loads
+from saga_store.mcp.cancel import REASON, RUNNING, Cancellation
 from saga_store.mcp.downstream import (
     LINE_LIMIT,
     STOP_GRACE_S,
@@ -47,15 +48,8 @@ from saga_store.mcp.downstream import (
     SdkDownstream,
     line_of,
 )
-from saga_store.mcp.gateway import (
-    SESSION_TOOLS,
-    CallFn,
-    CallOutcome,
-    Gateway,
-    built_result,
-    result_text,
-    session_tools,
-)
+from saga_store.mcp.gateway import SESSION_TOOLS, CallFn, Gateway, session_tools
+from saga_store.mcp.results import CallOutcome, client_error, client_result, result_text
 
 log = logging.getLogger("saga_store.gateway")
 OWN = "saga-guard-"  # the ids of the gateway's own requests downstream start so
@@ -139,6 +133,7 @@ class Relay:
         # forwarded tools/list requests: where the answer goes, and if it is a first page
         self._listing: dict[bytes, tuple[Reply, bool]] = {}
         self._calls: dict[bytes, asyncio.Task[None]] = {}  # tools/call in flight
+        self._cancels: dict[bytes, Cancellation] = {}  # how the client may cancel each
         self._ready = False
         self.gone = False  # the downstream went away
         if isinstance(downstream, PipeDownstream):  # answers to the gateway's own requests
@@ -211,8 +206,8 @@ class Relay:
             return
         method = msg.get("method")
         if method is None or "id" not in msg:  # an answer or a notification
-            if method == "notifications/cancelled" and self._cancels_call(msg):
-                return  # the call runs to its recorded end; the client ignores the answer
+            if method == "notifications/cancelled" and await self._cancelled(msg):
+                return  # the server knows the call by the gateway's id: told, if it runs
             await self.down.send(msg, raw)
             if method == "notifications/initialized":
                 await self._start()
@@ -246,6 +241,7 @@ class Relay:
 
     def _call(self, msg: dict[str, Any], reply: Reply) -> None:
         key = _key(msg["id"])
+        self._cancels[key] = Cancellation()
         self._calls[key] = asyncio.create_task(self._tool_call(key, msg, reply))
 
     async def _pump(self) -> None:
@@ -341,6 +337,7 @@ class Relay:
         finally:  # not a done callback: that would cost the event loop a turn per call
             if self._calls.get(key) is asyncio.current_task():
                 del self._calls[key]
+                self._cancels.pop(key, None)
 
     async def _call_tool(self, msg: dict[str, Any], reply: Reply) -> None:
         rid, params = msg["id"], msg.get("params")
@@ -360,16 +357,20 @@ class Relay:
             await reply(_error(rid, -32602, "tools/call params.task is an object"))
             return
         answered = False
+        cancel = self._cancels.get(_key(rid))
 
         async def answer(out: CallOutcome) -> None:  # the server made the call a task
             nonlocal answered
+            if cancel is not None and cancel.requested:
+                return
             answered = True
             await reply({"jsonrpc": "2.0", "id": rid, "result": out.raw})
 
         try:
-            out = await self.gateway.handle(params["name"], args, meta, task, answer)
+            out = await self.gateway.handle(params["name"], args, meta, task, answer, cancel)
         except Exception as exc:  # e.g. Redis went away: the log says how far it got
-            if answered:  # the client has its task; the log says how the call ended
+            if answered or (cancel is not None and cancel.requested):
+                # the client has its task, or wants no answer; the log says how it ended
                 log.exception("tools/call %s (a task) failed in the gateway", params["name"])
                 return
             log.exception("tools/call %s failed in the gateway", params["name"])
@@ -377,12 +378,33 @@ class Relay:
                                             f"({type(exc).__name__}: {exc}); the next gateway "
                                             "for this server settles the session"))
             return
-        if not answered:
-            await reply({"jsonrpc": "2.0", "id": rid, "result": _result(out)})
+        if cancel is not None and cancel.requested:
+            log.info("tools/call %s was cancelled by the client: %s", params["name"],
+                     out.text[:300])
+            return  # MCP: a cancelled request is not answered
+        if answered:
+            return
+        if out.error is not None:  # the server's own JSON-RPC error, as it sent it
+            await reply({"jsonrpc": "2.0", "id": rid, "error": client_error(out)})
+        else:
+            await reply({"jsonrpc": "2.0", "id": rid, "result": client_result(out)})
 
-    def _cancels_call(self, msg: dict[str, Any]) -> bool:
+    async def _cancelled(self, msg: dict[str, Any]) -> bool:
+        """Act on a client's ``notifications/cancelled`` for a tools/call in flight
+        (:mod:`saga_store.mcp.cancel`); False if it names no such call."""
         params = msg.get("params")
-        return isinstance(params, dict) and _key(params.get("requestId")) in self._calls
+        cancel = self._cancels.get(_key(params.get("requestId"))) \
+            if isinstance(params, dict) else None
+        if cancel is None:
+            return False
+        rid = cancel.cancel()
+        if rid is not None and not self.gone:  # it runs downstream: the server is told
+            reason = params.get("reason") if isinstance(params, dict) else None
+            with contextlib.suppress(DownstreamGone):
+                await self.down.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                      "params": {"requestId": rid,
+                                                 "reason": reason or REASON}})
+        return True
 
     # -- the gateway's own requests ---------------------------------------------
 
@@ -392,6 +414,8 @@ class Relay:
         rid = f"{self._prefix}{next(self._ids)}"
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._own[rid] = fut
+        if (running := RUNNING.get()) is not None:  # a client's call: it may cancel it
+            running.downstream_id = rid
         try:
             await self.down.send({"jsonrpc": "2.0", "id": rid, "method": method,
                                   "params": params})
@@ -438,9 +462,9 @@ def _outcome(reply: dict[str, Any]) -> CallOutcome:
     result = reply.get("result")
     if not isinstance(result, dict):  # a JSON-RPC error: the server refused the call
         err = reply.get("error")
-        err = err if isinstance(err, dict) else {}
+        err = err if isinstance(err, dict) else {"code": -32603, "message": "no result"}
         return CallOutcome(False, None, f"{err.get('message', 'no result')} "
-                                        f"(JSON-RPC error {err.get('code')})")
+                                        f"(JSON-RPC error {err.get('code')})", error=err)
     content = result.get("content")
     return CallOutcome(not result.get("isError"), result.get("structuredContent"),
                        result_text(content), raw=result,
@@ -453,11 +477,6 @@ def _key(rid: Any) -> bytes:
 
 def _error(rid: Any, code: int, message: str) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": rid, "error": {"code": code, "message": message}}
-
-
-def _result(out: CallOutcome) -> Any:
-    """The client's result: the server's own when the call succeeded."""
-    return out.raw if out.ok and isinstance(out.raw, dict) else built_result(out)
 
 
 def _tool(raw: dict[str, Any]) -> Any:

@@ -22,14 +22,19 @@ EVICTING = {"allkeys-lru", "allkeys-lfu", "allkeys-random", "volatile-lru", "vol
 
 @dataclass(frozen=True)
 class Finding:
+    """One setting: ``ok`` only when read and fine. ``skipped``: this user may not
+    read it (an ACL without CONFIG or INFO, as recommended for workers), so it is
+    neither fine nor known to be wrong; ``advice`` says how to check it by hand."""
+
     setting: str
     value: str
     ok: bool
     advice: str = ""
+    skipped: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"setting": self.setting, "value": self.value, "ok": self.ok,
-                "advice": self.advice}
+                "skipped": self.skipped, "advice": self.advice}
 
 
 UNKNOWN = "unknown"
@@ -59,7 +64,7 @@ def replica_finding(client: redis.Redis, wait_replicas: int) -> Finding:
     except redis.ResponseError:
         return Finding("wait_replicas", f"{wait_replicas} (replicas connected: {UNKNOWN})",
                        False, "this user may not run INFO; check by hand that the master "
-                       f"has at least {wait_replicas} replicas connected")
+                       f"has at least {wait_replicas} replicas connected", skipped=True)
     ok = connected >= wait_replicas
     return Finding("wait_replicas", f"{wait_replicas} (replicas connected: {connected})", ok,
                    "" if ok else
@@ -82,9 +87,13 @@ def _examine_one(client: redis.Redis, wait_replicas: int = 0) -> list[Finding]:
     out += aof_findings(conf)
     policy = conf.get("maxmemory-policy", "?")
     fine = policy not in EVICTING and policy not in (UNKNOWN, "?")
-    out.append(Finding("maxmemory-policy", policy, fine,
-                       "" if fine else
-                       "set 'maxmemory-policy noeviction': an evicting policy can drop log keys"))
+    if policy == UNKNOWN:
+        out.append(Finding("maxmemory-policy", policy, False, "this user may not run INFO; "
+                           "check by hand that maxmemory-policy is noeviction", skipped=True))
+    else:
+        out.append(Finding("maxmemory-policy", policy, fine, "" if fine else
+                           "set 'maxmemory-policy noeviction': an evicting policy can drop "
+                           "log keys"))
     if wait_replicas:
         out.append(replica_finding(client, wait_replicas))
     return out
@@ -113,14 +122,18 @@ def aof_findings(conf: dict[str, str]) -> list[Finding]:
     :func:`examine` or :func:`aof_settings`."""
     out: list[Finding] = []
     aof = conf.get("appendonly", "?")
-    out.append(Finding("appendonly", aof, aof == "yes",
-                       "" if aof == "yes" else "set 'appendonly yes': with snapshots only, "
-                       "a crash loses acknowledged appends"))
+    if aof == UNKNOWN:
+        out.append(Finding("appendonly", aof, False, "this user may not run CONFIG GET or "
+                           "INFO; check by hand that appendonly is yes", skipped=True))
+    else:
+        out.append(Finding("appendonly", aof, aof == "yes",
+                           "" if aof == "yes" else "set 'appendonly yes': with snapshots "
+                           "only, a crash loses acknowledged appends"))
     fsync = conf.get("appendfsync", "?")
     if fsync == UNKNOWN:
         out.append(Finding("appendfsync", fsync, False,
                            "this user may not run CONFIG GET; check by hand that "
-                           "appendfsync is everysec or always"))
+                           "appendfsync is everysec or always", skipped=True))
     else:
         out.append(Finding("appendfsync", fsync, fsync in ("everysec", "always"),
                            "" if fsync in ("everysec", "always") else

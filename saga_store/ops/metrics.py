@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from saga_store.execution import jobs
 from saga_store.execution.enqueue import in_flight
+from saga_store.log.events import EventKind
 from saga_store.log.layout import names_of
 from saga_store.ops.durability import DurabilityWatch
 from saga_store.protocol.vocab import OutcomeKind
@@ -74,6 +75,18 @@ class Metrics:
             "saga_notifications_dropped_total",
             "Notifications (SAGA_NOTIFY_URL) dropped, oldest first, because the sender's "
             "queue was full: the receiver is down or slow.", registry=r)
+
+    def count_uncalled_compensations(self, items: Iterable[tuple[str, dict[str, Any]]],
+                                     ) -> None:
+        """Count the compensations ``items`` (appended to a log) record as failed
+        without a call: one that cannot be called as declared (its mapping finds no
+        value) goes stuck at once, and a count of calls alone would never show it."""
+        tool = None
+        for kind, body in items:
+            if kind == EventKind.COMPENSATION_INTENT:
+                tool = body.get("tool")
+            elif kind == EventKind.COMPENSATION_FAILED and isinstance(tool, str):
+                self.compensations.labels(tool, OutcomeKind.FAILED.value).inc()
 
     def prime(self, tools: Iterable[ToolSpec]) -> None:
         """Create every labelled series at 0: each tool's step outcomes and duration,

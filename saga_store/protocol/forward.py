@@ -42,6 +42,30 @@ def repeat_of(state: SagaState, key: str, tool: str, logged_args: Any) -> int | 
     return n
 
 
+def logged_call(state: SagaState, tool_call_id: str, tool: str, args: Mapping[str, Any],
+                secret: frozenset[str] = frozenset()) -> int | None:
+    """The step a call sent again is (the same ``tool_call_id`` in this saga's log), or
+    None for a call the saga has not seen. A framework that resumes from its own
+    checkpoint sends its calls again with their ids: the log answers them, they never
+    run twice. Raises :class:`KeyReuseError` when the id came with another tool or
+    other arguments (``secret`` fields are compared by name only: their logged
+    digests are salted, and the salt goes with the saga's secrets when it closes)."""
+    def plain(a: Any) -> Any:
+        return {k: ("$secret" if k in secret else v) for k, v in a.items()} \
+            if isinstance(a, Mapping) else a
+
+    for n in sorted(state.steps):
+        prior = state.steps[n]
+        if prior.tool_call_id != tool_call_id:
+            continue
+        if prior.tool != tool or plain(prior.args) != plain(args):
+            raise KeyReuseError(f"tool_call_id {tool_call_id} is step {n} ({prior.tool}) of "
+                                f"saga {state.saga_id}, with other arguments; a new call "
+                                "needs a new tool_call_id")
+        return n
+    return None
+
+
 def outcome_events(step: int, intent: Mapping[str, Any], outcome: Outcome, *,
                    unwinding: bool, plan: Sequence[Mapping[str, Any]] | None,
                    next_intent: Callable[[int, Mapping[str, Any]], Item],

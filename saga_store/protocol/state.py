@@ -23,6 +23,7 @@ from saga_store.protocol.vocab import (
     Reversibility,
     Status,
     StepStatus,
+    Unclassified,
     phase_of,
 )
 
@@ -44,7 +45,8 @@ class StepState:
     compensation_attempts: int = 0
     intent_seq: int = -1
     resume_base: int = 0  # compensation attempts made before the last resume
-    reversibility: Reversibility | None = None
+    # None only for an intent that said nothing (written before reversibility was)
+    reversibility: Reversibility | Unclassified | None = None
     approval: Approval | None = None
     approval_data: Any = None  # the preview; then who decided, and why
     resolved_by: Any = None  # who settled the compensation by hand, and their note
@@ -140,7 +142,8 @@ class SagaState:
             st.args = data.get("args") if isinstance(data, dict) else None
             st.trace = data.get("trace") if isinstance(data, dict) else None
             rev = data.get("reversibility") if isinstance(data, dict) else None
-            st.reversibility = Reversibility(rev) if rev in _REVERSIBILITIES else None
+            st.reversibility = (Reversibility(rev) if rev in _REVERSIBILITIES else
+                                Unclassified(rev) if rev == Unclassified.UNKNOWN else None)
         elif kind == K.STEP_STARTED:
             st.status, st.attempts = StepStatus.STARTED, ev.get("attempt") or st.attempts + 1
         elif kind == K.STEP_SUCCEEDED:

@@ -75,6 +75,14 @@ class Reversibility(StrEnum):
     IRREVERSIBLE = "irreversible"
 
 
+class Unclassified(StrEnum):
+    """A tool nobody classified (an MCP server's tool with no tools-map entry,
+    declaration or annotation): mutating, and not undoable. Kept apart from
+    :class:`Reversibility`, which a registered tool must choose from."""
+
+    UNKNOWN = "unknown"
+
+
 class LeaseMode(StrEnum):
     """What an append does with the saga's lease (see the append script)."""
 

@@ -43,7 +43,8 @@ class WorkerProcess:
         self.kind = kind or worker_kind()
         if self.kind == "async" and "--async" not in args:
             args = (*args, *ASYNC_ARGS)
-        self.cmd = [*prefix, sys.executable, "-m", "saga_store.cli.main", "worker",
+        # -P: a checkout's saga_store/ folder never shadows the installed package
+        self.cmd = [*prefix, sys.executable, "-P", "-m", "saga_store.cli.main", "worker",
                     "--tools", tools, *args]
         self.env = dict(env)
         self.log = log

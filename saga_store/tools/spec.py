@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, TypeVar, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, create_model
 
@@ -139,6 +139,26 @@ class ToolSpec:
         return {name: getattr(model, name) for name in self.params}
 
 
+ToolFn = TypeVar("ToolFn", bound=Callable[..., Any])
+
+
+@overload
+def tool(fn: ToolFn, /) -> ToolFn: ...
+
+
+@overload
+def tool(*, name: str | None = None, reversibility: Reversibility | str | None = None,
+         compensation: str | Callable[..., Any] | None = None,
+         mapping: Mapping[str, str] | None = None,
+         preconditions: Sequence[Condition] = (), postconditions: Sequence[Condition] = (),
+         timeout: float = 30.0, retry: RetryPolicy | None = None,
+         secret: Sequence[str] = (), probe: str | Callable[..., Any] | None = None,
+         description: str | None = None, approval: str | None = None,
+         ) -> Callable[[ToolFn], ToolFn]: ...
+
+
+# overloaded so a decorated function keeps its own type (mypy --strict takes an
+# Any-returning decorator for an untyped one)
 def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None,
          reversibility: Reversibility | str | None = None,
          compensation: str | Callable[..., Any] | None = None,

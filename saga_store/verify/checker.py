@@ -33,6 +33,7 @@ and names a reason class:
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing as mp
 import os
 from collections.abc import Callable
@@ -60,6 +61,7 @@ from saga_store.log.stream import (
 )
 from saga_store.protocol.vocab import Phase, Status
 from saga_store.verify.invariants import Invariants
+from saga_store.verify.live import settle
 
 Progress = Callable[[int], None]
 
@@ -243,8 +245,8 @@ class LedgerView:
     closed: dict[str, tuple[int, bytes]] = field(default_factory=dict)  # saga -> (seq, hash)
     conflicts: dict[str, str] = field(default_factory=dict)  # saga -> what disagrees
     closed_as: dict[str, str] = field(default_factory=dict)  # saga -> the state it closed in
-    opened_as: dict[str, bytes] = field(default_factory=dict)  # saga -> its opening, whole
-    closed_whole: dict[str, bytes] = field(default_factory=dict)  # saga -> its close, whole
+    opened_as: dict[str, bytes] = field(default_factory=dict)  # saga -> its opening's digest
+    closed_whole: dict[str, bytes] = field(default_factory=dict)  # saga -> its close's digest
     where: dict[str, set[str]] = field(default_factory=dict)  # saga -> ledger chains of it
     # saga -> its tombstone: (seq, hash) of the close it was archived at, and the
     # digest of the segment holding it (see saga_store.log.archive)
@@ -285,13 +287,13 @@ class LedgerView:
         try:
             if ev["kind"] == K.LEDGER_OPENED:
                 first = bytes.fromhex(str(data["first"]))
-                whole = canonical(data)  # the agent and every field, not the hash alone
+                whole = _digest(data)  # the agent and every field, not the hash alone
                 if self.opened.setdefault(sid, first) != first \
                         or self.opened_as.setdefault(sid, whole) != whole:
                     self.conflicts[sid] = "the ledger opened this saga twice, differently"
             elif ev["kind"] == K.LEDGER_CLOSED:
                 end = (int(data["seq"]), bytes.fromhex(str(data["hash"])))
-                whole = canonical(data)
+                whole = _digest(data)
                 if self.closed.setdefault(sid, end) != end \
                         or self.closed_whole.setdefault(sid, whole) != whole:
                     self.conflicts[sid] = "the ledger closed this saga twice, differently"
@@ -302,6 +304,13 @@ class LedgerView:
         except (KeyError, TypeError, ValueError):
             return f"malformed ledger entry for saga {sid}"
         return None
+
+
+def _digest(data: dict[str, Any]) -> bytes:
+    """What a ledger entry says, as 32 bytes: two entries of a saga are compared
+    by it. Not the canonical bytes themselves: orjson hands them back in a buffer
+    of about 4 KB, which, kept for every entry, made verify's memory 8 KB a saga."""
+    return hashlib.sha256(canonical(data)).digest()
 
 
 def cross_check(rep: ChainReport, view: LedgerView, layout: Layout = V1) -> None:
@@ -380,6 +389,21 @@ def archived_reports(view: LedgerView, present: set[str]) -> list[ChainReport]:
     return out
 
 
+def archived_since(reports: list[ChainReport],
+                   reread_ledger: Callable[[list[str]], Callable[[ChainReport], None]]) -> None:
+    """Judge again each saga whose log was gone though the ledger, as read before
+    it, had no tombstone of it: ``saga archive`` may have removed it in between
+    (the tombstone and the removal are one script), so the ledger is read again,
+    now, and holds the tombstone if that is what happened."""
+    gone = [rep for rep in reports if rep.reason == "saga_deleted"]
+    if not gone:
+        return
+    judge = reread_ledger([rep.chain_id for rep in gone])
+    for rep in gone:
+        rep.ok, rep.first_bad_seq, rep.reason, rep.detail = True, None, None, ""
+        judge(rep)
+
+
 def read_verified(log: SagaLog, saga_id: str) -> tuple[list[dict[str, Any]], Head, ChainReport]:
     """A saga's event bodies and head, and the verdict on its chain, from one read:
     what a driver needs before it acts on the log (a compensation's arguments come
@@ -429,7 +453,10 @@ class Verifier:
         self.jobs = jobs if jobs is not None else (os.cpu_count() or 1)
 
     def check(self, chain_id: str, progress: Progress | None = None,
-              view: LedgerView | None = None) -> ChainReport:
+              view: LedgerView | None = None,
+              seen: Callable[[int, dict[str, Any]], None] | None = None) -> ChainReport:
+        """One chain's report; ``view`` takes in each entry of a ledger chain,
+        ``seen`` each event that passed (its seq and body) as it is read."""
         checker = ChainChecker(self.log.chain, chain_id)
         feed = checker.feed
         for rows in self.log.pages(chain_id):
@@ -443,6 +470,8 @@ class Verifier:
                 if view is not None and (why := view.note(checker.last, chain_id)):
                     checker.report.fail(checker.expect - 1, "bad_body", why)
                     break
+                if seen is not None:
+                    seen(checker.expect - 1, checker.last)
             if progress is not None:
                 progress(len(rows))
             if not checker.report.ok:
@@ -451,8 +480,15 @@ class Verifier:
 
     def verify(self, saga_id: str | None = None, progress: Progress | None = None,
                ) -> VerifyResult:
+        """Verify every chain (or one saga's and the ledger's) as Redis holds it,
+        while writers may be at work: what is compared is read in an order, or as
+        of one moment, that writers cannot make disagree (see
+        :mod:`saga_store.verify.live`)."""
         ledger = Ledger(self.log)
         layout = self.log.layout
+        # the root first: every ledger head it records is then held by the chains
+        # read after it
+        root = self._read_root() if layout.version >= 2 else None
         # entries written and not yet chained; read first, so an entry chained while
         # this runs is seen in one place or the other
         pending = ledger.pending_by_chain()
@@ -474,10 +510,18 @@ class Verifier:
             ids = sorted(present | (set(view.opened) - set(view.archived)))
             gone = archived_reports(view, present)
         reports = [*self._check_many(ids, progress), *gone]
-        if all(rep.ok for rep in ledgers):
+        judged = all(rep.ok for rep in ledgers)  # a saga is held to a sound ledger only
+        if judged:
             for rep in reports:
                 cross_check(rep, view, layout)
-        self._check_projections(reports)
+
+        def again(sid: str) -> ChainReport:
+            rep = self.check(sid)
+            if judged:
+                cross_check(rep, view, layout)
+            return rep
+        settle(self.log, reports, again, lambda sids: self._reread(sids, view, ledgers))
+        archived_since(reports, lambda sids: self._reread(sids, view, ledgers))
         rejected = ledger.rejected()
         if rejected:
             entry, why = rejected[0]
@@ -486,8 +530,33 @@ class Verifier:
                             "sealer because their sagas' chains do not bear them out (forged, "
                             "or the log was cut or rewritten since they were written); the "
                             f"first ({why}): {entry[:160]!r}")
-        roots = [self._check_root(ledgers)] if layout.version >= 2 else []
+        roots = [self._check_root(*root, ledgers)] if root is not None else []
         return VerifyResult([*ledgers, *roots, *reports])
+
+    def _reread(self, saga_ids: list[str], view: LedgerView, ledgers: list[ChainReport],
+                ) -> Callable[[ChainReport], None]:
+        """Read again, now, the ledger chains of ``saga_ids`` (their pending entries,
+        then their chains), into ``view``; a chain that no longer verifies replaces
+        its report. Returns the cross-check of a saga against the ledger so read."""
+        layout = self.log.layout
+        chains = sorted({layout.ledger_of(sid) for sid in saga_ids})
+        pending = Ledger(self.log).pending_by_chain()  # first, as in verify()
+        known = {rep.chain_id: i for i, rep in enumerate(ledgers)}
+        for c in chains:
+            rep = self.check(c, None, view)
+            if c in known:
+                ledgers[known[c]] = rep
+            else:
+                ledgers.append(rep)
+        for c in chains:
+            for body in pending.get(c, []):
+                view.note(body, c)
+        judged = all(rep.ok for rep in ledgers)
+
+        def judge(rep: ChainReport) -> None:
+            if judged:
+                cross_check(rep, view, layout)
+        return judge
 
     def _check_ledgers(self, chains: list[str], progress: Progress | None,
                        ) -> tuple[list[ChainReport], LedgerView]:
@@ -506,16 +575,22 @@ class Verifier:
                     progress(rep.events)
         return [by_id[c] for c in chains], view
 
-    def _check_root(self, ledgers: list[ChainReport]) -> ChainReport:
-        """The root chain, and each ledger chain held to every head it recorded."""
-        root = self.check(ROOT)
+    def _read_root(self) -> tuple[ChainReport, list[tuple[int, str, int, str]]]:
+        """The root chain's report, and the ledger heads it records, from one read:
+        (root seq, ledger chain, its seq, its hash)."""
+        recorded: list[tuple[int, str, int, str]] = []
+
+        def heads(at: int, body: dict[str, Any]) -> None:
+            for chain, (seq, h) in (body.get("data") or {}).get("heads", {}).items():
+                recorded.append((at, str(chain), int(seq), str(h)))
+        return self.check(ROOT, seen=heads), recorded
+
+    def _check_root(self, root: ChainReport, recorded: list[tuple[int, str, int, str]],
+                    ledgers: list[ChainReport]) -> ChainReport:
+        """Each ledger chain held to every head the root (read before them) recorded."""
         if not root.ok:
             return root
         known = {rep.chain_id: rep for rep in ledgers}
-        recorded: list[tuple[int, str, int, str]] = []
-        for at, body in enumerate(self.log.bodies(ROOT)):
-            for chain, (seq, h) in (body.get("data") or {}).get("heads", {}).items():
-                recorded.append((at, str(chain), int(seq), str(h)))
         pipe: Any = self.log.raw.pipeline(transaction=False)
         for _, chain, seq, _ in recorded:
             eid = keys.entry_id(max(seq, 0))
@@ -533,28 +608,6 @@ class Verifier:
                           f"at seq {seq}: that chain was rewritten")
                 break
         return root
-
-    def _check_projections(self, reports: list[ChainReport]) -> None:
-        """Fail each saga whose cached state or phase is not the fold of its log: no
-        decision rests on the cache, but 'saga ls', the console and the metrics
-        show it. Read in pipelined batches."""
-        sound = [rep for rep in reports if rep.ok and rep.events]
-        for i in range(0, len(sound), 1000):
-            batch = sound[i:i + 1000]
-            pipe = self.log.redis.pipeline(transaction=False)
-            for rep in batch:
-                pipe.hmget(self.log.keys.meta(rep.chain_id), "state", "phase")
-            for rep, (state, phase) in zip(batch, pipe.execute(), strict=True):
-                if state is None and phase is None:
-                    rep.warnings.append("no cached state (a chain loaded from an export?); "
-                                        "a worker's sweeper rebuilds it from the log")
-                elif (state, phase) != (str(rep.status).encode(), str(rep.phase).encode()):
-                    shown = f"{(state or b'-').decode(errors='replace')}/" \
-                            f"{(phase or b'-').decode(errors='replace')}"
-                    rep.fail(rep.head_seq, "projection",
-                             f"its cached state is {shown}, its log says {rep.status}/"
-                             f"{rep.phase}: the meta hash was changed by hand; a worker's "
-                             "sweeper rebuilds it from the log")
 
     def _check_many(self, ids: list[str], progress: Progress | None) -> list[ChainReport]:
         if not self._parallel(ids, self.log.keys.log):

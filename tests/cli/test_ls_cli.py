@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -18,8 +19,11 @@ from click.testing import CliRunner, Result
 from saga_store.cli.main import cli
 
 from saga_store import keys
+from saga_store.ids import new_id
 from saga_store.log.events import EventKind as K
+from saga_store.log.events import body_dict
 from saga_store.log.store import EventStore
+from saga_store.log.stream import EMPTY
 from saga_store.testing import assert_eventually, ctrl_c_reaches_it
 
 from ..helpers import committed_saga, tamper
@@ -146,3 +150,72 @@ def test_ls_follow_shows_new_sagas_and_ctrl_c_ends_it_cleanly(
         proc.kill()
         proc.wait()
     assert not any("Traceback" in ln for ln in lines)
+
+
+def ledger_of_many(store: EventStore, n: int, t0: int, agent: str = "agent-old") -> list[str]:
+    """``n`` sagas' openings written straight into their buckets' ledger chains, one
+    millisecond apart from ``t0`` on (oldest first; their logs are not written: a
+    fast path to a ledger of that size). Returns their ids, oldest first."""
+    made = [f"{agent}_{new_id()}" for _ in range(n)]
+    by_chain: dict[str, list[dict[str, object]]] = {}
+    for k, sid in enumerate(made):
+        by_chain.setdefault(store.log.layout.ledger_of(sid), []).append(body_dict(
+            store.log.layout.ledger_of(sid), 0, K.LEDGER_OPENED, ts=t0 + k,
+            data={"saga_id": sid, "agent_id": agent, "first": "00" * 32}))
+    pipe = store.redis.pipeline(transaction=False)  # one fsync for all of them
+    calls = [(c, c.queue(pipe)) for c in (store.log.prepare(chain, bodies, EMPTY)
+                                          for chain, bodies in by_chain.items())]
+    replies = pipe.execute()
+    for call, queued in calls:
+        call.result(queued(replies))
+    return made
+
+
+def opened(store: EventStore, agents: list[str]) -> list[str]:
+    """A saga opened for each of ``agents``, in one round trip (their ledger
+    entries left pending, as a worker's are, but for each 64th writer's seal)."""
+    ops = [store.prepare_open(agent) for agent in agents]
+    pipe = store.redis.pipeline(transaction=False)
+    queued = [op.call.queue(pipe) for op in ops]
+    replies = pipe.execute()
+    pipe = store.redis.pipeline(transaction=False)
+    for op, q in zip(ops, queued, strict=True):
+        op.applied(q(replies), pipe, defer_ledger=True)
+    replies = pipe.execute()
+    for op in ops:
+        op.ledger_written(replies)
+    return [op.writer.saga_id for op in ops]
+
+
+@pytest.mark.layout(buckets=1024)
+def test_ls_limit_is_exact_past_thousands_of_ledger_entries(
+        store: EventStore, redis_url: str) -> None:
+    """20,000 older sagas in the ledger's 1,024 buckets, then 150 new ones: 'saga ls
+    --limit 100' shows exactly the 100 newest, newest first, and a filter on the
+    agent exactly the newest of that agent, however many entries lie between."""
+    old = ledger_of_many(store, 20_000, time.time_ns() // 1_000_000 - 3_600_000)
+    new = opened(store, ["agent-a" if k % 3 else "agent-b" for k in range(100)])
+    store.ledger.flush()
+    new += opened(store, ["agent-a" if k % 3 else "agent-b" for k in range(100, 150)])
+    res = run(redis_url, "ls", "--json", "--limit", "100")
+    assert res.exit_code == 0, res.output
+    assert [r["saga_id"] for r in orjson.loads(res.output)] == new[::-1][:100]
+    res = run(redis_url, "ls", "--json", "--limit", "40", "--agent", "agent-b")
+    assert [r["saga_id"] for r in orjson.loads(res.output)] == \
+        [s for s in new[::-1] if s.startswith("agent-b_")][:40]
+    from saga_store.console.listing import Filters, list_page, newest
+
+    # every opening, each once, newest first, across all 1,024 chains
+    assert [o.saga_id for o in newest(store, Filters())] == new[::-1] + old[::-1]
+    # and the console's pages, of 50 each (or more: a page keeps a millisecond
+    # whole), walk the same order with no gap and no repeat
+    walked: list[str] = []
+    cursor: int | None = None
+    while len(walked) < 150:
+        page = list_page(store, Filters(), cursor, 50)
+        assert len(page.rows) >= 50
+        walked += [r.saga_id for r in page.rows]
+        assert page.next_cursor is not None
+        cursor = int(page.next_cursor)
+    assert walked[:150] == new[::-1]
+    assert walked[150:] == old[::-1][:len(walked) - 150]

@@ -1,7 +1,9 @@
 """The console in a real browser: headless Chromium (Debian's) driven by
 Playwright against a console served by uvicorn, with real workers running the
 sagas. It lists sagas, opens one, watches a running saga's page update as its
-waiting step is let go, approves one step and denies another with a reason.
+waiting step is let go, approves one step and denies another with a reason,
+resolves a stuck saga's step from its page through the confirmation, and
+opens the overview, workers and search pages.
 Screenshots of each page go to the test's folder (and, when
 SAGA_SCREENSHOTS_DIR is set, there too: that is how docs/screenshots/ is made).
 """
@@ -28,6 +30,7 @@ from saga_store.testing import assert_eventually, free_port
 from saga_store.testing.workers import workers
 
 from ..console.test_console import STORY
+from ..console.test_console_actions import STUCK
 from ..console_tools import gate_path
 
 CHROMIUM = "/usr/bin/chromium"
@@ -82,9 +85,9 @@ def _pending(store: SagaStore, sid: str) -> approvals.Pending:
 def _shots(tmp_path: Path) -> Any:
     copy_to = os.environ.get("SAGA_SCREENSHOTS_DIR")
 
-    def shot(page: Any, name: str) -> None:
+    def shot(page: Any, name: str, full: bool = True) -> None:
         path = tmp_path / f"{name}.png"
-        page.screenshot(path=str(path), full_page=True)
+        page.screenshot(path=str(path), full_page=full)
         if copy_to:
             Path(copy_to).mkdir(parents=True, exist_ok=True)
             shutil.copy(path, Path(copy_to) / path.name)
@@ -96,10 +99,12 @@ def _sagas(store: SagaStore) -> dict[str, str]:
     made = {"committed": store.submit(MAIL[:1], agent_id="inventory-bot")}
     made["story"] = store.submit(STORY, agent_id="checkout-bot")
     made["hook"] = store.submit(HOOK, agent_id="shipping-bot")
+    made["stuck"] = store.submit(STUCK, agent_id="warehouse-bot")
     _pending(store, made["hook"])
     approvals.decide(store, made["hook"], 0, grant=True, by="olivia")
     for name in ("committed", "story", "hook"):
         assert store.wait(made[name], timeout=60).final
+    assert store.wait(made["stuck"], timeout=60).status is Status.STUCK
     made["prod"] = store.submit(PROD, agent_id="crm-bot")
     made["mail"] = store.submit(MAIL, agent_id="mail-bot")
     _pending(store, made["prod"])
@@ -132,7 +137,9 @@ def test_the_console_in_a_real_browser(client: redis.Redis, worker_env: dict[str
             _list_and_open(page, base, made, shot)
             _watch_live(page, base, made["live"], shot)
             _decide(page, base, made, shot)
+            _resolve_stuck(page, base, made["stuck"], shot)
             _attention_and_verify(page, base, made["hook"], shot)
+            _operator_pages(page, base, made, shot)
             browser.close()
         assert store.wait(made["prod"], timeout=30).status is Status.COMMITTED
         assert store.wait(made["mail"], timeout=30).status is Status.COMPENSATED
@@ -142,6 +149,10 @@ def test_the_console_in_a_real_browser(client: redis.Redis, worker_env: dict[str
     assert granted[0]["data"]["by"] == "olivia"
     assert (denied[0]["data"]["by"], denied[0]["data"]["reason"]) == ("olivia",
                                                                        "not to the CEO")
+    resolved = [e for e in store.events.log.bodies(made["stuck"])
+                if e["kind"] == K.COMPENSATION_RESOLVED]
+    assert [(e["data"]["by"], e["data"]["note"]) for e in resolved] == [
+        ("olivia", "released B by hand")]
 
 
 def _list_and_open(page: Any, base: str, made: dict[str, str], shot: Any) -> None:
@@ -198,3 +209,43 @@ def _attention_and_verify(page: Any, base: str, hook: str, shot: Any) -> None:
     page.click("#run-verify")
     page.wait_for_selector("p.verdict.ok")  # the page reloads itself while it runs
     shot(page, "verify")
+
+
+def _resolve_stuck(page: Any, base: str, sid: str, shot: Any) -> None:
+    """An operator settles a stuck step from the saga's page, through the
+    confirmation that says what it does; the page then follows the unwind."""
+    page.goto(f"{base}/sagas/{sid}")
+    assert page.locator("#state").inner_text() == "stuck undoing step 1 (reserve_forgetful)"
+    assert any("saga resolve" in t for t in page.locator("dd.reason").all_inner_texts())
+    shot(page, "saga-stuck", full=False)  # its top: state, hint, actions
+    page.click("#do-resolve")
+    page.wait_for_selector("#confirm")
+    assert "resolve step 1 (reserve_forgetful) as undone by hand" in \
+        page.locator("#effect").inner_text()
+    page.fill("textarea[name=why]", "released B by hand")
+    shot(page, "confirm-resolve")
+    page.click("#confirm-button")
+    page.wait_for_selector("p.flash.ok")
+    assert "step 1 resolved by hand by olivia" in page.locator("p.flash.ok").inner_text()
+    page.locator("#state", has_text="needs attention").wait_for()  # the live feed follows
+    shot(page, "saga-resolved", full=False)
+
+
+def _operator_pages(page: Any, base: str, made: dict[str, str], shot: Any) -> None:
+    page.goto(f"{base}/overview")
+    assert page.locator("#by-state").is_visible()
+    shot(page, "overview")
+    page.goto(f"{base}/workers")
+    page.locator("#workers td.pid").first.wait_for()
+    assert page.locator("#workers td.pid").count() == 2
+    shot(page, "workers")
+    page.goto(f"{base}/search")
+    page.select_option("select[name=by]", "tool")
+    page.fill("input[name=q]", "charge_payment")
+    page.click("#search button")
+    page.wait_for_selector("#hits")
+    assert "by=tool&q=charge_payment" in page.url  # a search is a link
+    found = page.locator("#hits a.mono").all_inner_texts()
+    assert made["story"] in found
+    assert made["prod"] in found
+    shot(page, "search")

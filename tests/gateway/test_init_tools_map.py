@@ -229,17 +229,19 @@ def test_annotations_become_entries_and_the_gateway_follows_them(
     classes = load_tools_map(out)
     expected = {"create_record": "compensable", "get_record": "readonly",
                 "wire_funds": "irreversible", "drop_everything": "readonly",
-                "saga_settings_seen": "readonly"}
+                "saga_settings_seen": "readonly", "slow_create": "compensable"}
     assert {n: classes[n].reversibility for n in expected if n in classes} == expected
     for n, c in classes.items():  # anything else the server has: from its annotations
         assert n in expected or (c.reversibility, c.compensation) == ("readonly", None), n
+    assert "slow_create" in classes  # its declaration, like create_record's
     comp = classes["create_record"].compensation
     assert comp is not None
     assert (comp.tool, dict(comp.args)) == ("delete_record",
                                             {"id": "$.output.structuredContent.id"})
     assert "CHECK it changes nothing" in _block(text, "drop_everything")
     assert "CHECK" in _block(text, "wire_funds")
-    for undecided in ("charge", "refund", "update_crm", "enable_archive", "clear_password"):
+    for undecided in ("charge", "refund", "update_crm", "enable_archive", "clear_password",
+                      "refuse_order", "reject_upload"):
         assert "DECIDE" in _block(text, undecided), undecided
     password = _block(text, "set_password")
     assert "perhaps undone by clear_password" in password
@@ -393,6 +395,19 @@ def test_an_existing_file_is_kept_unless_forced(tmp_path: Path) -> None:
     assert yaml.returncode == 2
     assert "TOML" in yaml.stderr
     assert not (tmp_path / "tools.yaml").exists()
+
+
+def test_serving_options_given_with_it_are_refused_not_dropped(tmp_path: Path) -> None:
+    """--tools-map and --policy do nothing when only a map is written: given with
+    --init-tools-map they are refused, so nobody believes they took effect."""
+    (tmp_path / "mine.toml").write_text("")
+    for extra, said in ((["--tools-map", str(tmp_path / "mine.toml")], "--tools-map"),
+                        (["--policy", str(tmp_path / "mine.toml")], "--policy")):
+        out = tmp_path / "tools.toml"
+        done = _init(out, RECORDS, extra=extra)
+        assert done.returncode == 2
+        assert f"so {said} would have no effect" in done.stderr
+        assert not out.exists()
 
 
 def test_a_server_that_cannot_start_dies_or_cannot_be_reached_is_reported(

@@ -255,8 +255,8 @@ def test_the_in_process_guard_passes_progress_on_and_says_how_to_approve(
 def test_reads_always_reach_the_server_and_a_repeat_gets_every_recorded_block(
         gw: dict[str, Any]) -> None:
     """A read made twice is made twice (its answer may have changed); a write made
-    twice runs once, and the repeat gets the first answer whole: text, image and
-    resource blocks and the structured content."""
+    twice under one idempotency key runs once, and the repeat gets the first answer
+    whole: text, image and resource blocks and the structured content."""
     (gw["tmp"] / "tools.toml").write_text('[tools.count_items]\nreversibility = "readonly"\n'
                                           '[tools.print_label]\nreversibility = "compensable"\n'
                                           'compensation = { tool = "remove_item", args = '
@@ -268,8 +268,9 @@ def test_reads_always_reach_the_server_and_a_repeat_gets_every_recorded_block(
             before = await s.call_tool("count_items", {})
             await s.call_tool("add_item", {"name": "lamp"})
             after = await s.call_tool("count_items", {})
-            first = await s.call_tool("print_label", {"name": "lamp"})
-            again = await s.call_tool("print_label", {"name": "lamp"})
+            key = {"dev.chronomcp/idempotency_key": "label-lamp"}
+            first = await s.call_tool("print_label", {"name": "lamp"}, meta=key)
+            again = await s.call_tool("print_label", {"name": "lamp"}, meta=key)
             return before, after, first, again
     before, after, first, again = anyio.run(go)
     assert (before.structured_content, after.structured_content) == ({"count": 0},

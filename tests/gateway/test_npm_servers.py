@@ -224,8 +224,8 @@ def test_reads_by_the_servers_annotations_are_each_a_call_of_their_own(
 def test_a_replayed_mutating_call_returns_every_content_block(gw: dict[str, Any]) -> None:
     """Tools treated as mutating, answering with an image (get-tiny-image: text, image,
     text), annotated blocks, an embedded blob resource, resource links, and structured
-    content: a repeat in the session is answered from the log, and both answers are,
-    block by block, what the server gives a direct call."""
+    content: a repeat under the same idempotency key is answered from the log, and
+    both answers are, block by block, what the server gives a direct call."""
     server, args = _everything(gw)
     calls = [("get-tiny-image", {}, ["text", "image", "text"]),
              ("get-annotated-message", {"messageType": "error", "includeImage": True},
@@ -239,8 +239,10 @@ def test_a_replayed_mutating_call_returns_every_content_block(gw: dict[str, Any]
         async with _direct(server) as s:
             direct = [await s.call_tool(n, a) for n, a, _ in calls]
         async with _guarded(gw, server, args) as s:
-            first = [await s.call_tool(n, a) for n, a, _ in calls]
-            again = [await s.call_tool(n, a) for n, a, _ in calls]
+            first = [await s.call_tool(n, a, meta={"dev.chronomcp/idempotency_key": n})
+                     for n, a, _ in calls]
+            again = [await s.call_tool(n, a, meta={"dev.chronomcp/idempotency_key": n})
+                     for n, a, _ in calls]
         return direct, first, again
     direct, first, again = anyio.run(go)
     for (name, _, types), d, f, a in zip(calls, direct, first, again, strict=True):
@@ -337,7 +339,8 @@ def test_over_streamable_http_progress_reads_and_replays_hold_too(gw: dict[str, 
                               progress_callback=progress)
             toggles = [_text(await s.call_tool("toggle-simulated-logging", {})).split()[0]
                        for _ in range(2)]
-            images = [_blocks(await s.call_tool("get-tiny-image", {})) for _ in range(2)]
+            images = [_blocks(await s.call_tool("get-tiny-image", {}, meta={
+                "dev.chronomcp/idempotency_key": "img"})) for _ in range(2)]
         return seen, toggles, images
 
     async def go() -> tuple[Any, Any]:
@@ -424,7 +427,8 @@ def test_a_production_write_waits_and_runs_once_when_approved_at_the_cli(
 
                 async def write() -> None:
                     got.append(await s.call_tool("write_file",
-                                                 {"path": str(target), "content": "v1"}))
+                                                 {"path": str(target), "content": "v1"},
+                                                 meta={"dev.chronomcp/idempotency_key": "w-1"}))
                 tg.start_soon(write)
                 pending = await anyio.to_thread.run_sync(lambda: assert_eventually(
                     lambda: _pending_cli(gw), timeout=30, what="the write to wait"))
@@ -435,7 +439,8 @@ def test_a_production_write_waits_and_runs_once_when_approved_at_the_cli(
                 assert approved.returncode == 0, approved.stderr
             assert target.read_text() == "v1"
             target.write_text("changed since")  # a second run would write v1 again
-            again = await s.call_tool("write_file", {"path": str(target), "content": "v1"})
+            again = await s.call_tool("write_file", {"path": str(target), "content": "v1"},
+                                      meta={"dev.chronomcp/idempotency_key": "w-1"})
             return staged, got[0], again, pending
     staged, written, again, pending = anyio.run(go)
     assert not staged.is_error, _text(staged)
@@ -445,7 +450,7 @@ def test_a_production_write_waits_and_runs_once_when_approved_at_the_cli(
     assert pending[0]["reversibility"] == "irreversible"  # the server's destructiveHint
     assert not written.is_error, _text(written)
     assert not again.is_error
-    assert _text(again) == _text(written)  # the repeat was answered from the log
+    assert _text(again) == _text(written)  # the repeat under its key: from the log
     assert target.read_text() == "changed since"  # it ran once
     assert other.read_text() == "s1"
     twice = _saga(gw, "approve", pending[0]["saga_id"], str(pending[0]["step"]), "--by", "bob")
@@ -582,7 +587,7 @@ def test_two_production_writes_at_once_wait_in_turn_and_each_runs_once(
         gw: dict[str, Any]) -> None:
     """Two PRODUCTION writes sent at once in one session: mutating calls go one at a
     time, so a person is asked about one, then the other; each approved write is on
-    disk with its own content, and a repeat of either runs nothing."""
+    disk with its own content, and a repeat of either under its key runs nothing."""
     server, args, root = _filesystem(gw)
     a, b = root / "PRODUCTION" / "a", root / "PRODUCTION" / "b"
     writes = ((a, "A"), (b, "B"))
@@ -592,7 +597,8 @@ def test_two_production_writes_at_once_wait_in_turn_and_each_runs_once(
         async with _guarded(gw, server, args) as s:
             async def write(path: Path, content: str) -> None:
                 got.append(await s.call_tool("write_file", {"path": str(path),
-                                                            "content": content}))
+                                                            "content": content},
+                                             meta={"dev.chronomcp/idempotency_key": content}))
             async with anyio.create_task_group() as tg:
                 for path, content in writes:
                     tg.start_soon(write, path, content)
@@ -601,7 +607,8 @@ def test_two_production_writes_at_once_wait_in_turn_and_each_runs_once(
             a.write_text("changed")  # a second run of either would write it again
             b.write_text("changed")
             with anyio.fail_after(30):  # repeats: answered from the log, no person asked
-                again = [await s.call_tool("write_file", {"path": str(p), "content": c})
+                again = [await s.call_tool("write_file", {"path": str(p), "content": c},
+                                           meta={"dev.chronomcp/idempotency_key": c})
                          for p, c in writes]
         return got, asked, again
     got, asked, again = anyio.run(go)

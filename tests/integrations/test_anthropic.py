@@ -218,3 +218,59 @@ def test_the_beta_tool_runner_takes_the_results(store: SagaStore, running: None)
     assert "reserve_inventory was undone" in last_turn[-1]["text"]
     assert final(store, sid).status is Status.COMPENSATED
     assert [k for k, _, _ in effects()] == ["reserve", "release"]
+
+
+def test_one_reply_with_several_calls_says_which_were_rolled_back(
+        store: SagaStore, running: None) -> None:
+    """Reserve, charge and a failing call in one assistant turn: every result of
+    that turn says what is true now, not only the failed call's."""
+    api = Scripted(reply(tool_use(RESERVE, "toolu_1"), tool_use(CHARGE, "toolu_2"),
+                         tool_use(CRM_FAILS, "toolu_3"), tool_use(RESERVE, "toolu_4")),
+                   say("Rolled back."))
+    with store.saga(agent_id="shop") as saga:
+        loop(api.client(), saga, [{"role": "user", "content": "Order"}])
+        sid = saga.saga_id
+    seen = results(api.requests[1])
+    assert seen["toolu_1"]["content"].startswith("rolled back:")
+    assert seen["toolu_2"]["content"].startswith("rolled back:")
+    assert "refund" in seen["toolu_2"]["content"]
+    assert "CRM unavailable" in seen["toolu_3"]["content"]
+    assert seen["toolu_4"]["is_error"] is True  # after the failure: not run, and says so
+    assert "was not run" in seen["toolu_4"]["content"]
+    assert final(store, sid).status is Status.COMPENSATED
+    assert_order_unwound()
+
+
+def test_rebuild_answers_the_call_in_flight_and_the_sdk_takes_it(
+        store: SagaStore, running: None) -> None:
+    """A history saved before the in-flight call's result: rebuild gives every
+    tool_use its tool_result from the log (a call no saga logged says it never ran),
+    and the SDK's own types and client take the result."""
+    from pydantic import TypeAdapter
+
+    from saga_store import StepError
+    with store.saga(agent_id="shop") as saga:
+        saga.call(*RESERVE, tool_call_id="toolu_1")
+        with pytest.raises(StepError):
+            saga.call(*CRM_FAILS, tool_call_id="toolu_2")
+        sid = saga.saga_id
+    state = final(store, sid)
+    saved = [{"role": "user", "content": "Order"},
+             {"role": "assistant", "content": [tool_use(RESERVE, "toolu_1")]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                           "content": '{"reservation_id": "r-1"}'}]},
+             {"role": "assistant", "content": [tool_use(CRM_FAILS, "toolu_2"),
+                                               tool_use(RESERVE, "toolu_9")]}]
+    fixed = rebuild(saved, [state])
+    TypeAdapter(list[anthropic.types.MessageParam]).validate_python(fixed)
+    seen = results({"messages": fixed})
+    assert seen["toolu_1"]["content"].startswith("rolled back:")
+    assert seen["toolu_2"]["is_error"] is True
+    assert "CRM unavailable" in seen["toolu_2"]["content"]
+    assert seen["toolu_9"]["content"].startswith("not run: no saga logged this call")
+    assert fixed[-1]["role"] == "user"
+    assert [b["type"] for b in fixed[-1]["content"]] == ["tool_result", "tool_result", "text"]
+    assert rebuild(fixed, [state]) == fixed
+    nxt = Scripted(say("Nothing is booked."))
+    nxt.client().messages.create(model="claude-scripted", max_tokens=64, messages=fixed)
+    assert results(nxt.requests[0]).keys() == {"toolu_1", "toolu_2", "toolu_9"}

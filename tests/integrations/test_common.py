@@ -12,13 +12,8 @@ import redis
 
 from saga_store import Registry, SagaAborted, SagaStore, Status, StepError
 from saga_store.ids import check_id
-from saga_store.integrations._common import (
-    calls_for,
-    exposed,
-    rewrite,
-    step_call_id,
-    tool_defs,
-)
+from saga_store.integrations._common import calls_for, exposed, tool_defs
+from saga_store.integrations._rewrite import rewrite, step_call_id
 from saga_store.testing.workers import workers
 
 from ..integration_support import CHARGE, CRM_FAILS, RESERVE, TOOLS, saga_store_for

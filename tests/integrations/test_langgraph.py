@@ -5,6 +5,7 @@ gated call goes through LangGraph's interrupt, and the rebuilt history runs."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -235,3 +236,63 @@ def test_on_failure_raise_ends_the_graph_with_the_steps_error(
         sid = saga.saga_id
     assert final(store, sid).status is Status.COMPENSATED
     assert [k for k, _, _ in effects()] == ["reserve", "release"]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["invoke", "ainvoke"])
+def test_one_reply_with_several_calls_says_which_were_rolled_back(
+        store: SagaStore, running: None, asynchronous: bool) -> None:
+    """Reserve, charge and a failing call in one AIMessage: the next model input shows
+    every result of that reply as it is now, each once, right after its call."""
+    model = script(calls((RESERVE, "call_1"), (CHARGE, "call_2"), (CRM_FAILS, "call_3"),
+                         (RESERVE, "call_4")),
+                   AIMessage(content="Rolled back."))
+    with store.saga(agent_id="shop") as saga:
+        app = graph(model, saga)
+        start = {"messages": [HumanMessage("Order")]}
+        if asynchronous:
+            asyncio.run(app.ainvoke(start))
+        else:
+            app.invoke(start)
+        sid = saga.saga_id
+    assert final(store, sid).status is Status.COMPENSATED
+    seen = model.received[1]
+    texts = tool_texts(seen)
+    assert texts["call_1"].startswith("rolled back:")
+    assert texts["call_2"].startswith("rolled back:")
+    assert "CRM unavailable" in texts["call_3"]
+    assert "was not run" in texts["call_4"]
+    assert [m.tool_call_id for m in seen if isinstance(m, ToolMessage)] == [
+        "call_1", "call_2", "call_3", "call_4"]
+    assert_order_unwound()
+
+
+def test_rebuild_answers_the_call_in_flight(store: SagaStore, running: None) -> None:
+    """A checkpoint taken before the in-flight call ran: rebuild gives every tool
+    call a ToolMessage from the log, and the graph runs on with it."""
+    with store.saga(agent_id="shop") as saga:
+        saga.call(*RESERVE, tool_call_id="call_1")
+        with pytest.raises(StepError):
+            saga.call(*CRM_FAILS, tool_call_id="call_2")
+        sid = saga.saga_id
+    state = final(store, sid)
+    saved = [HumanMessage("Order", id="h"), calls((RESERVE, "call_1")),
+             ToolMessage(content="{}", tool_call_id="call_1", id="tm-1"),
+             calls((CRM_FAILS, "call_2"), (RESERVE, "call_9"))]
+    fixed = rebuild(saved, [state])
+    assert {m.tool_call_id: m.content for m in fixed if isinstance(m, ToolMessage)}.keys() \
+        == {"call_1", "call_2", "call_9"}
+    g = StateGraph(MessagesState)
+    nxt = script(AIMessage(content="Nothing is booked."))
+    g.add_node("agent", lambda s: {"messages": [nxt.invoke(s["messages"])]})
+    g.add_edge(START, "agent")
+    app = g.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "t-9"}}
+    app.update_state(config, {"messages": saved})
+    app.update_state(config, {"messages": fixed})
+    app.invoke(None, config)
+    texts = tool_texts(nxt.received[0])
+    assert texts["call_1"].startswith("rolled back:")
+    assert "CRM unavailable" in texts["call_2"]
+    assert texts["call_9"].startswith("not run: no saga logged this call")
+    assert [type(m).__name__ for m in nxt.received[0]][-4:] == [
+        "AIMessage", "ToolMessage", "ToolMessage", "SystemMessage"]

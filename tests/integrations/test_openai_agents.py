@@ -189,3 +189,60 @@ def test_a_rejected_call_is_denied_in_the_chain_and_the_saga_unwinds(
     seen = outputs(model.calls[2])
     assert seen["call_1"].startswith("rolled back:")
     assert "denied by bob" in seen["call_inv"]
+
+
+def test_one_reply_with_several_calls_says_which_were_rolled_back(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """Reserve, charge and a failing call in one model reply (the SDK runs them at
+    once): the next model call shows every result of that reply as it is now."""
+    model = ScriptedModel([[call(RESERVE, "call_1"), call(CHARGE, "call_2"),
+                            call(CRM_FAILS, "call_3")],
+                           [assistant_message("Rolled back.")]])
+    with workers(worker_env, TOOLS), store.saga(agent_id="shop") as saga:
+        agent = Agent(name="shop", model=model, tools=saga_tools(saga))
+        config = RunConfig(call_model_input_filter=saga_input_filter(saga))
+        asyncio.run(Runner.run(agent, "Order", run_config=config))
+        sid = saga.saga_id
+    assert final(store, sid).status is Status.COMPENSATED
+    seen = outputs(model.calls[1])
+    for cid in ("call_1", "call_2"):  # whichever ran before the failure was undone
+        assert seen[cid].startswith(("rolled back:", "charge_payment was not run",
+                                     "reserve_inventory was not run")), seen
+    assert "CRM unavailable" in seen["call_3"]
+    kinds = [k for k, _, _ in effects()]
+    assert kinds.count("charge") == kinds.count("refund") <= 1
+    assert kinds.count("reserve") == kinds.count("release") <= 1
+
+
+def test_rebuild_answers_the_call_in_flight_and_the_sdk_takes_it(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """Input items saved before the in-flight call's output: rebuild gives every
+    function_call its output from the log, right after it, and the SDK runs on it."""
+    from agents.items import TResponseInputItem
+    from pydantic import TypeAdapter
+
+    from saga_store import StepError
+    with workers(worker_env, TOOLS):
+        with store.saga(agent_id="shop") as saga:
+            saga.call(*RESERVE, tool_call_id="call_1")
+            with pytest.raises(StepError):
+                saga.call(*CRM_FAILS, tool_call_id="call_2")
+        state = final(store, saga.saga_id)
+    saved: list[Any] = [
+        {"role": "user", "content": "Order"},
+        {"type": "function_call", "call_id": "call_1", "name": RESERVE[0],
+         "arguments": '{"sku": "LAPTOP-15", "qty": 1}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "{}"},
+        {"type": "function_call", "call_id": "call_2", "name": CRM_FAILS[0],
+         "arguments": '{"customer": "ana", "note": "fail"}'}]
+    fixed = rebuild(saved, [state])
+    TypeAdapter(list[TResponseInputItem]).validate_python(fixed)
+    assert [i.get("type") for i in fixed][:5] == [
+        None, "function_call", "function_call_output", "function_call", "function_call_output"]
+    assert fixed[2]["output"].startswith("rolled back:")
+    assert "CRM unavailable" in fixed[4]["output"]
+    assert rebuild(fixed, [state]) == fixed
+    nxt = ScriptedModel([[assistant_message("Nothing is booked.")]])
+    again = asyncio.run(Runner.run(Agent(name="shop", model=nxt), fixed))
+    assert again.final_output == "Nothing is booked."
+    assert set(outputs(nxt.calls[0])) == {"call_1", "call_2"}

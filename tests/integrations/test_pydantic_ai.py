@@ -208,3 +208,61 @@ def test_a_denied_call_is_recorded_and_the_saga_unwinds(
     assert "denied by bob: wrong address" in seen["call_inv"]
     assert isinstance(script.received[0][0], ModelRequest)
     assert isinstance(script.received[0][0].parts[0], UserPromptPart)
+
+
+def test_one_reply_with_several_calls_says_which_were_rolled_back(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """Reserve, charge and a failing call in one response (Pydantic AI runs them at
+    once): the next request shows every result of that response as it is now."""
+    script = Script(calls((RESERVE, "call_1"), (CHARGE, "call_2"), (CRM_FAILS, "call_3")),
+                    text("Rolled back."))
+    with workers(worker_env, TOOLS), store.saga(agent_id="shop") as saga:
+        agent = Agent(script.model, toolsets=[SagaToolset(saga)],
+                      capabilities=[ProcessHistory(saga_history_processor(saga))])
+        asyncio.run(agent.run("Order"))
+        sid = saga.saga_id
+    assert final(store, sid).status is Status.COMPENSATED
+    seen = returns(script.received[1])
+    for cid in ("call_1", "call_2"):  # whichever ran before the failure was undone
+        assert seen[cid].startswith(("rolled back:", "charge_payment was not run",
+                                     "reserve_inventory was not run")), seen
+    assert "CRM unavailable" in seen["call_3"]
+    assert kinds_undone()
+
+
+def kinds_undone() -> bool:
+    """Every effect that happened was undone once: a charge by a refund, a
+    reservation by a release; nothing else."""
+    kinds = [k for k, _, _ in effects()]
+    return kinds.count("charge") == kinds.count("refund") <= 1 and \
+        kinds.count("reserve") == kinds.count("release") <= 1 and not effects("crm")
+
+
+def test_rebuild_answers_the_call_in_flight_and_the_sdk_takes_it(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """A history saved before the in-flight call's result: rebuild gives every tool
+    call its return from the log, Pydantic AI's own message types load it, and the
+    agent runs on it."""
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+
+    from saga_store import StepError
+    with workers(worker_env, TOOLS):
+        with store.saga(agent_id="shop") as saga:
+            saga.call(*RESERVE, tool_call_id="call_1")
+            with pytest.raises(StepError):
+                saga.call(*CRM_FAILS, tool_call_id="call_2")
+        state = final(store, saga.saga_id)
+    saved: list[ModelMessage] = [
+        ModelRequest(parts=[UserPromptPart("Order")]), calls((RESERVE, "call_1")),
+        ModelRequest(parts=[ToolReturnPart(RESERVE[0], "{}", tool_call_id="call_1")]),
+        calls((CRM_FAILS, "call_2"), (RESERVE, "call_9"))]
+    fixed = rebuild(saved, [state])
+    loaded = ModelMessagesTypeAdapter.validate_json(ModelMessagesTypeAdapter.dump_json(fixed))
+    seen = returns(loaded)
+    assert seen["call_1"].startswith("rolled back:")
+    assert "CRM unavailable" in seen["call_2"]
+    assert seen["call_9"].startswith("not run: no saga logged this call")
+    assert rebuild(fixed, [state]) == fixed
+    nxt = Script(text("Nothing is booked."))
+    again = asyncio.run(Agent(nxt.model).run("Was I charged?", message_history=loaded))
+    assert again.output == "Nothing is booked."

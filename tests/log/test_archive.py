@@ -277,3 +277,28 @@ def test_a_second_run_on_the_same_store_is_refused_while_one_holds_the_lease(
     assert again.exit_code == 0, again.output
     assert not store.exists(done[0])
     assert not client.exists(keys.ARCHIVE_LEASE)  # given up at the end
+
+
+def test_a_saga_archived_while_verify_runs_is_not_a_deleted_one(
+        store: EventStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Archived between verify's read of the ledger and its read of the sagas: the
+    saga is gone and the tombstone was not in the ledger as read; the ledger read
+    again holds it: intact."""
+    from collections.abc import Iterator
+
+    from saga_store.log.archive import Archiver
+    from saga_store.log.stream import SagaLog
+    done, _ = some_sagas(store, closed=2)
+    Ledger(store.log).flush()
+    scan = SagaLog.chain_ids
+    ran: list[int] = []
+
+    def chain_ids(log: SagaLog) -> Iterator[str]:
+        if not ran:
+            ran.append(Archiver(store.log, tmp_path).run(2**52).removed)
+        yield from scan(log)
+    monkeypatch.setattr(SagaLog, "chain_ids", chain_ids)
+    res = Verifier(store.log, jobs=1).verify()
+    assert ran == [2]
+    assert not any(store.exists(s) for s in done)
+    assert res.ok, res.to_dict()["failures"]

@@ -217,3 +217,20 @@ def test_a_fresh_worker_exports_every_labelled_series_at_zero(
         except AssertionError:
             missing = [e for e in expected if e not in seen[0]]
             raise AssertionError(f"missing from a fresh worker's /metrics: {missing}") from None
+
+
+@pytest.mark.real_redis
+@pytest.mark.timeout(120)
+def test_a_compensation_that_goes_stuck_uncalled_counts_as_failed(
+        saga_store: SagaStore, worker_env: dict[str, str]) -> None:
+    """Its mapping finds nothing to undo with, so the saga is stuck without a call:
+    saga_compensations_total{outcome="failed"} counts it all the same."""
+    port = free_port()
+    want = 'saga_compensations_total{outcome="failed",tool="release_inventory"} 1.0'
+    with workers(worker_env, TOOLS, "--metrics-port", str(port)):
+        sid = saga_store.submit([{"tool": "reserve_forgetful", "args": {"sku": "B"}},
+                                 {"tool": "fail_always", "args": {}}], agent_id="m")
+        state = saga_store.wait(sid, timeout=60)
+        assert state.status == "stuck", state.status
+        assert_eventually(lambda: want in _scrape(port), timeout=30,
+                          what="the failed compensation's count", swallow=(OSError,))

@@ -7,8 +7,14 @@
     var src = box.dataset.src + (box.dataset.src.indexOf("?") < 0 ? "?" : "&") +
       "after=" + encodeURIComponent(box.dataset.seq);
     var stream = new EventSource(src);
+    var note = document.getElementById("live-note");
+    stream.addEventListener("unavailable", function (ev) {
+      // the server lost Redis; the browser reconnects by itself (retry: 2000)
+      if (note) { note.textContent = JSON.parse(ev.data).error + "; retrying"; note.hidden = false; }
+    });
     stream.addEventListener("update", function (ev) {
       var msg = JSON.parse(ev.data);
+      if (note) { note.hidden = true; }
       // the HTML is rendered by the server's templates, which escape everything
       box.innerHTML = msg.html;
       box.dataset.seq = String(msg.seq);
