@@ -14,6 +14,7 @@ from saga_store.settings import Settings
 from . import (
     acl,
     approvals,
+    archive,
     attention,
     console,
     demo,
@@ -56,8 +57,8 @@ def cli(ctx: click.Context, redis_url: str | None, queue_url: str | None,
                           started=started)
 
 
-for module in (acl, approvals, attention, console, demo, fleet, inspect, listing, mcp_guard,
-               verify, workers):
+for module in (acl, approvals, archive, attention, console, demo, fleet, inspect, listing,
+               mcp_guard, verify, workers):
     for command in module.COMMANDS:
         cli.add_command(command)
 cli.add_command(dev_redis.dev_redis)

@@ -37,11 +37,17 @@ from .common import (
               help="Also check the ledger is not behind or forked from this anchor file.")
 @click.option("--file", "export_file", type=click.Path(dir_okay=False), envvar="SAGA_VERIFY_FILE",
               help="Verify an exported JSONL file offline instead of Redis.")
+@click.option("--archive", "archive_dir", type=click.Path(file_okay=False),
+              envvar="SAGA_VERIFY_ARCHIVE", help="Verify an archive folder ('saga archive') "
+              "offline instead of Redis.")
+@click.option("--with-store", is_flag=True, envvar="SAGA_VERIFY_WITH_STORE",
+              help="With --archive: also hold each archived saga to the store's ledger.")
 @click.option("--json", "as_json", is_flag=True, envvar="SAGA_JSON",
               help="Machine-readable output.")
 @pass_ctx
 def verify(ctx: Context, saga_id: str | None, anchor_file: str | None,
-           export_file: str | None, as_json: bool) -> None:
+           export_file: str | None, archive_dir: str | None, with_store: bool,
+           as_json: bool) -> None:
     """Verify hash chains, the ledger and saga invariants.
 
     Exit codes: 0 intact, 1 integrity failure, 2 usage error, 3 could not verify.
@@ -54,6 +60,9 @@ def verify(ctx: Context, saga_id: str | None, anchor_file: str | None,
             sys.exit(EXIT_USAGE)
         if saga_id is not None:  # an empty --saga is a mistake, never "verify nothing"
             check_saga_id(saga_id)
+        if archive_dir:
+            _verify_archive(ctx, archive_dir, with_store, as_json,
+                            bool(export_file or saga_id or anchor_file))
         anchor = read_anchor(_read(anchor_file)) if anchor_file else None
         if export_file:
             total = _count_lines(export_file) if sys.stderr.isatty() and not as_json else None
@@ -84,6 +93,17 @@ def verify(ctx: Context, saga_id: str | None, anchor_file: str | None,
             except AnchorMismatch as exc:
                 anchor_msg = {"ok": False, "seq": anchor.get("seq"), "reason": str(exc)}
         _finish(result, anchor_msg, as_json, _durability(store, anchor is not None))
+
+
+def _verify_archive(ctx: Context, folder: str, with_store: bool, as_json: bool,
+                    other: bool) -> None:
+    from saga_store.verify.archive import verify_archive
+    if other:
+        click.echo("error: --archive verifies an archive folder; drop --file/--saga/--anchor",
+                   err=True)
+        sys.exit(EXIT_USAGE)
+    log = ctx.store().log if with_store else None
+    _finish(verify_archive(Path(folder), Chain(ctx.settings.hmac_key), log), None, as_json)
 
 
 def _durability(store: EventStore, anchored: bool) -> dict[str, object]:

@@ -17,7 +17,11 @@ idempotency key claimed, its intent not yet appended) and
 ``before_ledger_close`` (any writer that closes a saga itself: appended, its
 ledger entry not yet pushed). Queue point: ``junk_moved`` (a job id RQ cannot
 take moved onto the intermediate list by a worker of one queue, not yet
-dropped). Off unless both variables are set.
+dropped). Archive points (``saga archive``): ``archive_after_segment`` (a segment
+renamed into place, the run's manifest not yet written), ``archive_after_manifest``
+(the manifest written, no saga removed yet) and ``archive_removing`` (after each
+batch of removal scripts, earlier runs' unfinished ones included). Off unless
+both variables are set.
 """
 
 from __future__ import annotations

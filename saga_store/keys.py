@@ -17,6 +17,8 @@ names them; every key user asks it).
     ss:{S}:secrets        hash     secret tool arguments by step, and the salt
                                    of their digests (never in the log)
     ss:layout             string   the store's layout, "<version> <buckets>" (layout.py)
+    ss:archive:lease      string   the lease of the one 'saga archive' run at a time
+                                   (log/archive.py), PX-expiring
     ss:sweep:<g>          string   the lease of the sweeper of bucket group g (layout 3)
     ss:ledger:{b<n>}:...  the same four keys for bucket n's ledger chain (layout 2;
                                    its chain id is "ledger:<n>")
@@ -52,6 +54,9 @@ names them; every key user asks it).
 The ledger key does not begin with ``ss:{`` so no saga id can collide with it.
 No key here is ever deleted: leases, secrets and idempotency claims expire
 (``PEXPIRE key 0`` retires one at once), so ACL users need no DEL (see acl.py).
+The one exception is ``saga archive``, an operator's command with an admin
+user, which removes a closed saga's keys together with writing its tombstone
+(``log/archive.py``).
 """
 
 from __future__ import annotations
@@ -94,6 +99,7 @@ LEDGER_REJECTED = f"{PREFIX}:ledger:{{{LEDGER_ID}}}:rejected"
 
 
 LAYOUT = f"{PREFIX}:layout"
+ARCHIVE_LEASE = f"{PREFIX}:archive:lease"
 AGENTS = f"{PREFIX}:agents"
 
 

@@ -43,6 +43,7 @@ class EventKind(StrEnum):
     # ledger chain only
     LEDGER_OPENED = "saga_opened"
     LEDGER_CLOSED = "saga_closed"
+    LEDGER_ARCHIVED = "saga_archived"  # a tombstone: the saga moved out of Redis
     # root chain only: the heads of the ledger chains (layout 2)
     LEDGER_HEADS = "ledger_heads"
 

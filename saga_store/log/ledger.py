@@ -76,9 +76,12 @@ SEAL_BATCH = 500
 SEAL_AT = 64  # a deferred writer whose entry makes 64, 128, ... pending seals them
 SEAL_LEASE_MS = 5000
 ROOT_HEADS = 100  # bucket heads per root entry: about 9 KB, well under a blob's size
-_KINDS = (EventKind.LEDGER_OPENED, EventKind.LEDGER_CLOSED)
+_KINDS = (EventKind.LEDGER_OPENED, EventKind.LEDGER_CLOSED, EventKind.LEDGER_ARCHIVED)
 OPEN_FIELDS = frozenset({"saga_id", "agent_id", "first"})
 CLOSE_FIELDS = frozenset({"saga_id", "state", "seq", "hash"})
+# a tombstone (see saga_store.log.archive): the close it ends with, and the digest
+# of the archive segment that holds the saga's entries
+ARCHIVED_FIELDS = frozenset({"saga_id", "state", "seq", "hash", "segment"})
 # the final events, by the state a ledger close records for them
 CLOSING_KINDS: dict[Any, str] = {EventKind.SAGA_COMMITTED: "committed",
                                  EventKind.SAGA_COMPENSATED: "compensated",
@@ -591,9 +594,14 @@ def underived(entry: dict[str, Any], row: Any) -> str | None:
     event it names in its saga's chain (the first for an opening, the one at its
     seq for a close); None when it is. A close must name a final event."""
     data = entry["data"]
-    fields = OPEN_FIELDS if entry["kind"] == EventKind.LEDGER_OPENED else CLOSE_FIELDS
+    fields = {EventKind.LEDGER_OPENED: OPEN_FIELDS,
+              EventKind.LEDGER_ARCHIVED: ARCHIVED_FIELDS}.get(entry["kind"], CLOSE_FIELDS)
     if set(data) != fields:
         return f"its fields are {sorted(data)}, not {sorted(fields)}"
+    if entry["kind"] == EventKind.LEDGER_ARCHIVED:
+        # pushed by the script that removes the saga, so its log is gone: the
+        # verifier holds it to the saga's ledger close instead
+        return None if row is None else "the saga it says was archived is still in Redis"
     if row is None:
         return "the saga has no such event"
     body, h = body_and_hash(row[1])
@@ -612,6 +620,15 @@ def underived(entry: dict[str, Any], row: Any) -> str | None:
     if CLOSING_KINDS.get(ev.get("kind")) != data.get("state"):
         return f"the saga's event {data.get('seq')} is not a close as {data.get('state')}"
     return None
+
+
+def tombstone(saga_id: str, state: str, seq: int, hash_hex: str, segment: str) -> bytes:
+    """The pending entry that records ``saga_id`` archived: written by the script
+    that removes the saga (:mod:`saga_store.log.archive`), into its bucket's
+    pending list, which of layout 3 shares the saga's slot."""
+    return orjson.dumps({"kind": EventKind.LEDGER_ARCHIVED, "ts": time.time_ns() // 1_000_000,
+                         "data": {"saga_id": saga_id, "state": state, "seq": seq,
+                                  "hash": hash_hex, "segment": segment}})
 
 
 def _int(value: Any) -> int:

@@ -248,6 +248,9 @@ class LedgerView:
     opened_as: dict[str, bytes] = field(default_factory=dict)  # saga -> its opening's digest
     closed_whole: dict[str, bytes] = field(default_factory=dict)  # saga -> its close's digest
     where: dict[str, set[str]] = field(default_factory=dict)  # saga -> ledger chains of it
+    # saga -> its tombstone: (seq, hash) of the close it was archived at, and the
+    # digest of the segment holding it (see saga_store.log.archive)
+    archived: dict[str, tuple[int, bytes, str]] = field(default_factory=dict)
 
     def merge(self, other: LedgerView) -> None:
         """Take in what another part of the same ledger said (parallel checks)."""
@@ -268,6 +271,8 @@ class LedgerView:
                     self.conflicts[sid] = "the ledger holds two different entries of it"
         for sid, why in other.conflicts.items():
             self.conflicts.setdefault(sid, why)
+        for sid, stone in other.archived.items():
+            self.archived.setdefault(sid, stone)
 
     def note(self, ev: dict[str, Any], chain: str = LEGACY) -> str | None:
         """Fold one ledger event of ``chain``; returns a reason if it is malformed.
@@ -293,6 +298,9 @@ class LedgerView:
                         or self.closed_whole.setdefault(sid, whole) != whole:
                     self.conflicts[sid] = "the ledger closed this saga twice, differently"
                 self.closed_as.setdefault(sid, str(data.get("state")))
+            elif ev["kind"] == K.LEDGER_ARCHIVED:
+                self.archived.setdefault(sid, (int(data["seq"]), bytes.fromhex(
+                    str(data["hash"])), str(data["segment"])))
         except (KeyError, TypeError, ValueError):
             return f"malformed ledger entry for saga {sid}"
         return None
@@ -318,6 +326,9 @@ def cross_check(rep: ChainReport, view: LedgerView, layout: Layout = V1) -> None
     if astray:
         rep.fail(0, "wrong_bucket", f"ledger chain {astray[0]} holds an entry of this saga, "
                  f"whose bucket's chain is {mine}: it was pushed there by hand")
+        return
+    if sid in view.archived:
+        archived_check(rep, view)
         return
     if rep.events == 0:
         if sid in view.opened:
@@ -350,6 +361,47 @@ def cross_check(rep: ChainReport, view: LedgerView, layout: Layout = V1) -> None
         rep.fail(seq, "forged_close", f"the ledger closed this saga at seq {seq} as "
                  f"{view.closed_as.get(sid)}, but that event is a {rep.last_kind}: the "
                  "close was not written by the saga's own close")
+
+
+def archived_check(rep: ChainReport, view: LedgerView) -> None:
+    """Judge a saga the ledger says was archived: its log must be gone (the script
+    that pushed the tombstone removed it), and the tombstone must name the close the
+    ledger recorded, so the ledger still proves how the saga ended. Its events are
+    checked offline, in the archive (``saga verify --archive``)."""
+    seq, h, _ = view.archived[rep.chain_id]
+    if rep.events:
+        rep.fail(0, "ledger_conflict", "the ledger says this saga was archived, but its log "
+                 "is still in Redis")
+    elif view.closed.get(rep.chain_id) != (seq, h):
+        rep.fail(seq, "forged_close", f"the ledger's tombstone of this saga names seq {seq}, "
+                 "which is not the close the ledger recorded")
+
+
+def archived_reports(view: LedgerView, present: set[str]) -> list[ChainReport]:
+    """The verdicts on the archived sagas whose logs are gone, without reading
+    Redis for each (an archive may hold millions): only the failures are returned."""
+    out = []
+    for sid in sorted(view.archived.keys() - present):
+        rep = ChainReport(sid)
+        archived_check(rep, view)
+        if not rep.ok:
+            out.append(rep)
+    return out
+
+
+def archived_since(reports: list[ChainReport],
+                   reread_ledger: Callable[[list[str]], Callable[[ChainReport], None]]) -> None:
+    """Judge again each saga whose log was gone though the ledger, as read before
+    it, had no tombstone of it: ``saga archive`` may have removed it in between
+    (the tombstone and the removal are one script), so the ledger is read again,
+    now, and holds the tombstone if that is what happened."""
+    gone = [rep for rep in reports if rep.reason == "saga_deleted"]
+    if not gone:
+        return
+    judge = reread_ledger([rep.chain_id for rep in gone])
+    for rep in gone:
+        rep.ok, rep.first_bad_seq, rep.reason, rep.detail = True, None, None, ""
+        judge(rep)
 
 
 def read_verified(log: SagaLog, saga_id: str) -> tuple[list[dict[str, Any]], Head, ChainReport]:
@@ -450,11 +502,14 @@ class Verifier:
         if waiting:
             ledgers[0].warnings.append(f"{waiting} ledger entries written, not yet chained "
                                        "(a worker's sweeper chains them)")
+        gone: list[ChainReport] = []
         if saga_id is not None:
             ids: list[str] = [saga_id]
         else:
-            ids = sorted(set(self.log.chain_ids()) | set(view.opened))
-        reports = self._check_many(ids, progress)
+            present = set(self.log.chain_ids())
+            ids = sorted(present | (set(view.opened) - set(view.archived)))
+            gone = archived_reports(view, present)
+        reports = [*self._check_many(ids, progress), *gone]
         judged = all(rep.ok for rep in ledgers)  # a saga is held to a sound ledger only
         if judged:
             for rep in reports:
@@ -466,6 +521,7 @@ class Verifier:
                 cross_check(rep, view, layout)
             return rep
         settle(self.log, reports, again, lambda sids: self._reread(sids, view, ledgers))
+        archived_since(reports, lambda sids: self._reread(sids, view, ledgers))
         rejected = ledger.rejected()
         if rejected:
             entry, why = rejected[0]

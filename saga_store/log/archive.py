@@ -1,0 +1,365 @@
+"""Retention that keeps the proof: ``saga archive`` moves closed sagas out of Redis.
+
+A run, holding a lock on the archive folder:
+
+1. clears what a run killed before its manifest left (temporary files, and
+   segments no manifest lists: their sagas are still in Redis);
+2. finishes the removals of earlier runs: a saga a manifest lists, whose log is
+   still in Redis and the ledger has no tombstone of (a run killed after its
+   manifest);
+3. picks the sagas whose ledger close (chained, not pending: a pending close is
+   checked against the saga's log when it is sealed, so the log must outlive it)
+   is older than the cut-off and that have no tombstone: committed, compensated
+   or needs_attention, never one running, compensating or stuck;
+4. reads each one's entries, verifies its chain and holds its head to the close,
+   and writes them to segments, then the manifest (:mod:`saga_store.log.segments`);
+   a saga that does not verify is left in Redis and reported;
+5. removes each saga with ``archive.lua``: in one script, if its head is still
+   the close it was archived at, its tombstone goes onto its bucket's ledger
+   pending list and its keys go (log, meta, lease, driver, secrets, blobs; its
+   index entries). So no saga is removed without its segment and tombstone, and
+   a rerun never archives one twice.
+
+Removing needs UNLINK, which the worker and agent ACL users lack on purpose: an
+operator runs it with an admin user. It needs layout 3, where the pending list
+shares the saga's slot. What it leaves in Redis: the saga's events in its
+agent's context stream (``ss:ctx:{A}``, shared by the agent's sagas) and its
+explicit idempotency records (they expire on their own retention).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from saga_store import keys
+from saga_store.errors import IntegrityError, InvalidInput, StoreUnavailable
+from saga_store.faults import fault
+from saga_store.log import segments as seg
+from saga_store.log.canonical import canonical
+from saga_store.log.events import EventKind as K
+from saga_store.log.ledger import CLOSING_KINDS, Ledger
+from saga_store.log.removal import Close, Remover
+from saga_store.log.scripts import RENEW_LEASE, TAKE_OVER_LEASE
+from saga_store.log.stream import SagaLog, body_and_hash, command, release_lease, stamp_of
+from saga_store.verify.checker import ChainChecker
+
+BATCH = 500  # sagas read, or removed, per round trip
+PER_SEGMENT = 10_000  # sagas per segment file
+LEASE_MS = 60_000  # renewed every batch: a run killed holds other runs off this long
+_BLOB = re.compile(rb'"\$blob":"sha256:([0-9a-f]{64})"')
+_DURATION = re.compile(r"(\d{1,9})([smhd])")
+_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def parse_duration(text: str, what: str = "--closed-before") -> int:
+    """``7d``, ``12h``, ``30m``, ``45s`` in milliseconds."""
+    m = _DURATION.fullmatch(text.strip())
+    if m is None:
+        raise InvalidInput(f"{what}={text!r}: use a whole number and a unit, e.g. 7d, 12h, "
+                           "30m or 45s", field=what)
+    return int(m[1]) * _UNIT_MS[m[2]]
+
+
+@dataclass
+class ArchiveReport:
+    written: int = 0  # sagas written to this run's segments
+    removed: int = 0  # sagas removed from Redis (this run's and earlier runs')
+    resumed: int = 0  # of those, listed by an earlier run's manifest
+    events: int = 0
+    bytes: int = 0  # of the segment files written
+    segments: list[str] = field(default_factory=list)
+    manifest: str | None = None
+    cleared: list[str] = field(default_factory=list)  # files a killed run left
+    skipped: dict[str, str] = field(default_factory=dict)  # saga -> why it stays
+    due: int = 0  # of a dry run: sagas it would archive, and earlier runs' to finish
+    unfinished: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"due": self.due, "unfinished": self.unfinished, "written": self.written,
+                "removed": self.removed, "resumed": self.resumed,
+                "events": self.events, "bytes": self.bytes, "segments": self.segments,
+                "manifest": self.manifest, "cleared": self.cleared, "skipped": self.skipped}
+
+
+class Archiver:
+    """Archives a store's closed sagas into ``folder`` (see the module's doc)."""
+
+    def __init__(self, log: SagaLog, folder: Path, *, batch: int = BATCH,
+                 per_segment: int = PER_SEGMENT) -> None:
+        if log.layout.version < 3:
+            raise InvalidInput(f"'saga archive' needs layout 3 (this store is layout "
+                               f"{log.layout.record()}): run 'saga migrate --to 3' first")
+        if batch < 1 or per_segment < 1:
+            raise InvalidInput("--batch and the segment size must be at least 1")
+        self.log, self.folder = log, folder
+        self.batch, self.per_segment = batch, per_segment
+        self.ledger = Ledger(log)
+        self.report = ArchiveReport()
+        self.remover = Remover(log, batch, self.report.skipped, tick=self._renew)
+        # who holds the lease: a run killed on this host is known gone by its pid
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
+
+    def run(self, closed_before_ms: int, *, dry_run: bool = False) -> ArchiveReport:
+        """Archive every saga closed before ``closed_before_ms`` (Unix ms); with
+        ``dry_run``, only count them (and what earlier runs left), writing nothing."""
+        if dry_run:
+            listed = self._listed()[0] if self.folder.is_dir() else {}
+            closes, stoned = self._ledger()
+            self.report.due = sum(c.ts < closed_before_ms and sid not in stoned
+                                  and sid not in listed for sid, c in closes.items())
+            self.report.unfinished = len(listed.keys() - stoned)
+            return self.report
+        self._may_remove()
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self._locked(), self._leased():
+            listed = self._clear_leftovers()
+            self.ledger.flush()
+            closes, stoned = self._ledger()
+            self._remove(self._unfinished(listed, stoned), resumed=True)
+            picks = [c for sid, c in sorted(closes.items())
+                     if c.ts < closed_before_ms and sid not in stoned and sid not in listed]
+            done = self._write(picks)
+            self._remove(done)
+            self.ledger.seal_many(sorted({self.log.layout.ledger_of(c.saga_id) for c in done}))
+        return self.report
+
+    def _may_remove(self) -> None:
+        self.remover.probe()
+
+    # -- reading the ledger -----------------------------------------------
+
+    def _ledger(self) -> tuple[dict[str, Close], set[str]]:
+        """The chained closes by saga, and the sagas with a tombstone (chained or pending)."""
+        closes: dict[str, Close] = {}
+        stoned: set[str] = set()
+        for ev in self.ledger.bodies():
+            data = ev.get("data") or {}
+            sid = data.get("saga_id")
+            if ev.get("kind") == K.LEDGER_CLOSED and isinstance(sid, str):
+                closes.setdefault(sid, Close(sid, str(data["state"]), int(data["seq"]),
+                                             str(data["hash"]), int(ev.get("ts", 0))))
+            elif ev.get("kind") == K.LEDGER_ARCHIVED and isinstance(sid, str):
+                stoned.add(sid)
+        stoned.update(b["data"]["saga_id"] for b in self.ledger.pending()
+                      if b["kind"] == K.LEDGER_ARCHIVED)
+        return closes, stoned
+
+    # -- one run at a time --------------------------------------------------
+
+    @contextlib.contextmanager
+    def _leased(self) -> Iterator[None]:
+        """Hold the store's archive lease: two runs (into two folders) would pick
+        the same sagas, and the loser's manifest would list sagas the winner's
+        tombstones name."""
+        if not self.log.redis.set(keys.ARCHIVE_LEASE, self.token, nx=True, px=LEASE_MS) \
+                and not self._take_over():
+            raise InvalidInput(f"another 'saga archive' is running on this store (it holds "
+                               f"{keys.ARCHIVE_LEASE}); let it finish, or if it was killed, "
+                               f"run again within {LEASE_MS // 1000} s")
+        try:
+            yield
+        finally:
+            release_lease(self.log.redis, keys.ARCHIVE_LEASE, self.token)
+
+    def _take_over(self) -> bool:
+        """Take the lease from a run of this host whose process is gone (killed)."""
+        raw = self.log.redis.get(keys.ARCHIVE_LEASE)
+        holder = raw.decode() if isinstance(raw, bytes) else str(raw)
+        host, _, rest = holder.partition(":")
+        pid = rest.partition(":")[0]
+        if host != socket.gethostname() or not pid.isdigit():
+            return False
+        try:
+            os.kill(int(pid), 0)
+            return False  # alive (or another user's process of that pid)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            return False
+        return bool(self.log.redis.eval(TAKE_OVER_LEASE, 1, keys.ARCHIVE_LEASE, holder,
+                                        self.token, LEASE_MS))
+
+    def _renew(self) -> None:
+        if not self.log.redis.eval(RENEW_LEASE, 1, keys.ARCHIVE_LEASE, self.token, LEASE_MS):
+            raise StoreUnavailable("this run lost the archive lease to another run; nothing "
+                                   "is half-done: run 'saga archive' again to finish")
+
+    # -- the folder ---------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with open(self.folder / ".lock", "a") as fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise InvalidInput(f"another 'saga archive' is writing to {self.folder}; let "
+                                   "it finish, then run again") from None
+            yield
+
+    def _clear_leftovers(self) -> dict[str, tuple[dict[str, Any], dict[str, str]]]:
+        """Drop what a killed run left that no manifest lists; return the sagas the
+        manifests list: saga -> (its entry, its segment's digest by name)."""
+        listed, names = self._listed()
+        for path in self.folder.iterdir():
+            if path.name.startswith(seg.TMP_PREFIX) or (
+                    path.match(seg.SEGMENTS) and path.name not in names):
+                path.unlink()
+                self.report.cleared.append(path.name)
+        return listed
+
+    def _listed(self) -> tuple[dict[str, tuple[dict[str, Any], dict[str, str]]], set[str]]:
+        """The sagas the folder's manifests list (saga -> its entry, its manifest's
+        segment digests by name), and the segments they list."""
+        listed: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
+        names: set[str] = set()
+        for path in seg.manifests(self.folder):
+            doc = seg.read_manifest(path, self.log.chain)
+            if not seg.signature_ok(doc, self.log.chain):
+                raise IntegrityError(f"{path} does not verify (its signature); nothing was "
+                                     f"removed: run 'saga verify --archive {self.folder}'")
+            digests = {s["name"]: s["sha256"] for s in doc["segments"]}
+            names.update(digests)
+            for entry in doc["sagas"]:
+                listed[entry["saga_id"]] = (entry, digests)
+        return listed, names
+
+    def _unfinished(self, listed: dict[str, tuple[dict[str, Any], dict[str, str]]],
+                    stoned: set[str]) -> list[Close]:
+        """The sagas earlier manifests list that still await removal, each held to
+        its segment file as it was listed (a changed file removes nothing)."""
+        out, checked = [], {}
+        for sid, (entry, digests) in sorted(listed.items()):
+            if sid in stoned:
+                continue
+            name = entry["segment"]
+            if name not in checked:
+                path = self.folder / name
+                checked[name] = path.exists() and seg.file_digest(path) == digests[name]
+            if not checked[name]:
+                raise IntegrityError(f"segment {name} is missing or changed since its manifest "
+                                     f"listed it; nothing was removed: run 'saga verify "
+                                     f"--archive {self.folder}'")
+            close = Close(sid, str(entry["state"]), int(entry["seq"]), str(entry["hash"]),
+                          segment=digests[name])
+            self._plan_keys(close, self._steps_of(sid))
+            out.append(close)
+        return out
+
+    def _steps_of(self, saga_id: str) -> list[int]:
+        """The steps of ``saga_id`` that asked for an approval (their index members)."""
+        return [b.get("step", -1) for b in self.log.bodies(saga_id)
+                if b.get("kind") == K.APPROVAL_REQUESTED]
+
+    # -- writing segments ---------------------------------------------------
+
+    def _write(self, picks: list[Close]) -> list[Close]:
+        """Write ``picks`` to segments and the run's manifest; returns those written."""
+        run = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + os.urandom(3).hex()
+        done: list[Close] = []
+        entries: list[dict[str, Any]] = []
+        segs: list[dict[str, Any]] = []
+        for n, start in enumerate(range(0, len(picks), self.per_segment)):
+            name = f"seg-{run}-{n:04d}.jsonl.gz"
+            kept: list[Close] = []
+            digest = seg.write_atomic(self.folder, name,
+                                      self._lines(picks[start:start + self.per_segment], kept),
+                                      gz=True)
+            if not kept:
+                (self.folder / name).unlink()
+                continue
+            size = (self.folder / name).stat().st_size
+            fault("archive_after_segment")
+            segs.append({"name": name, "sha256": digest, "bytes": size, "sagas": len(kept),
+                         "events": sum(c.events for c in kept)})
+            for c in kept:
+                entries.append({"saga_id": c.saga_id, "segment": name, "state": c.state,
+                                "seq": c.seq, "hash": c.hash, "events": c.events})
+                c.segment = digest
+            done += kept
+            self.report.segments.append(name)
+            self.report.bytes += size
+        if not done:
+            return []
+        chains = {self.log.layout.ledger_of(c.saga_id) for c in done}
+        root = self.ledger.record_root()
+        doc: dict[str, Any] = {
+            **seg.FORMAT, "mode": self.log.chain.mode, "layout": self.log.layout.record(),
+            "run": run, "created_ms": time.time_ns() // 1_000_000, "segments": segs,
+            "sagas": entries, "root": [root.seq, root.hash.hex()],
+            "heads": {c: [h.seq, h.hash.hex()] for c, h in sorted(self.ledger.heads().items())
+                      if c in chains}}
+        doc["sig"] = seg.sign(self.log.chain, doc)
+        name = f"manifest-{run}.json"
+        seg.write_atomic(self.folder, name, [canonical(doc) + b"\n"], gz=False)
+        self.report.manifest = name
+        self.report.written = len(done)
+        fault("archive_after_manifest")
+        return done
+
+    def _lines(self, picks: list[Close], kept: list[Close]) -> Iterator[bytes]:
+        """The segment's lines, a batch of sagas at a time; each saga that verifies
+        and ends at its ledger close goes into ``kept``."""
+        for i in range(0, len(picks), self.batch):
+            self._renew()
+            batch = picks[i:i + self.batch]
+            pipe: Any = self.log.raw.pipeline(transaction=False)
+            for c in batch:
+                pipe.execute_command("XRANGE", self.log.keys.log(c.saga_id), "-", "+")
+            for c, rows in zip(batch, pipe.execute(), strict=True):
+                lines = self._saga_lines(c, rows)
+                if lines:
+                    kept.append(c)
+                    yield b"".join(lines)  # one gzip write per saga, not per entry
+
+    def _saga_lines(self, c: Close, rows: list[Any]) -> list[bytes]:
+        if not rows:
+            self.report.skipped[c.saga_id] = "its log is not in Redis"
+            return []
+        checker = ChainChecker(self.log.chain, c.saga_id)
+        lines: list[bytes] = []
+        blobs: set[str] = set()
+        steps: list[int] = []
+        for eid, fields in rows:
+            body, h = body_and_hash(fields)
+            stamp = stamp_of(fields)
+            checker.feed(body, h, eid=eid, stamp=stamp)
+            lines.append(seg.entry_line(c.saga_id, keys.seq_of_entry_id(eid), body, h, stamp))
+            blobs.update(m.decode() for m in _BLOB.findall(body))
+            if b'"approval_requested"' in body:
+                steps.append(orjson.loads(body).get("step", -1))
+        rep = checker.finish()
+        if not rep.ok:
+            self.report.skipped[c.saga_id] = f"its chain does not verify at seq " \
+                f"{rep.first_bad_seq} ({rep.reason}): run 'saga verify'"
+            return []
+        if (rep.head_seq, rep.head_hash.hex()) != (c.seq, c.hash) \
+                or CLOSING_KINDS.get(rep.last_kind) != c.state:
+            self.report.skipped[c.saga_id] = f"its log ends at seq {rep.head_seq}, not at the " \
+                f"close the ledger recorded (seq {c.seq}): run 'saga verify'"
+            return []
+        for digest in sorted(blobs):
+            raw = command(self.log.raw, "GET", self.log.keys.blob(c.saga_id, digest))
+            if raw is not None:
+                lines.append(seg.blob_line(c.saga_id, digest, raw))
+        c.events = rep.events
+        self.report.events += rep.events
+        self._plan_keys(c, steps, blobs)
+        return lines
+
+    def _plan_keys(self, c: Close, steps: list[int], blobs: set[str] | None = None) -> None:
+        self.remover.plan_keys(c, steps, blobs)
+
+    def _remove(self, todo: list[Close], *, resumed: bool = False) -> None:
+        self.remover.remove(todo, resumed=resumed)
+        self.report.removed, self.report.resumed = self.remover.removed, self.remover.resumed
