@@ -249,8 +249,8 @@ class AsyncWorker(StepWorker):
                 drop_unusable(self.connection, queue_key, job_id,
                                 queues[0].intermediate_queue_key if one else None)
                 continue
-            job = self.job_class(job_id.decode(), connection=self.connection,
-                                 serializer=self.serializer)
+            job: Any = self.job_class(job_id.decode(), connection=self.connection,
+                                      serializer=self.serializer)
             wanted.append((job, by_key[queue_key.decode()], job.fetch_on(pipe)))
         replies = pipe.execute(raise_on_error=False)
         out = []

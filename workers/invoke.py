@@ -224,7 +224,7 @@ class Sends:
 
     def _round(self) -> None:
         taken, self._waiting = self._waiting, []
-        batches = [(pipe, pipe.take(), fut) for pipe, fut in taken]
+        batches: list[_Batch] = [(pipe, pipe.take(), fut) for pipe, fut in taken]
         if self._reload and batches:  # its reply comes first, answered to nobody
             batches.insert(0, (batches[0][0], [(("SCRIPT", "LOAD", APPEND), {})], None))
             self._reload = False

@@ -20,8 +20,8 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any, ClassVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, cast
 
 import redis
 from rq.exceptions import NoSuchJobError, StopRequested
@@ -89,7 +89,9 @@ class SagaIntermediateQueue(IntermediateQueue):
 
     def get_job_ids(self) -> list[str]:
         out = []
-        for job_id in self.connection.lrange(self.key, 0, -1):
+        # a connection made without decode_responses: ids come as bytes
+        listed = cast(list[bytes], self.connection.lrange(self.key, 0, -1))
+        for job_id in listed:
             if usable(job_id):
                 out.append(job_id.decode())
             else:
@@ -106,7 +108,7 @@ class SagaQueue(Queue):
         return SagaIntermediateQueue(self.key, connection=self.connection)
 
     @classmethod
-    def lpop(cls, queue_keys: list[str], timeout: int | None,
+    def lpop(cls, queue_keys: Sequence[str], timeout: int | None,
              connection: Any = None) -> Any:
         while True:
             got = super().lpop(queue_keys, timeout, connection=connection)
@@ -148,7 +150,7 @@ class StepJob(Job):
         at = len(pipe)
         pipe.hget(self.key, "data")
         ids = self._step_ids()
-        if ids is not None:
+        if ids is not None and self.names is not None:
             queue_reads(pipe, self.names, *ids)
         n = len(pipe) - at
 
@@ -221,7 +223,8 @@ class StepWorker(SimpleWorker):
         self.saga_store = SagaStore(log_client, registry, self.settings,
                                     metrics=self.metrics, queues=self.connection)
         if self.job_class is StepJob:  # its reads name the log's keys, by its layout
-            self.job_class = type("StepJob", (StepJob,), {"names": self.saga_store.events.keys})
+            self.job_class = cast(type[StepJob], type(
+                "StepJob", (StepJob,), {"names": self.saga_store.events.keys}))
         # closing entries wait for a batch: this worker's sweeper chains them
         self.saga_store.events.ledger.deferred = True
         self.runner = StepRunner(self.saga_store, self.name,
@@ -314,7 +317,7 @@ class StepWorker(SimpleWorker):
         # come (a thread started in a signal handler could wait on a lock for ever)
         stopping = process_stopping()
         stopping.watch_exit(self._unfinished)
-        super().bootstrap(*args, **kwargs)  # type: ignore[no-untyped-call]
+        super().bootstrap(*args, **kwargs)
 
     def _unfinished(self) -> int:
         return 1 if self._state == WorkerStatus.BUSY else 0

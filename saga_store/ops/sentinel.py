@@ -86,15 +86,14 @@ def connect_sentinel(url: str, timeout_s: float) -> redis.Redis:
     p = parse(url)
     # only the sentinels get a socket timeout: the primary's connections have none,
     # as a redis:// client's, so RQ's blocking pops wait as long as they ask
-    # no-untyped-call: the library leaves Sentinel untyped
-    sentinel = Sentinel(p["sentinels"],  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(p["sentinels"],
                         sentinel_kwargs={"socket_timeout": timeout_s,
                                          "socket_connect_timeout": timeout_s})
     # the primary now, as every connection's fallback address: one that connects
     # without asking the sentinels goes there, never to redis-py's default
     # (localhost:6379, somebody else's Redis)
-    host, port = sentinel.discover_master(p["service"])  # type: ignore[no-untyped-call]
-    client: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    host, port = sentinel.discover_master(p["service"])
+    client: redis.Redis = sentinel.master_for(
         p["service"], host=host, port=port, db=p["db"], username=p["username"],
         password=p["password"],
         connection_class=PrimarySSLConnection if p["ssl"] else PrimaryConnection,
