@@ -351,9 +351,19 @@ class StepRunner:
                             "the next holder decides", saga_id, step)
                 return "lease_lost"
             except ConflictError:
-                view = self.read(saga_id, step, view.intent["seq"] if view.intent else 0)
+                known = view.intent
+                view = self.read(saga_id, step, known["seq"] if known else 0)
                 if view.outcome is not None:
                     return "conflict"
+                if view.intent != known:
+                    # the log went back behind this step (a failover that lost
+                    # writes, or a hand): an outcome appended now would chain a
+                    # result for a step the log no longer holds
+                    log.error("saga %s step %d: its intent is no longer in the log (the "
+                              "log went back behind it: a failover lost writes?); the "
+                              "call ran, its outcome is not recorded; the sweeper drives "
+                              "the saga on from what the log holds", saga_id, step)
+                    return "intent_lost"
                 continue
             break
         else:
