@@ -424,7 +424,7 @@ class StepRunner:
                                   lease=Lease(token, LeaseMode.RELEASE))
             queued = call.queue(trip.log)
             enqueue_step(trip.queue, self.store.queue, saga_id, step, view.intent["seq"],
-                         view.intent["idem_key"])
+                         view.intent["idem_key"], view.intent.get("tool"))
             if extra is not None:
                 extra(trip.queue)
             writer.applied(call, queued((yield Send(trip))), ledger=False)
@@ -504,7 +504,7 @@ class StepRunner:
         the log)."""
         if follow is Follow.NEXT:
             enqueue_step(trip.queue, self.store.queue, saga_id, step + 1, head_seq,
-                         items[-1][1]["idem_key"])
+                         items[-1][1]["idem_key"], items[-1][1].get("tool"))
         elif follow is Follow.COMPENSATE:
             enqueue_compensation(trip.queue, saga_id)
         intent = view.intent or {}

@@ -148,17 +148,20 @@ class StepJob(Job):
         start (the first one taken off the list): it sets ``data`` and the reads,
         and says False when the job's hash is gone, or raises a reply's error."""
         at = len(pipe)
-        pipe.hget(self.key, "data")
+        pipe.hmget(self.key, "data", "description")
         ids = self._step_ids()
         if ids is not None and self.names is not None:
             queue_reads(pipe, self.names, *ids)
         n = len(pipe) - at
 
         def take(replies: list[Any]) -> bool:
-            data, *reads = replies[:n]
+            fields, *reads = replies[:n]
             del replies[:n]
-            if isinstance(data, Exception):
-                raise data
+            if isinstance(fields, Exception):
+                raise fields
+            data, description = fields
+            # what RQ's log line says of the job: its saga, step and tool
+            self.description = description.decode("utf-8", "replace") if description else None
             if ids is not None and not any(isinstance(r, Exception) for r in reads):
                 self.prefetched = (ids, reads)
             if data is None:

@@ -173,7 +173,7 @@ def decide(store: SagaStore, saga_id: str, step: int, *, grant: bool, by: str,
         # a worker's step: queue it again; a gateway, or an inline caller, watches the log
         if st.executor is None and not st.inline:
             enqueue_step(trip.queue, store.queue, saga_id, step, s.intent_seq,
-                         s.idem_key or "")
+                         s.idem_key or "", s.tool)
         trip.execute()
         return
     raise ConflictError(f"saga {saga_id} kept moving; try again")

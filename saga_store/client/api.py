@@ -368,7 +368,8 @@ class SagaStore:
         trip = self.trip()
         for p, got in zip(planned, opened, strict=True):
             writer = p.opening.applied(got, trip.log, defer_ledger=True)
-            enqueue_step(trip.queue, self.queue, p.saga_id, 0, writer.head.seq, p.idem_key)
+            enqueue_step(trip.queue, self.queue, p.saga_id, 0, writer.head.seq, p.idem_key,
+                         p.plan[0]["tool"])
         execute(trip, *(p.opening.ledger_written for p in planned))
         return [p.saga_id for p in planned]
 

@@ -210,7 +210,7 @@ class Saga:
             # queues it from the log)
             if self.inline is None:
                 enqueue_step(trip.queue, self.store.queue, self.saga_id, n,
-                             self.writer.head.seq + 1, fields["idem_key"])
+                             self.writer.head.seq + 1, fields["idem_key"], fields["tool"])
             replies = trip.execute(raise_on_error=False)
             try:
                 self.writer.applied(call, queued(replies))

@@ -32,14 +32,16 @@ def intent(saga_id: str, n: int, spec: ToolSpec, logged_args: dict[str, Any],
 
 
 def enqueue_step(pipe: Any, queue: str, saga_id: str, step: int, intent_seq: int,
-                 idem_key: str) -> None:
+                 idem_key: str, tool: str | None = None) -> None:
+    """Queue a step's job; ``tool`` names it in the worker's log line."""
+    what = f"saga {saga_id} step {step}" + (f" {tool}" if tool else "")
     jobs.push(pipe, queue, jobs.step_job_id(idem_key, intent_seq, saga_id), jobs.STEP_FUNC,
-              [saga_id, step, intent_seq])
+              [saga_id, step, intent_seq], what)
 
 
 def enqueue_compensation(pipe: Any, saga_id: str) -> None:
     jobs.push(pipe, jobs.COMPENSATION_QUEUE, jobs.compensation_job_id(saga_id),
-              jobs.COMPENSATE_FUNC, [saga_id])
+              jobs.COMPENSATE_FUNC, [saga_id], f"saga {saga_id} unwind")
 
 
 def schedule(pipe: Any, names: SagaKeys, saga_id: str, after_ms: int, *,

@@ -80,13 +80,15 @@ def compensation_job_id(saga_id: str) -> str:
     return f"{COMP_JOB}{saga_id}"
 
 
-def push(pipe: Any, queue: str, job_id: str, func: str, args: list[Any]) -> None:
-    """Queue a job on ``pipe`` (a redis-py pipeline or client)."""
+def push(pipe: Any, queue: str, job_id: str, func: str, args: list[Any],
+         description: str | None = None) -> None:
+    """Queue a job on ``pipe`` (a redis-py pipeline or client). ``description`` is
+    what a worker's log line says of it (RQ prints it beside the job id)."""
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     pipe.hset(job_key(job_id), mapping={
         "data": zlib.compress(orjson.dumps([func, None, args, {}]), 1),
         "created_at": now, "enqueued_at": now, "origin": queue, "status": "queued",
-        "description": f"{func.rsplit('.', 1)[-1]}({', '.join(map(str, args))})",
+        "description": description or f"{func.rsplit('.', 1)[-1]}({', '.join(map(str, args))})",
     })
     pipe.expire(job_key(job_id), JOB_TTL_S)
     pipe.rpush(queue_key(queue), job_id)
