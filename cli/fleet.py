@@ -57,7 +57,8 @@ class NoWorkerWarning:
                    "and no saga's lease held (killed, most likely).")
 @pass_ctx
 def workers_command(ctx: Context, as_json: bool, show_all: bool) -> None:
-    """Live workers (host, pid, state, current job), queue lengths, sagas in flight."""
+    """Live workers (host, pid, kind/concurrency, state, current job), queue lengths,
+    sagas in flight."""
     with errors_to_exit():
         log, client = ctx.store().redis, ctx.queues()
         found = [w for w in fleet.registered(client, log=log) if show_all or w.live]
@@ -70,12 +71,14 @@ def workers_command(ctx: Context, as_json: bool, show_all: bool) -> None:
         if not found:
             click.echo("no live workers (start one: saga worker --tools MODULE)")
         else:
-            click.echo(f"{'WORKER':<34} {'HOST/PID':<24} {'STATE':<10} {'BEAT':>6}  CURRENT JOB")
+            click.echo(f"{'WORKER':<34} {'HOST/PID':<24} {'KIND':<10} {'STATE':<10} {'BEAT':>6}"
+                       "  CURRENT JOB")
         for w in found:
             where = f"{w.hostname or '?'}/{w.pid or '?'}"
             beat = "-" if w.heartbeat_age_s is None else f"{w.heartbeat_age_s:.0f}s"
-            click.echo(f"{w.name:<34} {where:<24} {w.state if w.live else 'gone':<10} {beat:>6}  "
-                       f"{w.current_job or '-'}")
+            kind = f"{w.kind or '?'}/{w.concurrency or '?'}"
+            click.echo(f"{w.name:<34} {where:<24} {kind:<10} {w.state if w.live else 'gone':<10} "
+                       f"{beat:>6}  {w.current_job or '-'}")
         click.echo("")
         for q, n in queues.items():
             click.echo(f"queue {q}: {n} waiting")

@@ -311,13 +311,18 @@ def _plan_error(err: Any) -> str:
 
 @click.command("resume")
 @click.argument("saga_id")
+@click.option("--by", default=None, envvar="SAGA_OPERATOR",
+              help="Who resumes it (default: the login name). Env: SAGA_OPERATOR.")
+@click.option("--note", default=None, envvar="SAGA_RESUME_NOTE",
+              help="What was fixed, for the audit trail. Env: SAGA_RESUME_NOTE.")
 @pass_ctx
-def resume(ctx: Context, saga_id: str) -> None:
-    """Retry the unwind of a stuck saga after fixing its cause."""
+def resume(ctx: Context, saga_id: str, by: str | None, note: str | None) -> None:
+    """Retry the unwind of a stuck saga after fixing its cause; who did it (and the
+    note) are recorded in the saga_resumed event."""
     with errors_to_exit():
         check_saga_id(saga_id)
         store = ctx.saga_store(Registry())
-        if not store.resume(saga_id):
+        if not store.resume(saga_id, by=operator(by), note=note):
             click.echo(f"error: saga {saga_id} is {store.state(saga_id).status}, not stuck",
                        err=True)
             sys.exit(EXIT_USAGE)

@@ -114,6 +114,9 @@ class AsyncWorker(StepWorker):
         self._connection_wait = 0.5
         self.completed = 0
 
+    def registered_as(self) -> tuple[str, int]:
+        return "asyncio", self.concurrency
+
     def work(self, burst: bool = False, logging_level: str | None = "INFO",
              *_rq_args: Any, **_rq_options: Any) -> bool:
         """Serve the queues; returns whether any job was run. RQ's other options

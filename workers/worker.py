@@ -388,6 +388,17 @@ class StepWorker(SimpleWorker):
 
     # -- RQ bookkeeping, throttled ----------------------------------------
 
+    def registered_as(self) -> tuple[str, int]:
+        """The kind and concurrency ``saga workers`` and the console show."""
+        return "rq", 1
+
+    def register_birth(self) -> None:
+        super().register_birth()  # type: ignore[no-untyped-call]
+        # beside RQ's fields, so it expires and is deleted with the registration
+        kind, slots = self.registered_as()
+        self.connection.hset(self.key, mapping={fleet.KIND_FIELD: kind,
+                                                fleet.CONCURRENCY_FIELD: str(slots)})
+
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         now = time.monotonic()
         if pipeline is None and now - self._last_beat < HEARTBEAT_EVERY_S:

@@ -459,9 +459,13 @@ class SagaStore:
             raise InvalidInput(f"saga {saga_id} is run by the MCP gateway ({executor}), not "
                                f"by workers; {instead}", field="saga_id")
 
-    def resume(self, saga_id: str) -> bool:
+    def resume(self, saga_id: str, *, by: str | None = None, note: str | None = None) -> bool:
         """Try a stuck saga's unwind again (after its cause was fixed); False if not stuck.
-        Raises :class:`NoSuchSaga` (writing nothing) for an id that names no saga."""
+        ``by`` and ``note`` (who resumed it, and why) go into the ``saga_resumed``
+        event. Raises :class:`NoSuchSaga` (writing nothing) for an id that names no
+        saga, :class:`InvalidInput` for a note over 2000 characters."""
+        if note is not None and len(note) > 2000:
+            raise InvalidInput("--note: at most 2000 characters")
         for _ in range(20):
             state, writer = self.events.read_for_write(saga_id)
             if state.status is not Status.STUCK:
@@ -470,7 +474,7 @@ class SagaStore:
                                           "gateway finishes the unwinds it finds before serving",
                                  state)
             try:
-                writer.append_many([build.saga_resumed(state.reason)])
+                writer.append_many([build.saga_resumed(state.reason, by, note)])
                 break
             except ConflictError:
                 continue  # someone else resumed or resolved it meanwhile: decide again

@@ -111,7 +111,7 @@ def perform(store: SagaStore, sid: str, action: str, step: int | None, by: str, 
         approvals.decide(store, sid, step, grant=action == "approve", by=by, reason=why)
         return f"step {step} {'approved' if action == 'approve' else 'denied'} by {by}"
     if action == "resume":
-        if not store.resume(sid):
+        if not store.resume(sid, by=by, note=why or None):
             raise InvalidInput(f"saga {sid} is {store.state(sid).status}, not stuck; "
                                "nothing was done")
         return f"unwind resumed by {by}"

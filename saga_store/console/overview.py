@@ -26,6 +26,7 @@ from saga_store.log.events import EventKind as K
 from .counts import Counts, Tally
 from .render import page
 from .states import Shown, shown
+from .throughput import MAX_READ, last_hour
 
 MAX_LISTED = 50
 
@@ -79,7 +80,7 @@ def read(store: SagaStore, tally: Tally) -> dict[str, Any]:
                         a.updated_ts) for a in needing_attention(store.events.log)]
     return {"counts": counts, "stuck": _stuck(store), "attention": attention[:MAX_LISTED],
             "oldest": _oldest_approval(store), "now_ms": int(time.time() * 1000),
-            "max_listed": MAX_LISTED}
+            "max_listed": MAX_LISTED, "hour": last_hour(store.events), "max_read": MAX_READ}
 
 
 async def overview_page(request: Request) -> Response:

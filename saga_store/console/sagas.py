@@ -24,6 +24,7 @@ from .listing import Filters, list_page
 from .masking import mask_messages
 from .render import flash, page
 from .states import reason_lines, shown
+from .verify_status import chain_of
 
 STATES = [s.value for s in Status]
 
@@ -104,9 +105,11 @@ def with_format(request: Request) -> str:
 
 async def saga_page(request: Request) -> Response:
     sid, fmt = saga_id_of(request), with_format(request)
-    ctx = await run_in_threadpool(live_context, _store(request), sid, fmt,
-                                  request.state.read_only)
-    return page(request, "saga.html", {**ctx, **flash(request)})
+    store = _store(request)
+    ctx = await run_in_threadpool(live_context, store, sid, fmt, request.state.read_only)
+    # checked after the read above: the verdict covers at least what the page shows
+    chain = await run_in_threadpool(chain_of, store.events, sid)
+    return page(request, "saga.html", {**ctx, "chain": chain, **flash(request)})
 
 
 async def saga_export(request: Request) -> Response:

@@ -64,6 +64,15 @@ class EventRow:
     took: str
 
 
+def _detail(kind: str, data: Any) -> str:
+    """An event's data in one line; a person's name and note first, where the
+    event records them, since the rest (a stuck reason) is cut to fit."""
+    if kind == K.SAGA_RESUMED and isinstance(data, dict) and data.get("by"):
+        who = f"resumed by {data['by']}" + (f": {data['note']}" if data.get("note") else "")
+        return f"{who}; after {short_json(data.get('after'))}"
+    return short_json(data)
+
+
 @dataclass
 class Timeline:
     lanes: list[Lane] = field(default_factory=list)
@@ -150,7 +159,7 @@ class _Builder:
             K.SAGA_COMMITTED,)) else "forward"
         self.tl.events.append(EventRow(
             ev["seq"], utc(ts, with_date=False), f"+{duration(ts - t0)}", n,
-            str(kind), tool, phase, short_json(ev.get("data")), duration(took)))
+            str(kind), tool, phase, _detail(kind, ev.get("data")), duration(took)))
 
     def step_event(self, kind: str, ts: int, n: int, tool: str,
                    data: dict[str, Any]) -> int | None:

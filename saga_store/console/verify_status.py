@@ -1,8 +1,12 @@
-"""Verification on demand, in a thread, with the last result kept for the page.
+"""Verification on demand, in a thread, with the last result kept for the page;
+and one saga's chain checked as its page loads.
 
 A full verification reads every chain, so it never runs inside a request:
 :meth:`VerifyStatus.start` starts it in a thread (one at a time) and the
-verify page shows the last finished result while the next one runs.
+verify page shows the last finished result while the next one runs. One
+saga's chain is a read the size of the page's own (:func:`chain_of`), so the
+saga page checks it on every load; the ledger's cross-checks stay with the
+full verification.
 """
 
 from __future__ import annotations
@@ -37,6 +41,22 @@ class Result:
     took_ms: int
     anchor: dict[str, Any] | None = None
     error: str | None = None
+
+
+@dataclass(frozen=True)
+class ChainVerdict:
+    ok: bool
+    events: int
+    seq: int | None = None  # the first bad event's
+    reason: str | None = None
+    detail: str = ""
+
+
+def chain_of(store: EventStore, saga_id: str) -> ChainVerdict:
+    """The hash chain of one saga, checked link by link: intact, or its first bad seq."""
+    report = Verifier(store.log, jobs=1).check(saga_id)
+    return ChainVerdict(report.ok, report.events, report.first_bad_seq, report.reason,
+                        report.detail)
 
 
 @dataclass

@@ -15,6 +15,11 @@ worker host's, and a host whose clock ran 20 s behind the reader's would look
 gone while it beat. A worker that notes no such time is aged by RQ's field and
 the reader's clock.
 
+Workers note their kind (``rq``: one job at a time; ``asyncio``: several on
+an event loop) and how many jobs they run at once in their RQ hash too
+(``saga_kind``, ``saga_concurrency``), written once at registration; a worker
+of a version that notes neither shows as of unknown kind.
+
 Workers write neither their busy state nor their current job to RQ (the log
 already says what a step is doing, and each write would cost every step a
 round trip), so both are read from the sagas' leases: a worker's lease token
@@ -41,6 +46,8 @@ from saga_store.log.layout import names_of
 QUEUES = (jobs.STEP_QUEUE, jobs.COMPENSATION_QUEUE)
 STALE_S = 20.0  # no heartbeat for this long and no lease held: taken for gone
 BEAT_FIELD = "saga_beat_ms"  # a worker's last heartbeat, by Redis's clock (ms)
+KIND_FIELD = "saga_kind"  # rq or asyncio, written at registration
+CONCURRENCY_FIELD = "saga_concurrency"  # jobs it runs at once, written at registration
 _TOKEN = re.compile(r"^(?P<name>.+?)(?P<comp>:comp)?:[0-9a-f]{12}$")
 
 
@@ -53,6 +60,8 @@ class WorkerInfo:
     current_job: str | None
     queues: tuple[str, ...]
     heartbeat_age_s: float | None  # None: it never beat
+    kind: str | None = None  # rq, asyncio; None: it did not say
+    concurrency: int | None = None
 
     @property
     def live(self) -> bool:
@@ -73,7 +82,8 @@ def registered(client: Any, queue: str | None = None, *, work: bool = True,
     names = sorted(k.decode() for k in client.smembers(index))
     pipe = client.pipeline(transaction=False)
     for key in names:
-        pipe.hmget(key, "hostname", "pid", "state", "queues", "last_heartbeat", BEAT_FIELD)
+        pipe.hmget(key, "hostname", "pid", "state", "queues", "last_heartbeat", BEAT_FIELD,
+                   KIND_FIELD, CONCURRENCY_FIELD)
     pipe.time()
     *rows, (secs, micros) = pipe.execute()
     held = holding(client if log is None else log) if work and names else {}
@@ -81,17 +91,23 @@ def registered(client: Any, queue: str | None = None, *, work: bool = True,
     server_ms = int(secs) * 1000 + int(micros) // 1000
     out = []
     prefix = Worker.redis_worker_namespace_prefix
-    for key, (host, pid, state, queues, beat, beat_ms) in zip(names, rows, strict=True):
+    for key, (host, pid, state, queues, beat, beat_ms, kind, slots) in zip(names, rows,
+                                                                            strict=True):
         if state is None and beat is None:
             continue  # its hash expired: gone
         name = key[len(prefix):] if key.startswith(prefix) else key
         age = _server_age(beat_ms, server_ms) if beat_ms else _age(beat, now)
-        text = [v.decode(errors="replace") if v else None for v in (host, pid, state, queues)]
+        text = [v.decode(errors="replace") if v else None
+                for v in (host, pid, state, queues, kind, slots)]
         out.append(WorkerInfo(
-            name, text[0], int(text[1]) if text[1] and text[1].isdigit() else None,
+            name, text[0], _int(text[1]),
             "busy" if name in held else (text[2] or "?"), held.get(name),
-            tuple(q for q in (text[3] or "").split(",") if q), age))
+            tuple(q for q in (text[3] or "").split(",") if q), age, text[4], _int(text[5])))
     return out
+
+
+def _int(text: str | None) -> int | None:
+    return int(text) if text and text.isdigit() else None
 
 
 def _server_age(beat_ms: bytes, server_ms: int) -> float | None:

@@ -110,8 +110,15 @@ def saga_stuck(n: int, error: Any, hint: str) -> Item:
     return K.SAGA_STUCK, {"data": {"step": n, "error": error, "hint": hint}}
 
 
-def saga_resumed(after: Any) -> Item:
-    return K.SAGA_RESUMED, {"data": {"after": after}}
+def saga_resumed(after: Any, by: str | None = None, note: str | None = None) -> Item:
+    """The unwind goes on after ``after`` (the stuck reason); ``by`` and ``note``
+    name the person who resumed it, when a person did, for the audit trail."""
+    data: dict[str, Any] = {"after": after}
+    if by is not None:
+        data["by"] = by
+    if note:
+        data["note"] = note
+    return K.SAGA_RESUMED, {"data": data}
 
 
 def saga_closed_unwound(attention: list[str]) -> Item:
