@@ -20,6 +20,8 @@ names them; every key user asks it).
     ss:archive:lease      string   the lease of the one 'saga archive' run at a time
                                    (log/archive.py), PX-expiring
     ss:sweep:<g>          string   the lease of the sweeper of bucket group g (layout 3)
+    ss:sweeper:last       hash     the last sweep of any worker: at_ms (Redis time),
+                                   by (worker), indexes looked at, jobs queued
     ss:ledger:{b<n>}:...  the same four keys for bucket n's ledger chain (layout 2;
                                    its chain id is "ledger:<n>")
     ss:ledger:{root}:log  stream   the root chain: the buckets' heads, recorded
@@ -346,6 +348,9 @@ class SagaKeys:
 
 
 _BUCKETED_LOG = re.compile(r"[a-z][a-z0-9-]*:\{b\d+\}:([^{}:]+):log")
+
+
+SWEEPER_LAST = f"{PREFIX}:sweeper:last"  # the last sweep: when, by whom, what it found
 
 
 def sweep_lease(group: int) -> str:

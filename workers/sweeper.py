@@ -14,11 +14,13 @@ interval, however many workers it has, instead of each worker at each.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
 from typing import Any
 
+import redis
 from rq.exceptions import StopRequested
 
 from saga_store import keys
@@ -95,6 +97,9 @@ class Sweeper:
         self.redelivered += queued
         if self.here is not None:  # sealing and deadlines are the workers' business
             return queued
+        with contextlib.suppress(redis.RedisError):  # a note for operators, never in the way
+            r.hset(keys.SWEEPER_LAST, mapping={"at_ms": now_ms, "by": self.name,
+                                               "indexes": len(looked), "queued": queued})
         try:  # ledger entries a sealer that died left pending: a slice of buckets a pass
             ledger = self.store.events.ledger
             _, self._seal_from = ledger.seal_some(self._seal_from, SEAL_SLICE)

@@ -74,12 +74,28 @@ def _sweepers(client: Any) -> list[tuple[str, str, int]]:
              int(replies[2 * i + 1])) for i, k in enumerate(found) if replies[2 * i]]
 
 
+def _last_sweep(client: Any) -> dict[str, Any] | None:
+    """The last sweep any worker made: how long ago (by Redis's clock), by whom, how
+    many indexes it looked at and jobs it queued; None before the first."""
+    pipe = client.pipeline(transaction=False)
+    pipe.hgetall(keys.SWEEPER_LAST)
+    pipe.time()
+    got, (secs, micros) = pipe.execute()
+    if not got:
+        return None
+    f = {k.decode(): v.decode(errors="replace") for k, v in got.items()}
+    now_ms = int(secs) * 1000 + int(micros) // 1000
+    return {"ago_ms": max(0, now_ms - int(f.get("at_ms", now_ms))), "by": f.get("by", "?"),
+            "indexes": f.get("indexes", "?"), "queued": f.get("queued", "?")}
+
+
 def read(store: SagaStore, tally: Tally, show_all: bool) -> dict[str, Any]:
     found = fleet.registered(store.queues, log=store.redis)
     return {"workers": [w for w in found if show_all or w.live],
             "gone": sum(1 for w in found if not w.live), "show_all": show_all,
             "counts": tally.read(), "dead": _dead(store.queues),
-            "sweepers": _sweepers(store.redis), "kinds": KIND, "stale_s": fleet.STALE_S,
+            "sweepers": _sweepers(store.redis), "last_sweep": _last_sweep(store.redis),
+            "kinds": KIND, "stale_s": fleet.STALE_S,
             "holds": holds}
 
 

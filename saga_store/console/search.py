@@ -1,5 +1,6 @@
-"""Search: the sagas whose log names a tool, an idempotency key, an error text
-or a conversation id. No index holds these, so it is a scan, bounded and said
+"""Search: the sagas whose log names a tool, an idempotency key, an error text,
+a conversation id, or a text in a step's arguments (the saga that charged order
+1002). No index holds these, so it is a scan, bounded and said
 so: the newest ``MAX_SAGAS`` sagas (the ledger's order, as the list pages
 them), each read from its log. A search's URL is its query
 (``/search?by=tool&q=charge_payment``), to link or bookmark.
@@ -27,7 +28,7 @@ MAX_SAGAS = 500
 CHUNK = 100
 MAX_HITS = 100
 FIELDS = {"tool": "tool", "key": "idempotency key", "error": "error text",
-          "conversation": "conversation id"}
+          "conversation": "conversation id", "args": "arguments"}
 _ERRORS = frozenset({K.STEP_FAILED, K.STEP_IN_DOUBT, K.COMPENSATION_FAILED, K.SAGA_FAILED,
                      K.SAGA_STUCK, K.STEP_NOT_COMPENSABLE})
 
@@ -49,6 +50,12 @@ def _match(by: str, q: str, row: Row, bodies: list[dict[str, Any]]) -> Hit | Non
             return Hit(row, ev["seq"], f"{ev['kind']} step {ev.get('step')}")
         if by == "key" and (ev.get("idem_key") or "").startswith(q):
             return Hit(row, ev["seq"], f"{ev['kind']} step {ev.get('step')} {ev['idem_key']}")
+        if by == "args" and ev.get("kind") == K.STEP_INTENT:
+            # what the log holds: secret arguments are digests there, and masked here
+            args = mask((ev.get("data") or {}).get("args"))
+            if needle in orjson.dumps(args).decode().lower():
+                return Hit(row, ev["seq"], f"step {ev.get('step')} {ev.get('tool')} "
+                           f"{short_json(args)}")
         if by == "error" and ev.get("kind") in _ERRORS:
             text = orjson.dumps(mask(ev.get("data"))).decode()
             if needle in text.lower():

@@ -96,6 +96,7 @@ def worker_rules() -> list[str]:
             f"~{P}:needs_attention", f"~{P}:approvals",
             f"~{P}:{{*}}:needs_attention", f"~{P}:{{*}}:approvals",  # a bucket's (layout 3)
             f"~{P}:sweep:*",  # the sweepers' leases on groups of buckets (layout 3)
+            f"~{P}:sweeper:last",  # what the last sweep did (the console shows it)
             f"~{P}:gateway:*",  # the MCP gateway runs calls like a worker: it uses this user
             f"~{P}:ledger:{{*}}:meta", f"~{P}:ledger:{{*}}:lease",
             f"~{P}:ledger:{{*}}:rejected",

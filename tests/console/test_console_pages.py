@@ -93,6 +93,10 @@ def test_states_counts_overview_workers_and_search(
         queues = fleet[fleet.index('id="queues"'):]
         assert "saga-steps" in queues
         assert "saga-step-dead-0-0123456789abcdef" in fleet  # the dead-lettered job
+        # the sweepers' last pass: when, by which worker, what it found
+        assert_eventually(lambda: re.search(r'id="last-sweep">last sweep [^<]* ago by',
+                                            tc.get("/workers").text),
+                          timeout=15, what="the workers page to show the last sweep")
 
     by_tool = tc.get("/search?by=tool&q=reserve_forgetful").text
     assert [stuck] == re.findall(r'<a class="mono" href="/sagas/([^"]+)"', by_tool)
@@ -105,4 +109,7 @@ def test_states_counts_overview_workers_and_search(
     assert [attention] == re.findall(r'<a class="mono" href="/sagas/([^"]+)"', by_error)
     by_conv = tc.get("/search?by=conversation&q=conv-1").text
     assert [done] == re.findall(r'<a class="mono" href="/sagas/([^"]+)"', by_conv)
+    # the saga that wrote to the CEO: a text in a step's arguments, any case
+    by_args = tc.get("/search?by=args&q=CEO@Example").text
+    assert [gated] == re.findall(r'<a class="mono" href="/sagas/([^"]+)"', by_args)
     assert tc.get("/search?by=nonsense&q=x").status_code == 400
