@@ -108,6 +108,18 @@ class SagaSession:
             self.approvals.clear()
             return chosen
 
+    def found(self, history: Iterable[str | None]) -> SagaCalls | None:
+        """The calls of the saga a resumed history belongs to, without opening one:
+        the session's own, else the newest saga named after a call id of ``history``
+        (attached), else None. For a framework that resumes by calling the model
+        again, with no tool call to bind the saga first."""
+        with self._lock:
+            if self.current is None:
+                found = self._named_in(reversed(list(history)))
+                if found is not None:
+                    self._use(self.store.attach(found, executor=self.executor))
+            return self.current
+
     def _named_in(self, call_ids: Iterable[str | None]) -> str | None:
         """The newest saga named after one of ``call_ids`` (one round trip)."""
         ids = [saga_id_for(self.agent_id, self.conversation_id, c) for c in call_ids if c]
