@@ -97,7 +97,7 @@ class SagaSession:
             if found is not None and found != self.saga_id and found not in self._known:
                 self._use(self.store.attach(found, executor=self.executor))
             # a call sent again: the saga that logged it answers
-            chosen = next((c for c in self._known.values() if self._logged(c, call_id)), None)
+            chosen = next((c for c in self._known.values() if self.logged(c, call_id)), None)
             if chosen is None:
                 if self.current is None or (self.on_rollback == "new_saga"
                                             and not self._forward(self.current)):
@@ -147,7 +147,8 @@ class SagaSession:
         return calls.final is None and calls.saga.state.status is Status.RUNNING
 
     @staticmethod
-    def _logged(calls: SagaCalls, call_id: str | None) -> bool:
+    def logged(calls: SagaCalls, call_id: str | None) -> bool:
+        """Whether ``calls``' saga logged the call ``call_id``."""
         cid = step_call_id(call_id)
         return cid is not None and any(st.tool_call_id == cid
                                        for st in calls.saga.state.steps.values())
