@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, Self
 
-from saga_store import InvalidInput, Saga, SagaStore, Status
+from saga_store import InvalidInput, Saga, SagaState, SagaStore, Status
 from saga_store.errors import SagaTakenOver
 from saga_store.ids import SCOPED_AGENT
 from saga_store.integrations._common import (
@@ -107,6 +107,14 @@ class SagaSession:
             chosen.approvals.update(self.approvals)
             self.approvals.clear()
             return chosen
+
+    def states(self) -> list[SagaState]:
+        """What a history hook rewrites with: the state of every saga this session
+        drove that stopped going forward (after ``on_rollback="new_saga"``, the
+        rolled-back one's calls stay rolled back while the next saga runs)."""
+        with self._lock:
+            known = [self._known[sid] for sid in dict.fromkeys(self.sagas)]
+        return [state for calls in known for state in calls.states()]
 
     def found(self, history: Iterable[str | None]) -> SagaCalls | None:
         """The calls of the saga a resumed history belongs to, without opening one:

@@ -183,10 +183,12 @@ def saga_input_filter(saga: Saga | AsyncSaga | SagaSession) -> Any:
             calls = await asyncio.to_thread(saga.found, _call_ids(items))
         if calls is None:
             return data.model_data
-        states = await asyncio.to_thread(calls.states)
-        if not states and (_unanswered(items) or _untold(items, calls.saga.state)):
+        states = await asyncio.to_thread(
+            saga.states if isinstance(saga, SagaSession) else calls.states)
+        if all(st.saga_id != calls.saga_id for st in states) and \
+                (_unanswered(items) or _untold(items, calls.saga.state)):
             # a run stopped mid-call: the log says what its history does not
-            states = [await asyncio.to_thread(calls.store.state, calls.saga_id)]
+            states.append(await asyncio.to_thread(calls.store.state, calls.saga_id))
         if not states:
             return data.model_data
         return ModelInputData(input=rebuild(data.model_data.input, states),
