@@ -14,6 +14,10 @@
   :func:`saga_input_filter` rewrites the earlier calls' results to "rolled
   back" before the next model call. :func:`rebuild` does the same for
   ``RunResult.to_input_list()`` items in a later turn.
+* With a :class:`SagaSession`, a run resumed from the SDK's own session
+  (``SQLiteSession``) after a crash finds its saga from the conversation's call
+  ids in the input filter, and the model is told the call that was in flight,
+  which the SDK never saved, with its result from the log.
 
 Needs ``pip install 'saga-store[openai-agents]'``.
 """
@@ -213,7 +217,9 @@ def rebuild(items: Sequence[Any], states: Iterable[SagaState]) -> list[Any]:
     call's output is what ``rebuild_history`` says of it, and each saga's closing
     note follows its last output as a system message. A ``function_call`` with no
     output (the call in flight when the agent stopped) gets one, from the log, right
-    after it. Other items are unchanged."""
+    after it; a call a saga logged that ``items`` lack, when they hold others of its
+    calls (the SDK saves a turn to its session only once its tools return), is
+    added with its result after that saga's last item. Other items are unchanged."""
     states = list(states)
     items = _answer_all(_tell_logged(list(items), states), states)
     results: list[tuple[str | None, str | None]] = []
