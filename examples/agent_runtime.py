@@ -9,11 +9,14 @@ and run the same step and compensation code on a thread of their own, as
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
+import textwrap
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +30,10 @@ ORDER: list[tuple[str, dict[str, Any], str]] = [
     ("reserve_inventory", {"sku": "LAPTOP-15", "qty": 1}, "call_reserve"),
     ("charge_payment", {"amount_cents": 1_200_000, "card_token": CARD}, "call_charge"),
     ("update_crm", {"customer": "ana", "note": "slow order"}, "call_crm")]
+STORY = ("The order: reserve a laptop, charge the card, then note it in the CRM. The CRM "
+         "call hangs past its timeout, so nobody knows whether it happened: the saga asks "
+         "the CRM (its probe), finds it did not, and rolls back the charge and the "
+         "reservation, latest first.")
 PROMPT = ("Order one LAPTOP-15 for customer ana: reserve it, charge 1200000 cents to card "
           f"{CARD}, then note the order on her CRM record with the note 'slow order'.")
 
@@ -44,6 +51,7 @@ def saga_store(tools: str = TOOLS) -> Iterator[SagaStore]:
             [sys.executable, "-m", "saga_store.cli.main", "worker", "--tools", tools, "--log-level",
              "WARNING"], env=env, start_new_session=True)
         print(f"on the Redis at SAGA_REDIS_URL, with a worker process (pid {proc.pid})")
+        print(wrapped(STORY, indent="", hang=""))
         try:
             yield store
         finally:
@@ -53,6 +61,9 @@ def saga_store(tools: str = TOOLS) -> Iterator[SagaStore]:
     from saga_store.ops.connection import embedded
     store = SagaStore(embedded(), registry)
     print("on the embedded in-process store (set SAGA_REDIS_URL to use a Redis and workers)")
+    print(wrapped(STORY, indent="", hang=""))
+    # the hanging CRM call is the story, told above: not a worker warning mid-output
+    logging.getLogger("saga_store.worker").setLevel(logging.ERROR)
     stop = threading.Event()
     runner = threading.Thread(target=_run_jobs, args=(store, stop), daemon=True)
     runner.start()
@@ -73,6 +84,12 @@ def _run_jobs(store: SagaStore, stop: threading.Event) -> None:
             time.sleep(0.005)  # an embedded list cannot block across threads
 
 
+def conversation() -> str:
+    """A conversation id of its own for each run: the session names its saga after
+    it and the first call's id, which a scripted model repeats every run."""
+    return f"example-{uuid.uuid4().hex[:12]}"
+
+
 def real_model(*names: str) -> str | None:
     """The first of these environment variables that is set (an API key), if any."""
     return next((n for n in names if os.environ.get(n)), None)
@@ -83,10 +100,12 @@ def show(store: SagaStore, saga_id: str) -> SagaState:
     state = store.wait(saga_id, timeout=60)
     print(f"\nsaga {saga_id} is {state.status}")
     for view in rebuild_history([state], "plain")[0]["calls"]:
-        print(f"  {view['tool']:<18} {view['status']:<10} {view['result'][:90]}")
+        print(f"  {view['tool']} ({view['status']})")
+        print(wrapped(view["result"], indent="    ", hang=""))
     note = rebuild_history([state], "plain")[0]["note"]
     if note:
-        print(f"  note: {note}")
+        print("  note:")
+        print(wrapped(note, indent="    ", hang=""))
     return state
 
 
@@ -94,6 +113,9 @@ def heading(text: str) -> None:
     print(f"\n== {text}")
 
 
-def short(value: Any, limit: int = 100) -> str:
-    text = str(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def wrapped(value: Any, indent: str = "  ", hang: str = "  ") -> str:
+    """The whole text, wrapped to the terminal's usual width (never cut short); its
+    later lines indented by ``hang`` more."""
+    return textwrap.fill(str(value), width=88, initial_indent=indent,
+                         subsequent_indent=indent + hang,
+                         break_long_words=False, break_on_hyphens=False)

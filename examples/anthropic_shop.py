@@ -15,9 +15,23 @@ from typing import Any
 import anthropic
 import orjson
 
-from saga_store.integrations.anthropic import anthropic_tools, rebuild, run_tool_uses
+from saga_store.integrations.anthropic import (
+    SagaSession,
+    anthropic_tools,
+    rebuild,
+    run_tool_uses,
+)
 
-from .agent_runtime import ORDER, PROMPT, heading, real_model, saga_store, short, show
+from .agent_runtime import (
+    ORDER,
+    PROMPT,
+    conversation,
+    heading,
+    real_model,
+    saga_store,
+    show,
+    wrapped,
+)
 
 try:  # the SDK's HTTP layer: httpx2 in its newer releases, httpx before
     import httpx2 as httpx
@@ -40,7 +54,7 @@ def scripted_client() -> anthropic.Anthropic:
             for m in body["messages"]:
                 for b in m["content"] if isinstance(m["content"], list) else []:
                     if b.get("type") == "tool_result":
-                        print(f"  {short(b['content'])}")
+                        print(wrapped(b['content']))
             content = [{"type": "text", "text": "I could not place the order: the earlier "
                                                 "steps were rolled back."}]
         return httpx.Response(200, json={
@@ -60,8 +74,9 @@ def main() -> None:
     print(f"Anthropic SDK, {'model ' + model if live else 'scripted API'}, ", end="")
     with saga_store() as store:
         messages: list[Any] = [{"role": "user", "content": PROMPT}]
-        with store.saga(agent_id="shop-agent", conversation_id="example") as saga:
-            tools: Any = anthropic_tools(saga)  # ToolParam dicts
+        # the session opens the saga at the model's first call, named after it
+        with SagaSession(store, "shop-agent", conversation_id=conversation()) as session:
+            tools: Any = anthropic_tools(session)  # ToolParam dicts
             while True:
                 reply = client.messages.create(model=model, max_tokens=1024, tools=tools,
                                                messages=messages)
@@ -70,10 +85,10 @@ def main() -> None:
                 if reply.stop_reason != "tool_use":
                     break
                 messages.append({"role": "user",
-                                 "content": run_tool_uses(saga, reply, messages=messages)})
-            sid = saga.saga_id
+                                 "content": run_tool_uses(session, reply, messages=messages)})
+        sid = session.sagas[0]
         heading("the agent's answer")
-        print("  " + " ".join(b.text for b in reply.content if b.type == "text"))
+        print(wrapped(" ".join(b.text for b in reply.content if b.type == "text")))
         state = show(store, sid)
         print(f"\nthe next turn starts from {len(rebuild(messages, [state]))} rebuilt messages")
 

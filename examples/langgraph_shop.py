@@ -17,9 +17,18 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from langgraph.graph import START, MessagesState, StateGraph
 from langgraph.prebuilt import ToolNode, tools_condition
 
-from saga_store.integrations.langgraph import saga_tool_node
+from saga_store.integrations.langgraph import SagaSession, saga_tool_node
 
-from .agent_runtime import ORDER, PROMPT, heading, real_model, saga_store, short, show
+from .agent_runtime import (
+    ORDER,
+    PROMPT,
+    conversation,
+    heading,
+    real_model,
+    saga_store,
+    show,
+    wrapped,
+)
 
 
 def scripted() -> Any:
@@ -44,8 +53,9 @@ def main() -> None:
     key = real_model("ANTHROPIC_API_KEY", "OPENAI_API_KEY")
     print(f"LangGraph, {'a real chat model' if key else 'scripted model'}, ", end="")
     with saga_store() as store:
-        with store.saga(agent_id="shop-agent", conversation_id="example") as saga:
-            node = saga_tool_node(saga)
+        # the session opens the saga at the model's first call, named after it
+        with SagaSession(store, "shop-agent", conversation_id=conversation()) as session:
+            node = saga_tool_node(session)
             model = live_model(key, node) if key else scripted()
 
             def agent(state: MessagesState) -> dict[str, list[BaseMessage]]:
@@ -54,7 +64,7 @@ def main() -> None:
                     heading("what the model is shown after the CRM call")
                     for m in state["messages"]:
                         if isinstance(m, ToolMessage):
-                            print(f"  {short(m.content)}")
+                            print(wrapped(m.content))
                 return {"messages": [model.invoke(state["messages"])]}
 
             graph = StateGraph(MessagesState)
@@ -64,9 +74,9 @@ def main() -> None:
             graph.add_conditional_edges("agent", tools_condition)
             graph.add_edge("tools", "agent")
             out = graph.compile().invoke({"messages": [HumanMessage(PROMPT)]})
-            sid = saga.saga_id
+        sid = session.sagas[0]
         heading("the agent's answer")
-        print(f"  {out['messages'][-1].content}")
+        print(wrapped(out["messages"][-1].content))
         show(store, sid)
 
 

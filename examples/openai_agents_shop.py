@@ -15,9 +15,23 @@ from typing import Any
 from agents import Agent, RunConfig, Runner, set_tracing_disabled
 from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message, function_call
 
-from saga_store.integrations.openai_agents import rebuild, saga_input_filter, saga_tools
+from saga_store.integrations.openai_agents import (
+    SagaSession,
+    rebuild,
+    saga_input_filter,
+    saga_tools,
+)
 
-from .agent_runtime import ORDER, PROMPT, heading, real_model, saga_store, short, show
+from .agent_runtime import (
+    ORDER,
+    PROMPT,
+    conversation,
+    heading,
+    real_model,
+    saga_store,
+    show,
+    wrapped,
+)
 
 
 def scripted() -> ScriptedModel:
@@ -26,7 +40,7 @@ def scripted() -> ScriptedModel:
                    if isinstance(i, dict) and i.get("type") == "function_call_output"]
         heading("what the model is shown after the CRM call")
         for out in outputs:
-            print(f"  {short(out)}")
+            print(wrapped(out))
         undone = sum(o.startswith("rolled back") for o in outputs)
         return [assistant_message(f"I could not place the order: {undone} earlier steps "
                                   "were rolled back, so nothing is reserved or charged.")]
@@ -42,14 +56,15 @@ async def main() -> None:
     model: Any = os.environ.get("SAGA_EXAMPLE_MODEL", "gpt-4.1-mini") if live else scripted()
     print(f"OpenAI Agents SDK, {'model ' + model if live else 'scripted model'}, ", end="")
     with saga_store() as store:
-        with store.saga(agent_id="shop-agent", conversation_id="example") as saga:
+        # the session opens the saga at the model's first call, named after it
+        with SagaSession(store, "shop-agent", conversation_id=conversation()) as session:
             agent = Agent(name="shop", instructions="You place orders with the tools.",
-                          model=model, tools=[*saga_tools(saga)])
-            config = RunConfig(call_model_input_filter=saga_input_filter(saga))
-            result = await Runner.run(agent, PROMPT, run_config=config)
-            sid = saga.saga_id
+                          model=model, tools=[*saga_tools(session)])
+            config = RunConfig(call_model_input_filter=saga_input_filter(session))
+            result = await Runner.run(agent, PROMPT, context={}, run_config=config)
+        sid = session.sagas[0]
         heading("the agent's answer")
-        print(f"  {result.final_output}")
+        print(wrapped(result.final_output))
         state = show(store, sid)
         items = rebuild(result.to_input_list(), [state])
         print(f"\nthe next turn starts from {len(items)} rebuilt input items")

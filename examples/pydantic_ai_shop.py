@@ -25,9 +25,23 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from saga_store.integrations.pydantic_ai import SagaToolset, rebuild, saga_history_processor
+from saga_store.integrations.pydantic_ai import (
+    SagaSession,
+    SagaToolset,
+    rebuild,
+    saga_history_processor,
+)
 
-from .agent_runtime import ORDER, PROMPT, heading, real_model, saga_store, short, show
+from .agent_runtime import (
+    ORDER,
+    PROMPT,
+    conversation,
+    heading,
+    real_model,
+    saga_store,
+    show,
+    wrapped,
+)
 
 DEFAULTS = {"OPENAI_API_KEY": "openai:gpt-4.1-mini",
             "ANTHROPIC_API_KEY": "anthropic:claude-sonnet-4-5"}
@@ -45,7 +59,7 @@ def scripted() -> FunctionModel:
                    for p in m.parts if isinstance(p, ToolReturnPart)]
         heading("what the model is shown after the CRM call")
         for out in outputs:
-            print(f"  {short(out)}")
+            print(wrapped(out))
         undone = sum(str(o).startswith("rolled back") for o in outputs)
         return ModelResponse(parts=[TextPart(
             f"I could not place the order: {undone} earlier steps were rolled back.")])
@@ -58,14 +72,15 @@ async def main() -> None:
     model: Any = os.environ.get("SAGA_EXAMPLE_MODEL", DEFAULTS[key]) if key else scripted()
     print(f"Pydantic AI, {'model ' + model if key else 'scripted model'}, ", end="")
     with saga_store() as store:
-        with store.saga(agent_id="shop-agent", conversation_id="example") as saga:
+        # the session opens the saga at the model's first call, named after it
+        with SagaSession(store, "shop-agent", conversation_id=conversation()) as session:
             agent = Agent(model, instructions="You place orders with the tools.",
-                          toolsets=[SagaToolset(saga)],
-                          capabilities=[ProcessHistory(saga_history_processor(saga))])
+                          toolsets=[SagaToolset(session)],
+                          capabilities=[ProcessHistory(saga_history_processor(session))])
             result = await agent.run(PROMPT)
-            sid = saga.saga_id
+        sid = session.sagas[0]
         heading("the agent's answer")
-        print(f"  {result.output}")
+        print(wrapped(result.output))
         state = show(store, sid)
         history = rebuild(result.all_messages(), [state])
         print(f"\nthe next turn starts from {len(history)} rebuilt messages")

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from types import TracebackType
 from typing import Any, Self
 
-from saga_store import InvalidInput, Saga, SagaStore, Status
+from saga_store import InvalidInput, Saga, SagaState, SagaStore, Status
 from saga_store.errors import SagaTakenOver
 from saga_store.ids import SCOPED_AGENT
 from saga_store.integrations._common import (
@@ -97,7 +97,7 @@ class SagaSession:
             if found is not None and found != self.saga_id and found not in self._known:
                 self._use(self.store.attach(found, executor=self.executor))
             # a call sent again: the saga that logged it answers
-            chosen = next((c for c in self._known.values() if self._logged(c, call_id)), None)
+            chosen = next((c for c in self._known.values() if self.logged(c, call_id)), None)
             if chosen is None:
                 if self.current is None or (self.on_rollback == "new_saga"
                                             and not self._forward(self.current)):
@@ -107,6 +107,26 @@ class SagaSession:
             chosen.approvals.update(self.approvals)
             self.approvals.clear()
             return chosen
+
+    def states(self) -> list[SagaState]:
+        """What a history hook rewrites with: the state of every saga this session
+        drove that stopped going forward (after ``on_rollback="new_saga"``, the
+        rolled-back one's calls stay rolled back while the next saga runs)."""
+        with self._lock:
+            known = [self._known[sid] for sid in dict.fromkeys(self.sagas)]
+        return [state for calls in known for state in calls.states()]
+
+    def found(self, history: Iterable[str | None]) -> SagaCalls | None:
+        """The calls of the saga a resumed history belongs to, without opening one:
+        the session's own, else the newest saga named after a call id of ``history``
+        (attached), else None. For a framework that resumes by calling the model
+        again, with no tool call to bind the saga first."""
+        with self._lock:
+            if self.current is None:
+                found = self._named_in(reversed(list(history)))
+                if found is not None:
+                    self._use(self.store.attach(found, executor=self.executor))
+            return self.current
 
     def _named_in(self, call_ids: Iterable[str | None]) -> str | None:
         """The newest saga named after one of ``call_ids`` (one round trip)."""
@@ -135,7 +155,8 @@ class SagaSession:
         return calls.final is None and calls.saga.state.status is Status.RUNNING
 
     @staticmethod
-    def _logged(calls: SagaCalls, call_id: str | None) -> bool:
+    def logged(calls: SagaCalls, call_id: str | None) -> bool:
+        """Whether ``calls``' saga logged the call ``call_id``."""
         cid = step_call_id(call_id)
         return cid is not None and any(st.tool_call_id == cid
                                        for st in calls.saga.state.steps.values())

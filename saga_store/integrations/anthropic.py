@@ -39,7 +39,11 @@ them, as its "handle the tool call manually" case says.)
 * A call the saga's policy gates is decided by ``approve(preview)`` (``True``,
   ``False``, an :class:`Approval` or ``{"approved", "by", "reason"}``) and the
   decision is recorded in the chain; without ``approve``, the call waits for a
-  decision made elsewhere (``saga approve``).
+  decision made elsewhere (``saga approve``). With a :class:`SagaSession`,
+  ``approve`` answering None means a person decides later: the call and the
+  ones after it in the reply are not run, the saga is parked
+  (``session.parked`` says so), and the saved reply run again, in any process,
+  hours later, asks ``approve`` again.
 
 Needs ``pip install 'saga-store[anthropic]'``.
 """
@@ -103,7 +107,14 @@ def run_tool_uses(saga: Saga | AsyncSaga | SagaSession, message: Any, *,
     for use in uses:
         if isinstance(saga, SagaSession):  # after a rollback, maybe the next saga
             calls = saga.calls(use["id"], history)
-        blocks.append(_run(calls, use, allowed, approve))
+        approval = _decision(calls, use, allowed, approve, isinstance(saga, SagaSession))
+        if approval is WAIT:
+            assert isinstance(saga, SagaSession)
+            saga.park(use["id"])
+            break  # a person decides later: this call and the ones after it wait
+        blocks.append(_run(calls, use, allowed, approval))
+        if isinstance(saga, SagaSession):
+            saga.unpark(use["id"])
     if calls.final is not None:
         # the reply's earlier calls succeeded before one failed: their results say
         # what is true now (the failed call's own result carries the closing note)
@@ -121,17 +132,31 @@ async def arun_tool_uses(saga: Saga | AsyncSaga, message: Any, **kwargs: Any,
     return await asyncio.to_thread(run_tool_uses, saga, message, **kwargs)
 
 
+WAIT = Approval(False, "")  # no decision yet: a person decides later
+
+
+def _decision(calls: SagaCalls, use: Mapping[str, Any], allowed: set[str],
+              approve: Approver | None, can_wait: bool) -> Approval | None:
+    """``approve``'s answer for a gated call (asked once), None for a call that is
+    not gated, has no ``approve`` or is logged already (sent again, its log answers).
+    :data:`WAIT` when ``approve`` answered None with a :class:`SagaSession`
+    (``can_wait``): the session parks the saga, so the decision may come from any
+    process, hours later, by running the saved reply again."""
+    if use["name"] not in allowed or approve is None or SagaSession.logged(calls, use["id"]):
+        return None
+    preview = calls.gated(use["name"], use.get("input"))
+    if preview is None:
+        return None
+    answer = approve({"saga_id": calls.saga_id, "tool_use_id": use["id"], **preview})
+    return WAIT if answer is None and can_wait else _approval(answer)
+
+
 def _run(calls: SagaCalls, use: Mapping[str, Any], allowed: set[str],
-         approve: Approver | None) -> dict[str, Any]:
+         approval: Approval | None) -> dict[str, Any]:
     name, args, use_id = use["name"], use.get("input"), use["id"]
     if name not in allowed:  # a compensation or probe only runs on the saga's behalf
         return {"type": "tool_result", "tool_use_id": use_id, "is_error": True,
                 "content": f"unknown tool {name!r}; call one of: {', '.join(sorted(allowed))}"}
-    approval = None
-    preview = calls.gated(name, args)
-    if preview is not None and approve is not None:
-        approval = _approval(approve({"saga_id": calls.saga_id, "tool_use_id": use_id,
-                                      **preview}))
     outcome = calls.run(name, args, use_id, approval)
     block: dict[str, Any] = {"type": "tool_result", "tool_use_id": use_id,
                              "content": outcome.text}

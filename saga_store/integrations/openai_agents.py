@@ -14,6 +14,10 @@
   :func:`saga_input_filter` rewrites the earlier calls' results to "rolled
   back" before the next model call. :func:`rebuild` does the same for
   ``RunResult.to_input_list()`` items in a later turn.
+* With a :class:`SagaSession`, a run resumed from the SDK's own session
+  (``SQLiteSession``) after a crash finds its saga from the conversation's call
+  ids in the input filter, and the model is told the call that was in flight,
+  which the SDK never saved, with its result from the log.
 
 Needs ``pip install 'saga-store[openai-agents]'``.
 """
@@ -23,6 +27,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping, MutableMapping, Sequence
 from typing import Any
+
+import orjson
 
 from saga_store.integrations import missing_extra
 
@@ -34,6 +40,7 @@ except ImportError as exc:  # the framework is an extra
     raise missing_extra("openai-agents", exc) from exc
 
 from saga_store import AsyncSaga, Saga, SagaState
+from saga_store.client.context import step_views
 from saga_store.errors import InvalidInput
 from saga_store.integrations._common import (
     Approval,
@@ -174,10 +181,18 @@ def saga_input_filter(saga: Saga | AsyncSaga | SagaSession) -> Any:
     fixed = None if isinstance(saga, SagaSession) else calls_for(saga)
 
     async def input_filter(data: CallModelData[Any]) -> ModelInputData:
-        calls = fixed if fixed is not None else getattr(saga, "current", None)
+        items = list(data.model_data.input)
+        calls = fixed
+        if isinstance(saga, SagaSession):  # a resumed conversation names its saga
+            calls = await asyncio.to_thread(saga.found, _call_ids(items))
         if calls is None:
             return data.model_data
-        states = await asyncio.to_thread(calls.states)
+        states = await asyncio.to_thread(
+            saga.states if isinstance(saga, SagaSession) else calls.states)
+        if all(st.saga_id != calls.saga_id for st in states) and \
+                (_unanswered(items) or _untold(items, calls.saga.state)):
+            # a run stopped mid-call: the log says what its history does not
+            states.append(await asyncio.to_thread(calls.store.state, calls.saga_id))
         if not states:
             return data.model_data
         return ModelInputData(input=rebuild(data.model_data.input, states),
@@ -186,14 +201,27 @@ def saga_input_filter(saga: Saga | AsyncSaga | SagaSession) -> Any:
     return input_filter
 
 
+def _call_ids(items: Sequence[Any]) -> list[str | None]:
+    return [i.get("call_id") for i in items
+            if isinstance(i, dict) and i.get("type") == "function_call"]
+
+
+def _unanswered(items: Sequence[Any]) -> bool:
+    answered = {i.get("call_id") for i in items
+                if isinstance(i, dict) and i.get("type") == "function_call_output"}
+    return any(c not in answered for c in _call_ids(items))
+
+
 def rebuild(items: Sequence[Any], states: Iterable[SagaState]) -> list[Any]:
     """Input items (``RunResult.to_input_list()``) rewritten from the sagas' logs: each
     call's output is what ``rebuild_history`` says of it, and each saga's closing
     note follows its last output as a system message. A ``function_call`` with no
     output (the call in flight when the agent stopped) gets one, from the log, right
-    after it. Other items are unchanged."""
+    after it; a call a saga logged that ``items`` lack, when they hold others of its
+    calls (the SDK saves a turn to its session only once its tools return), is
+    added with its result after that saga's last item. Other items are unchanged."""
     states = list(states)
-    items = _answer_all(list(items), states)
+    items = _answer_all(_tell_logged(list(items), states), states)
     results: list[tuple[str | None, str | None]] = []
     notes = []
     for item in items:
@@ -211,6 +239,38 @@ def rebuild(items: Sequence[Any], states: Iterable[SagaState]) -> list[Any]:
         out.append({**item, "output": plan.texts[i]} if i in plan.texts else item)
         out.extend({"role": "system", "content": note} for note in plan.notes_after.get(i, []))
     return out
+
+
+def _untold(items: Sequence[Any], state: SagaState) -> list[dict[str, Any]]:
+    """The calls ``state`` logged that a history holding some of its calls lacks (the
+    SDK saves a turn once its tools return: a run killed mid-call never saved the
+    call), as ``step_views``; none for a history with none of the saga's calls."""
+    have = {step_call_id(c) for c in _call_ids(items)}
+    views = step_views(state)
+    if not have & {v["tool_call_id"] for v in views}:
+        return []
+    return [v for v in views if v["tool_call_id"] not in have]
+
+
+def _tell_logged(items: list[Any], states: list[SagaState]) -> list[Any]:
+    """``items`` with each call a saga logged and the history lacks, and its result,
+    after the last item of that saga's calls."""
+    for state in states:
+        untold = _untold(items, state)
+        if not untold:
+            continue
+        mine = {v["tool_call_id"] for v in step_views(state)}
+        at = max(i for i, item in enumerate(items) if isinstance(item, dict)
+                 and item.get("type") in ("function_call", "function_call_output")
+                 and step_call_id(item.get("call_id")) in mine)
+        told: list[Any] = []
+        for v in untold:
+            told += [{"type": "function_call", "call_id": v["tool_call_id"], "name": v["tool"],
+                      "arguments": orjson.dumps(v["args"]).decode()},
+                     {"type": "function_call_output", "call_id": v["tool_call_id"],
+                      "output": v["result"]}]
+        items = [*items[:at + 1], *told, *items[at + 1:]]
+    return items
 
 
 def _answer_all(items: list[Any], states: list[SagaState]) -> list[Any]:

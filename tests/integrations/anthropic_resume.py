@@ -2,9 +2,11 @@
 order story against a scripted Messages API, its history saved as JSON after every
 turn (the application's own persistence) and a SagaSession; started fresh
 (``first``) or resumed from the saved history (``resume``); it writes what the
-model was shown to a JSON file.
+model was shown to a JSON file. ``gated`` reserves, then asks for the gated
+invoice, which waits for a person (``approve`` answers None) and the process
+ends; ``approve`` loads the saved history, hours later, and alice grants it.
 
-    python -m tests.integrations.anthropic_resume DIR first|resume OUT FINAL_TEXT
+    python -m tests.integrations.anthropic_resume DIR first|resume|gated|approve OUT TEXT
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import orjson
 from saga_store import Registry, SagaStore, Settings
 from saga_store.integrations.anthropic import SagaSession, anthropic_tools, run_tool_uses
 
-from ..integration_support import CHARGE, RESERVE, TOOLS
+from ..integration_support import CHARGE, INVOICE, RESERVE, TOOLS
 
 try:  # the SDK's HTTP layer: httpx2 in its newer releases, httpx before
     import httpx2 as httpx
@@ -57,8 +59,11 @@ def seen(messages: list[Any]) -> list[dict[str, Any]]:
 
 def main(workdir: str, mode: str, out: str, final_text: str) -> None:
     saved = Path(workdir) / "messages.json"
-    turns = [reply([use(RESERVE, "toolu_1")]), reply([use(CHARGE, "toolu_2")])] \
-        if mode == "first" else []
+    second = use(INVOICE, "toolu_inv") if mode == "gated" else use(CHARGE, "toolu_2")
+    turns = [reply([use(RESERVE, "toolu_1")]), reply([second])] \
+        if mode in ("first", "gated") else []
+    decide = {"gated": lambda preview: None,  # a person decides later
+              "approve": lambda preview: {"approved": True, "by": "alice"}}.get(mode)
     replies = [*turns, reply([{"type": "text", "text": final_text}])]
     received: list[list[dict[str, Any]]] = []
 
@@ -71,7 +76,7 @@ def main(workdir: str, mode: str, out: str, final_text: str) -> None:
     store = SagaStore.from_url(os.environ["SAGA_REDIS_URL"], Registry.from_modules(TOOLS),
                                Settings.from_env())
     messages: list[Any] = [{"role": "user", "content": "Order a laptop"}] \
-        if mode == "first" else json.loads(saved.read_text())
+        if mode in ("first", "gated") else json.loads(saved.read_text())
     with SagaSession(store, "shop", conversation_id="order-1") as session:
         tools = anthropic_tools(session)
         while True:
@@ -85,13 +90,15 @@ def main(workdir: str, mode: str, out: str, final_text: str) -> None:
                 saved.write_text(json.dumps(messages))
             if not any(b.get("type") == "tool_use" for b in last["content"]):
                 break
-            results = run_tool_uses(session, last, messages=messages)
+            results = run_tool_uses(session, last, messages=messages, approve=decide)
+            if session.parked:  # the saved history ends with the reply that waits
+                break
             messages.append({"role": "user", "content": results})
             saved.write_text(json.dumps(messages))
-        sagas = session.sagas
+        sagas, parked = session.sagas, sorted(session.parked)
     with open(out, "w") as f:
-        json.dump({"received": received, "sagas": sagas,
-                   "last": messages[-1]["content"][0]["text"]}, f)
+        json.dump({"received": received, "sagas": sagas, "parked": parked,
+                   "last": messages[-1]["content"][0].get("text")}, f)
 
 
 if __name__ == "__main__":

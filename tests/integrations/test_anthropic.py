@@ -26,6 +26,7 @@ from saga_store.client.context import rebuild_history  # noqa: E402
 
 # E402: after importorskip: skips cleanly without the extra
 from saga_store.integrations.anthropic import (  # noqa: E402
+    SagaSession,
     anthropic_tools,
     rebuild,
     run_tool_uses,
@@ -274,3 +275,25 @@ def test_rebuild_answers_the_call_in_flight_and_the_sdk_takes_it(
     nxt = Scripted(say("Nothing is booked."))
     nxt.client().messages.create(model="claude-scripted", max_tokens=64, messages=fixed)
     assert results(nxt.requests[0]).keys() == {"toolu_1", "toolu_2", "toolu_9"}
+
+
+def test_after_a_rollback_the_loop_goes_on_in_a_new_saga(
+        store: SagaStore, running: None) -> None:
+    """``on_rollback="new_saga"`` in the raw tool_use loop: the call after the
+    rollback opens the next saga, and the history still says the first one's calls
+    were rolled back."""
+    api = Scripted(reply(tool_use(RESERVE, "toolu_1")), reply(tool_use(CRM_FAILS, "toolu_2")),
+                   reply(tool_use(RESERVE, "toolu_3")), say("Reserved again."))
+    messages: list[Any] = [{"role": "user", "content": "Reserve a laptop"}]
+    with SagaSession(store, "shop", conversation_id="c-new", on_rollback="new_saga") as s:
+        last = loop(api.client(), s, messages)
+    assert last.content[0].text == "Reserved again."
+    first, second = s.sagas[0], s.sagas[-1]
+    assert first != second
+    assert final(store, first).status is Status.COMPENSATED
+    assert final(store, second).status is Status.COMMITTED  # committed on exit
+    assert [k for k, _, _ in effects()] == ["reserve", "release", "reserve"]
+    seen = results(api.requests[-1])
+    assert seen["toolu_1"]["content"].startswith("rolled back:")
+    assert f"Saga {first} is compensated" in seen["toolu_2"]["content"]
+    assert "reservation_id" in seen["toolu_3"]["content"]

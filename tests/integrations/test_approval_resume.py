@@ -87,3 +87,28 @@ def test_langgraph_interrupt_decided_in_another_process_after_10x_the_lease(
     assert final(store, sid).status is Status.COMMITTED
     assert decisions(store, sid) == [(K.APPROVAL_GRANTED, 1, "alice")]
     assert kinds() == ["reserve", "invoice"]
+
+
+@pytest.mark.parametrize("framework", ["pydantic_ai", "anthropic"])
+def test_a_saved_history_decided_in_another_process_after_10x_the_lease(
+        store: SagaStore, env: dict[str, str], tmp_path: Path, framework: str) -> None:
+    """Pydantic AI's ``DeferredToolRequests``, or an Anthropic loop whose ``approve``
+    answers None: the run ends with its history saved; alice decides from another
+    process, which resumes the run from that history."""
+    pytest.importorskip(framework)
+    module, call = f"tests.integrations.{framework}_resume", \
+        {"pydantic_ai": "call", "anthropic": "toolu"}[framework]
+    first = run(module, env, tmp_path, "gated", "-")
+    sid = saga_id_for("shop", "order-1", f"{call}_1")
+    assert first["sagas"] == [sid]
+    assert first.get("deferred", first.get("parked")) == [f"{call}_inv"]
+    assert kinds() == ["reserve"]
+    assert store.redis.pttl(store.events.keys.driver(sid)) > 100 * CLIENT_LEASE_S * 1000
+    time.sleep(10 * CLIENT_LEASE_S)  # the time that passes is the point: 10 leases
+    assert store.state(sid).status is Status.RUNNING
+    second = run(module, env, tmp_path, "approve", "Invoiced.")
+    assert second["sagas"] == [sid]
+    assert second["last"] == "Invoiced."
+    assert final(store, sid).status is Status.COMMITTED
+    assert decisions(store, sid) == [(K.APPROVAL_GRANTED, 1, "alice")]
+    assert kinds() == ["reserve", "invoice"]

@@ -26,12 +26,16 @@ def test_the_example_rolls_the_order_back_offline(module: str, framework: str) -
     run = subprocess.run([sys.executable, "-m", f"examples.{module}"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=100, check=False)
     assert run.returncode == 0, run.stderr
-    out = run.stdout
+    out = " ".join(run.stdout.split())  # the text as read, whatever its line breaks
     assert "embedded in-process store" in out
     assert "is compensated" in out
     shown = out.split("what the model is shown after the CRM call", 1)[1]
     assert shown.count("rolled back") >= 2
     assert "Treat the results of those calls as void." in out
+    # the story is told in sentences: none cut short, no worker warning in between
+    assert shown.count("Its earlier result no longer holds.") >= 2
+    assert "..." not in out
+    assert "cannot be stopped" not in run.stdout + run.stderr
 
 
 @pytest.mark.timeout(120)

@@ -43,6 +43,7 @@ FRAMEWORKS = {
                   "call_1"),
     "anthropic": ("tests.integrations.anthropic_resume", "anthropic", "toolu_1"),
     "pydantic_ai": ("tests.integrations.pydantic_ai_resume", "pydantic_ai", "call_1"),
+    "openai_agents": ("tests.integrations.openai_session_resume", "agents", "call_1"),
 }
 
 

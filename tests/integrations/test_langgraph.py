@@ -33,7 +33,7 @@ from pydantic import Field
 
 from saga_store import Saga, SagaStore, Status, StepError
 from saga_store.client.context import rebuild_history
-from saga_store.integrations.langgraph import rebuild, saga_tool_node
+from saga_store.integrations.langgraph import SagaSession, rebuild, saga_tool_node
 from saga_store.log.events import EventKind as K
 from saga_store.testing.workers import workers
 
@@ -73,7 +73,7 @@ def calls(*tools: tuple[tuple[str, dict[str, Any]], str]) -> AIMessage:
                                               "type": "tool_call"} for t, cid in tools])
 
 
-def graph(model: RecordingModel, saga: Saga, checkpointer: Any = None) -> Any:
+def graph(model: RecordingModel, saga: Saga | SagaSession, checkpointer: Any = None) -> Any:
     def agent(state: MessagesState) -> dict[str, Any]:
         return {"messages": [model.invoke(state["messages"])]}
 
@@ -296,3 +296,25 @@ def test_rebuild_answers_the_call_in_flight(store: SagaStore, running: None) -> 
     assert texts["call_9"].startswith("not run: no saga logged this call")
     assert [type(m).__name__ for m in nxt.received[0]][-4:] == [
         "AIMessage", "ToolMessage", "ToolMessage", "SystemMessage"]
+
+
+def test_after_a_rollback_the_graph_goes_on_in_a_new_saga(
+        store: SagaStore, running: None) -> None:
+    """``on_rollback="new_saga"`` in LangGraph's own loop: the call after the
+    rollback opens the next saga, and the model still reads the first one's calls
+    as rolled back."""
+    model = script(calls((RESERVE, "call_1")), calls((CRM_FAILS, "call_2")),
+                   calls((RESERVE, "call_3")), AIMessage(content="Reserved again."))
+    with SagaSession(store, "shop", conversation_id="c-new", on_rollback="new_saga") as s:
+        out = graph(model, s).invoke({"messages": [HumanMessage("Reserve a laptop")]})
+    assert out["messages"][-1].content == "Reserved again."
+    first, second = s.sagas[0], s.sagas[-1]
+    assert first != second
+    assert final(store, first).status is Status.COMPENSATED
+    assert final(store, second).status is Status.COMMITTED  # committed on exit
+    assert [k for k, _, _ in effects()] == ["reserve", "release", "reserve"]
+    seen = model.received[-1]
+    texts = tool_texts(seen)
+    assert texts["call_1"].startswith("rolled back:")
+    assert "reservation_id" in texts["call_3"]
+    assert any(f"Saga {first} is compensated" in n for n in notes(seen))

@@ -21,6 +21,7 @@ from agents.testing import ModelCall, ScriptedModel, assistant_message, function
 from saga_store import SagaStore, Status
 from saga_store.client.context import rebuild_history
 from saga_store.integrations.openai_agents import (
+    SagaSession,
     approve,
     rebuild,
     reject,
@@ -246,3 +247,27 @@ def test_rebuild_answers_the_call_in_flight_and_the_sdk_takes_it(
     again = asyncio.run(Runner.run(Agent(name="shop", model=nxt), fixed))
     assert again.final_output == "Nothing is booked."
     assert set(outputs(nxt.calls[0])) == {"call_1", "call_2"}
+
+
+def test_after_a_rollback_the_run_goes_on_in_a_new_saga(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """``on_rollback="new_saga"`` in the SDK's own run loop: the call after the
+    rollback opens the next saga, and the model still reads the first one's calls
+    as rolled back."""
+    model = ScriptedModel([[call(RESERVE, "call_1")], [call(CRM_FAILS, "call_2")],
+                           [call(RESERVE, "call_3")], [assistant_message("Reserved again.")]])
+    with workers(worker_env, TOOLS), \
+            SagaSession(store, "shop", conversation_id="c-new", on_rollback="new_saga") as s:
+        agent = Agent(name="shop", model=model, tools=saga_tools(s))
+        config = RunConfig(call_model_input_filter=saga_input_filter(s))
+        result = asyncio.run(Runner.run(agent, "Reserve a laptop", run_config=config))
+    assert result.final_output == "Reserved again."
+    first, second = s.sagas[0], s.sagas[-1]
+    assert first != second
+    assert final(store, first).status is Status.COMPENSATED
+    assert final(store, second).status is Status.COMMITTED  # committed on exit
+    assert [k for k, _, _ in effects()] == ["reserve", "release", "reserve"]
+    seen = outputs(model.calls[3])
+    assert seen["call_1"].startswith("rolled back:")
+    assert "reservation_id" in seen["call_3"]
+    assert any(f"Saga {first} is compensated" in n for n in system_notes(model.calls[3].input))

@@ -34,6 +34,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from saga_store import SagaStore, Status
 from saga_store.client.context import rebuild_history
 from saga_store.integrations.pydantic_ai import (
+    SagaSession,
     SagaToolset,
     rebuild,
     saga_history_processor,
@@ -266,3 +267,27 @@ def test_rebuild_answers_the_call_in_flight_and_the_sdk_takes_it(
     nxt = Script(text("Nothing is booked."))
     again = asyncio.run(Agent(nxt.model).run("Was I charged?", message_history=loaded))
     assert again.output == "Nothing is booked."
+
+
+def test_after_a_rollback_the_run_goes_on_in_a_new_saga(
+        store: SagaStore, worker_env: dict[str, str], ledger: Path) -> None:
+    """``on_rollback="new_saga"`` in Pydantic AI's own run: the call after the
+    rollback opens the next saga, and the model still reads the first one's calls
+    as rolled back."""
+    script = Script(calls((RESERVE, "call_1")), calls((CRM_FAILS, "call_2")),
+                    calls((RESERVE, "call_3")), text("Reserved again."))
+    with workers(worker_env, TOOLS), \
+            SagaSession(store, "shop", conversation_id="c-new", on_rollback="new_saga") as s:
+        agent = Agent(script.model, toolsets=[SagaToolset(s)],
+                      capabilities=[ProcessHistory(saga_history_processor(s))])
+        done = asyncio.run(agent.run("Reserve a laptop"))
+    assert done.output == "Reserved again."
+    first, second = s.sagas[0], s.sagas[-1]
+    assert first != second
+    assert final(store, first).status is Status.COMPENSATED
+    assert final(store, second).status is Status.COMMITTED  # committed on exit
+    assert [k for k, _, _ in effects()] == ["reserve", "release", "reserve"]
+    seen = returns(script.received[-1])
+    assert str(seen["call_1"]).startswith("rolled back:")
+    assert "reservation_id" in str(seen["call_3"])
+    assert any(f"Saga {first} is compensated" in n for n in notes(script.received[-1]))
