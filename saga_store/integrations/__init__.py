@@ -11,9 +11,17 @@ They share :mod:`saga_store.integrations._common`: which tools the model sees,
 their schemas, running a call as a step, what a failure tells the model, and
 the rollback-aware rewrite of the history. Importing this package imports no
 framework.
+
+:func:`saga_registry` (:mod:`saga_store.integrations.native`) takes the
+framework's own tool objects, with their compensations, as a registry for sagas
+run inline.
 """
 
 from __future__ import annotations
+
+from saga_store.integrations.native import saga_registry
+
+__all__ = ["missing_extra", "saga_registry"]
 
 
 def missing_extra(extra: str, exc: ImportError) -> ImportError:
