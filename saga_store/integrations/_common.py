@@ -44,6 +44,7 @@ from saga_store.approval import requests as _approvals
 from saga_store.approval.policy import Decision
 from saga_store.client.context import closing_note, step_views
 from saga_store.integrations._rewrite import step_call_id
+from saga_store.integrations.native import refuse_on_workers
 from saga_store.tools.spec import ToolSpec
 
 log = logging.getLogger("saga_store.integrations")
@@ -144,6 +145,7 @@ class SagaCalls:
                  unwind_wait_s: float = DEFAULT_UNWIND_WAIT_S) -> None:
         if on_failure not in FAILURE_MODES:
             raise InvalidInput(f"on_failure must be one of {FAILURE_MODES}, got {on_failure!r}")
+        refuse_on_workers(saga.store.registry, saga.inline is not None)
         self.saga, self.store = saga, saga.store
         self.on_failure, self.unwind_wait_s = on_failure, unwind_wait_s
         self.final: SagaState | None = None  # the saga's state once it stopped going forward

@@ -37,6 +37,7 @@ from saga_store.integrations._common import (
     calls_for,
 )
 from saga_store.integrations._rewrite import step_call_id
+from saga_store.integrations.native import refuse_on_workers
 
 ON_ROLLBACK = ("refuse", "new_saga")
 DEFAULT_APPROVAL_TIMEOUT_S = 3600.0  # a parked saga's lease, when the policy sets none
@@ -69,6 +70,7 @@ class SagaSession:
         if on_rollback not in ON_ROLLBACK:
             raise InvalidInput(f"on_rollback must be one of {ON_ROLLBACK}, got {on_rollback!r}",
                                field="on_rollback")
+        refuse_on_workers(store.registry, executor == "inline")
         self.store, self.agent_id = store, agent_id
         self.conversation_id, self.executor = conversation_id, executor
         self.on_rollback = on_rollback

@@ -58,7 +58,7 @@ def saga_registry(tools: Iterable[Any], *,
                compensations: Mapping[str, Compensation] | None = None,
                reversibility: Mapping[str, Reversibility | str] | None = None,
                timeout: float = 30.0, retry: RetryPolicy | None = None,
-               registry: Registry | None = None) -> Registry:
+               declared: Registry | None = None) -> InlineRegistry:
     """A registry of ``tools`` for a store that runs its sagas inline.
 
     ``compensations`` maps a tool's name (the framework's name for it, else the
@@ -67,8 +67,8 @@ def saga_registry(tools: Iterable[Any], *,
     mapping its arguments as ``@tool`` takes them (``"$.output.<field>"``,
     ``"$.input.<field>"``). A tool with a compensation is compensable; one
     without is irreversible unless ``reversibility`` says otherwise (e.g.
-    ``{"get_price": "readonly"}``). ``registry``: add to this one (declared
-    tools and these together) instead of a new one.
+    ``{"get_price": "readonly"}``). ``declared``: a registry of ``@tool``
+    tools to hold beside these (it is not changed).
 
     Raises :class:`~saga_store.InvalidInput` for a compensation of a tool not
     given, a mapping the compensation cannot take, or an object with no
@@ -87,7 +87,7 @@ def saga_registry(tools: Iterable[Any], *,
         raise InvalidInput(f"reversibility names {unknown_rev}, which are not among the "
                            f"tools given ({', '.join(names) or 'none'})")
     revs = dict(reversibility or {})
-    reg = registry if registry is not None else Registry()
+    reg = InlineRegistry(declared or ())
     specs: dict[str, ToolSpec] = {}
     for tool_name, comp in comps.items():
         comp_tool, mapping = _pair(tool_name, comp)
@@ -104,6 +104,21 @@ def saga_registry(tools: Iterable[Any], *,
         reg.add(spec)
     reg.check()
     return reg
+
+
+class InlineRegistry(Registry):
+    """The registry :func:`saga_registry` builds. Its tools live in this process
+    only, so a saga on workers is refused (:func:`refuse_on_workers`)."""
+
+
+def refuse_on_workers(registry: Registry, inline: bool) -> None:
+    """Refuse a saga run by workers on tools no worker can import."""
+    if isinstance(registry, InlineRegistry) and not inline:
+        raise InvalidInput("this store's tools come from saga_registry and live in this "
+                           "process only: open the saga with executor='inline', or, to run "
+                           "them on workers, declare them with @tool in a module the "
+                           "workers import (saga worker --tools) and build the store on "
+                           "Registry.from_modules", field="executor")
 
 
 def native(obj: Any) -> Native:

@@ -182,3 +182,14 @@ def test_a_pydantic_ai_tool_is_taken_unless_it_needs_the_run_context() -> None:
 
 def priced(ctx: RunContext[None], sku: str) -> dict[str, int]:
     return {"cents": 100}
+
+
+def test_a_session_on_workers_is_refused_with_what_to_do_instead(
+        client: redis.Redis) -> None:
+    """No worker can import these tools: the session says to run inline, or to
+    declare them in a module the workers import."""
+    reserve, release, *_ = plain_tools(Ledger())
+    store = inline_store(client, saga_registry([reserve], compensations={
+        "reserve": (release, RESERVATION)}))
+    with pytest.raises(InvalidInput, match="open the saga with executor='inline', or"):
+        SagaSession(store, "shop")
