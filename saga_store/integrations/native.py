@@ -1,8 +1,9 @@
 """A framework's own tools as saga tools, without declaring them again.
 
 :func:`saga_registry` takes the tools an agent already has (plain functions, a
-LangChain ``@tool`` or ``StructuredTool``, an OpenAI Agents ``FunctionTool``
-whose function is reachable, a Pydantic AI ``Tool`` or tool function) and the
+LangChain ``@tool`` or ``StructuredTool``, a Pydantic AI ``Tool`` or tool
+function; for OpenAI Agents, the function behind ``@function_tool``, since a
+``FunctionTool`` keeps it out of reach) and the
 compensations declared beside them, and builds each one's spec as ``@tool``
 would (argument types from the function's hints, the same mapping checks)
 into a :class:`~saga_store.Registry`. A store built on it runs them with
@@ -40,8 +41,8 @@ from saga_store.tools.spec import RetryPolicy, ToolSpec, build_spec, spec_of
 
 Compensation = tuple[Any, Mapping[str, str]]
 
-TAKES = ("a plain function, a LangChain @tool or StructuredTool, an OpenAI Agents "
-         "FunctionTool, or a Pydantic AI Tool or tool function")
+TAKES = ("a plain function, a LangChain @tool or StructuredTool, a Pydantic AI Tool or "
+         "tool function, or the function an OpenAI Agents @function_tool decorates")
 
 
 @dataclass(frozen=True)
@@ -55,10 +56,10 @@ class Native:
 
 
 def saga_registry(tools: Iterable[Any], *,
-               compensations: Mapping[str, Compensation] | None = None,
-               reversibility: Mapping[str, Reversibility | str] | None = None,
-               timeout: float = 30.0, retry: RetryPolicy | None = None,
-               declared: Registry | None = None) -> InlineRegistry:
+                  compensations: Mapping[str, Compensation] | None = None,
+                  reversibility: Mapping[str, Reversibility | str] | None = None,
+                  timeout: float = 30.0, retry: RetryPolicy | None = None,
+                  declared: Registry | None = None) -> InlineRegistry:
     """A registry of ``tools`` for a store that runs its sagas inline.
 
     ``compensations`` maps a tool's name (the framework's name for it, else the
@@ -138,11 +139,14 @@ def native(obj: Any) -> Native:
         if inspect.isfunction(fn) or inspect.ismethod(fn):
             _refuse_run_context(fn, name)
             return Native(name, fn, description if isinstance(description, str) else None)
-    raise InvalidInput(f"tool {name}: saga_registry cannot reach the function behind this "
-                       f"{type(obj).__name__} (an OpenAI Agents FunctionTool keeps it in a "
-                       "closure); pass the function you decorated instead, e.g. "
-                       f"saga_registry([{name}_function]), and give the agent the saga's "
-                       "tools from the adapter")
+    if type(obj).__name__ == "FunctionTool":
+        raise InvalidInput(f"tool {name}: an OpenAI Agents FunctionTool keeps its function "
+                           "in a closure saga_registry cannot reach; pass the function you "
+                           "decorated with @function_tool instead, and give the Agent the "
+                           "saga's tools with openai_agents.saga_tools(saga)")
+    raise InvalidInput(f"tool {name}: saga_registry finds no function on this "
+                       f"{type(obj).__name__} (no func, coroutine or function attribute); "
+                       f"pass {TAKES}")
 
 
 def _refuse_run_context(fn: Callable[..., Any], name: str) -> None:

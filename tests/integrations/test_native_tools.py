@@ -162,7 +162,8 @@ def test_an_object_with_no_reachable_function_is_refused_with_what_to_pass() -> 
     def reserve(sku: str) -> dict[str, str]:
         return {"reservation_id": sku}
 
-    with pytest.raises(InvalidInput, match="pass the function you decorated instead"):
+    with pytest.raises(InvalidInput,
+                       match="pass the function you decorated with @function_tool instead"):
         saga_registry([function_tool(reserve)])
     with pytest.raises(InvalidInput, match="pass a plain function, a LangChain @tool"):
         saga_registry([42])
