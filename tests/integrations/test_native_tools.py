@@ -194,3 +194,13 @@ def test_a_session_on_workers_is_refused_with_what_to_do_instead(
         "reserve": (release, RESERVATION)}))
     with pytest.raises(InvalidInput, match="open the saga with executor='inline', or"):
         SagaSession(store, "shop")
+
+
+def test_declared_tools_are_held_beside_them_and_their_registry_left_as_it_was() -> None:
+    """``declared=``: @tool tools of a module next to the native ones, copied."""
+    declared = Registry.from_modules("tests.ledger_tools")
+    *_, ship = plain_tools(Ledger())
+    registry = saga_registry([ship], declared=declared)
+    assert "reserve_inventory" in registry
+    assert "ship" in registry
+    assert "ship" not in declared
