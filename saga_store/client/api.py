@@ -86,6 +86,12 @@ def _masked(plan: Any) -> Any:
             if isinstance(step, dict) else step for step in plan]
 
 
+ON_WORKERS = ("this store's tools come from saga_registry and live in this process only: "
+              "open the saga with executor='inline', or, to run them on workers (plans "
+              "always are), declare them with @tool in a module the workers import "
+              "(saga worker --tools) and build the store on Registry.from_modules")
+
+
 class SagaStore:
     """A store, a registry and the step queue: everything an agent needs."""
 
@@ -154,6 +160,8 @@ class SagaStore:
         if executor not in EXECUTORS:
             raise InvalidInput(f"executor {executor!r}: use one of {', '.join(EXECUTORS)}",
                                field="executor")
+        if self.registry.inline_only and executor != "inline":
+            raise InvalidInput(ON_WORKERS, field="executor")
         inline = self._inline(agent_id) if executor == "inline" else None
         sid = check_saga_id(saga_id) if saga_id else scoped_saga_id(agent_id)
         opening = self.events.prepare_open(agent_id, saga_id=sid,
@@ -295,6 +303,8 @@ class SagaStore:
 
     def _validate(self, steps: Sequence[Mapping[str, Any]]) -> list[tuple[Any, Any, str]]:
         """Each step's tool, validated arguments and call id; writes nothing."""
+        if self.registry.inline_only:  # a plan is always run by workers
+            raise InvalidInput(ON_WORKERS, field="steps")
         if not steps:
             raise InvalidInput("a plan needs at least one step", field="steps")
         plan = []

@@ -111,10 +111,12 @@ class InlineRegistry(Registry):
     """The registry :func:`saga_registry` builds. Its tools live in this process
     only, so a saga on workers is refused (:func:`refuse_on_workers`)."""
 
+    inline_only = True
+
 
 def refuse_on_workers(registry: Registry, inline: bool) -> None:
     """Refuse a saga run by workers on tools no worker can import."""
-    if isinstance(registry, InlineRegistry) and not inline:
+    if registry.inline_only and not inline:
         raise InvalidInput("this store's tools come from saga_registry and live in this "
                            "process only: open the saga with executor='inline', or, to run "
                            "them on workers, declare them with @tool in a module the "

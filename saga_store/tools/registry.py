@@ -41,6 +41,9 @@ def _import(name: str) -> Any:
 class Registry:
     """Tools by name. Build one from modules with :meth:`from_modules`."""
 
+    # tools that live in this process only (``saga_registry``): no worker can run them
+    inline_only = False
+
     def __init__(self, tools: Iterable[Any] = ()) -> None:
         self._tools: dict[str, ToolSpec] = {}
         for t in tools:

@@ -204,3 +204,18 @@ def test_declared_tools_are_held_beside_them_and_their_registry_left_as_it_was()
     assert "reserve_inventory" in registry
     assert "ship" in registry
     assert "ship" not in declared
+
+
+def test_a_saga_or_a_plan_on_workers_is_refused_without_an_adapter(
+        client: redis.Redis) -> None:
+    """The store itself refuses a saga on workers and a plan (plans always run on
+    workers) over tools only this process has, before anything is written."""
+    reserve, release, *_ = plain_tools(Ledger())
+    store = inline_store(client, saga_registry([reserve], compensations={
+        "reserve": (release, RESERVATION)}))
+    before = client.dbsize()
+    with pytest.raises(InvalidInput, match="executor='inline'"):
+        store.saga(agent_id="shop")
+    with pytest.raises(InvalidInput, match="plans always are"):
+        store.submit([{"tool": "reserve", "args": {"sku": "A", "qty": 1}}], agent_id="shop")
+    assert client.dbsize() == before
