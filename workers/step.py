@@ -355,7 +355,7 @@ class StepRunner:
                 view = self.read(saga_id, step, known["seq"] if known else 0)
                 if view.outcome is not None:
                     return "conflict"
-                if view.intent != known:
+                if _identity(view.intent) != _identity(known):
                     # the log went back behind this step (a failover that lost
                     # writes, or a hand): an outcome appended now would chain a
                     # result for a step the log no longer holds
@@ -570,3 +570,12 @@ def run_step(store: SagaStore, worker: str, saga_id: str, step: int, intent_seq:
     """The job function :data:`saga_store.execution.jobs.STEP_FUNC` names: one delivery
     of one step (the worker calls :class:`StepRunner` itself, with its reads)."""
     return StepRunner(store, worker).run(saga_id, step, intent_seq)
+
+
+def _identity(intent: Mapping[str, Any] | None) -> tuple[Any, ...] | None:
+    """What tells a step's intent from any other: where it stands and its key. An
+    intent read from the log and the one this worker appended (eager steps) are
+    not the same dict, but they are the same intent."""
+    if intent is None:
+        return None
+    return (intent.get("seq"), intent.get("kind"), intent.get("step"), intent.get("idem_key"))

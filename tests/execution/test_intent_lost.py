@@ -58,3 +58,30 @@ def test_an_outcome_whose_intent_was_rolled_back_is_not_appended(
     assert "no longer in the log" in log_file.read_text()
     assert Verifier(saga_store.events.log).verify(sid).ok
     assert len(effects("held")) == 1  # the call ran once: its effect stands in the world
+
+
+def test_an_eager_step_whose_outcome_append_loses_the_race_still_records_it(
+        client: redis.Redis, queues: redis.Redis, worker_env: dict[str, str],
+        ledger: Path, tmp_path: Path, worker_kind: str) -> None:
+    """The other side: the log moved on behind a running step (a note appended, as a
+    duplicate delivery writes) but its intent stands. The worker that ran the step
+    eagerly (its intent the one it appended itself) re-reads, finds the same
+    intent, and records the outcome: one success, the saga commits."""
+    saga_store = SagaStore(client, Registry.from_modules(TOOLS), Settings(lease_ms=1000),
+                           queues=queues)
+    held = gate(socket.gethostname())
+    held.touch()
+    sid = saga_store.submit([{"tool": "reserve_inventory", "args": {"sku": "E", "qty": 1}},
+                             {"tool": "host_hold", "args": {}}], agent_id="agent-e")
+    with workers(worker_env, TOOLS):
+        assert_eventually(lambda: effects("started"), timeout=30,
+                          what="step 1's call to start")
+        saga_store.events.writer(sid).append(K.STEP_DUPLICATE_SUPPRESSED, step=1,
+                                             data={"outcome": "in_flight"})
+        held.unlink()
+        final = saga_store.wait(sid, timeout=30)
+    assert str(final.status) == "committed"
+    kinds = [e["kind"] for e in saga_store.events.log.events(sid) if e.get("step") == 1]
+    assert kinds.count(K.STEP_SUCCEEDED) == 1
+    assert len(effects("started")) == 1  # recorded by the worker that ran it: no re-run
+    assert Verifier(saga_store.events.log).verify(sid).ok
