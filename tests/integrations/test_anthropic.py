@@ -6,8 +6,6 @@ once, the next request already saying so, and an approval-gated call."""
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +14,6 @@ anthropic = pytest.importorskip("anthropic", reason="the anthropic extra is not 
                                                     "pip install 'saga-store[anthropic]'")
 
 import orjson  # noqa: E402  # after importorskip: skips cleanly without the extra
-import redis  # noqa: E402  # after importorskip: skips cleanly without the extra
 
 # E402: after importorskip: skips cleanly without the extra
 from saga_store import SagaStore, Status  # noqa: E402
@@ -36,20 +33,16 @@ from saga_store.integrations.anthropic import (  # noqa: E402
 from saga_store.log.events import EventKind as K  # noqa: E402
 
 # E402: after importorskip: skips cleanly without the extra
-from saga_store.testing.workers import workers  # noqa: E402
-
 # E402: after importorskip: skips cleanly without the extra
 from ..integration_support import (  # noqa: E402
     CHARGE,
     CRM_FAILS,
     INVOICE,
     RESERVE,
-    TOOLS,
     assert_order_unwound,
     assert_verified,
     decisions,
     final,
-    saga_store_for,
 )
 
 # E402: after importorskip: skips cleanly without the extra
@@ -99,17 +92,6 @@ def results(body: dict[str, Any]) -> dict[str, Any]:
     return {b["tool_use_id"]: b for m in body["messages"] if m["role"] == "user"
             and isinstance(m["content"], list) for b in m["content"]
             if b.get("type") == "tool_result"}
-
-
-@pytest.fixture
-def store(client: redis.Redis) -> SagaStore:
-    return saga_store_for(client)
-
-
-@pytest.fixture
-def running(worker_env: dict[str, str], ledger: Path) -> Iterator[None]:
-    with workers(worker_env, TOOLS):
-        yield
 
 
 def loop(api: Any, saga: Any, messages: list[Any], **kwargs: Any) -> Any:

@@ -14,22 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from saga_store import SagaStore, Status
 from saga_store.integrations._session import saga_id_for
 from saga_store.log.events import EventKind as K
 from saga_store.testing.workers import workers
 
-from ..integration_support import TOOLS, decisions, final, kinds, saga_store_for
+from ..integration_support import TOOLS, decisions, final, kinds
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
 CLIENT_LEASE_S = 0.5
-
-
-@pytest.fixture
-def store(client: redis.Redis) -> SagaStore:
-    return saga_store_for(client)
 
 
 @pytest.fixture

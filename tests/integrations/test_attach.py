@@ -5,31 +5,17 @@ again with its ``tool_call_id`` answers from the log and never runs twice."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
 
 from saga_store import InvalidInput, KeyReuseError, SagaStore, Status, StepError
 from saga_store.errors import SagaTakenOver, StepRolledBack
-from saga_store.testing.workers import workers
 
-from ..integration_support import CHARGE, CRM_FAILS, RESERVE, TOOLS, final, saga_store_for
+from ..integration_support import CHARGE, CRM_FAILS, RESERVE, final, saga_store_for
 from ..ledger_tools import effects
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
-
-
-@pytest.fixture
-def store(client: redis.Redis) -> SagaStore:
-    return saga_store_for(client)
-
-
-@pytest.fixture
-def running(worker_env: dict[str, str], ledger: Path) -> Iterator[None]:
-    with workers(worker_env, TOOLS):
-        yield
 
 
 def kinds() -> list[str]:

@@ -8,7 +8,6 @@ import asyncio
 from pathlib import Path
 
 import pytest
-import redis
 
 from saga_store import Registry, SagaAborted, SagaStore, Status, StepError
 from saga_store.ids import check_id
@@ -16,13 +15,8 @@ from saga_store.integrations._common import calls_for, exposed, tool_defs
 from saga_store.integrations._rewrite import rewrite, step_call_id
 from saga_store.testing.workers import workers
 
-from ..integration_support import CHARGE, CRM_FAILS, RESERVE, TOOLS, saga_store_for
+from ..integration_support import CHARGE, CRM_FAILS, RESERVE, TOOLS
 from ..ledger_tools import effects
-
-
-@pytest.fixture
-def store(client: redis.Redis) -> SagaStore:
-    return saga_store_for(client)
 
 
 def test_compensations_and_probes_are_shown_only_when_named() -> None:

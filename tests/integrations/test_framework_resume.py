@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import redis
 
 from saga_store import SagaStore, Status
 from saga_store.integrations._session import saga_id_for
@@ -22,14 +21,9 @@ from saga_store.log.events import EventKind as K
 from saga_store.protocol.vocab import StepStatus
 from saga_store.testing.workers import kill_at, workers
 
-from ..integration_support import TOOLS, final, kinds, saga_store_for
+from ..integration_support import TOOLS, final, kinds
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(180)]
-
-
-@pytest.fixture
-def store(client: redis.Redis) -> SagaStore:
-    return saga_store_for(client)
 
 
 def agent_env(worker_env: dict[str, str]) -> dict[str, str]:

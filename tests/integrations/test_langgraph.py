@@ -6,8 +6,6 @@ gated call goes through LangGraph's interrupt, and the rebuilt history runs."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +13,6 @@ import pytest
 pytest.importorskip("langgraph", reason="the langgraph extra is not installed: "
                                         "pip install 'saga-store[langgraph]'")
 
-import redis
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import (
     AIMessage,
@@ -35,19 +32,16 @@ from saga_store import Saga, SagaStore, Status, StepError
 from saga_store.client.context import rebuild_history
 from saga_store.integrations.langgraph import SagaSession, rebuild, saga_tool_node
 from saga_store.log.events import EventKind as K
-from saga_store.testing.workers import workers
 
 from ..integration_support import (
     CHARGE,
     CRM_FAILS,
     INVOICE,
     RESERVE,
-    TOOLS,
     assert_order_unwound,
     assert_verified,
     decisions,
     final,
-    saga_store_for,
 )
 from ..ledger_tools import effects
 
@@ -92,17 +86,6 @@ def tool_texts(messages: list[BaseMessage]) -> dict[str, Any]:
 
 def notes(messages: list[BaseMessage]) -> list[Any]:
     return [m.content for m in messages if isinstance(m, SystemMessage)]
-
-
-@pytest.fixture
-def store(client: redis.Redis) -> SagaStore:
-    return saga_store_for(client)
-
-
-@pytest.fixture
-def running(worker_env: dict[str, str], ledger: Path) -> Iterator[None]:
-    with workers(worker_env, TOOLS):
-        yield
 
 
 def test_the_order_story_unwinds_and_the_next_model_call_sees_it(

@@ -14,7 +14,6 @@ import pytest
 pytest.importorskip("agents", reason="the openai-agents extra is not installed: "
                                      "pip install 'saga-store[openai-agents]'")
 
-import redis
 from agents import Agent, RunConfig, Runner, set_tracing_disabled
 from agents.testing import ModelCall, ScriptedModel, assistant_message, function_call
 
@@ -41,17 +40,11 @@ from ..integration_support import (
     assert_verified,
     decisions,
     final,
-    saga_store_for,
 )
 from ..ledger_tools import effects
 
 set_tracing_disabled(True)  # offline: no trace export
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
-
-
-@pytest.fixture
-def store(client: redis.Redis) -> SagaStore:
-    return saga_store_for(client)
 
 
 def call(tool: tuple[str, dict[str, Any]], call_id: str) -> Any:

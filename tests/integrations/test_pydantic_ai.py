@@ -15,7 +15,6 @@ import pytest
 pytest.importorskip("pydantic_ai", reason="the pydantic-ai extra is not installed: "
                                           "pip install 'saga-store[pydantic-ai]'")
 
-import redis
 from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.capabilities import ProcessHistory
 from pydantic_ai.messages import (
@@ -52,17 +51,11 @@ from ..integration_support import (
     assert_verified,
     decisions,
     final,
-    saga_store_for,
 )
 from ..ledger_tools import effects
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
 Turn = ModelResponse | Callable[[list[ModelMessage]], ModelResponse]
-
-
-@pytest.fixture
-def store(client: redis.Redis) -> SagaStore:
-    return saga_store_for(client)
 
 
 class Script:

@@ -5,30 +5,14 @@ process; the session commits on exit unless the run waits for a person."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-import redis
 
 from saga_store import InvalidInput, SagaStore, Status
 from saga_store.integrations._session import SagaSession, saga_id_for
-from saga_store.testing.workers import workers
 
-from ..integration_support import CRM_FAILS, RESERVE, TOOLS, final, kinds, saga_store_for
+from ..integration_support import CRM_FAILS, RESERVE, final, kinds
 
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(120)]
-
-
-@pytest.fixture
-def store(client: redis.Redis) -> SagaStore:
-    return saga_store_for(client)
-
-
-@pytest.fixture
-def running(worker_env: dict[str, str], ledger: Path) -> Iterator[None]:
-    with workers(worker_env, TOOLS):
-        yield
 
 
 def test_after_a_rollback_a_new_call_is_refused_in_one_sentence(
