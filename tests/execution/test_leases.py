@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 import redis
+from saga_store.workers.invoke import Call, Send
+from saga_store.workers.step import StepRunner
 
 from saga_store import Registry, SagaStore, Settings
 from saga_store.log.events import EventKind as K
@@ -120,3 +122,30 @@ def test_a_worker_killed_mid_retry_has_its_step_redelivered_after_the_lease(
     assert again, "the step never ran again"
     assert not overlapping(tries())
     assert len(effects("slow_effect")) == 1
+
+
+def test_two_deliveries_of_a_step_in_one_process_in_one_millisecond_start_it_once(
+        store: SagaStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step's job queued twice (a hand-back and a sweep both queue it), both copies
+    taken by one asyncio worker in one turn of its loop: both write the same
+    ``step_started`` (one worker name, one attempt, one millisecond) off the same
+    head. The second must not pass for the first one sent again: only the delivery
+    that took the lease calls the tool; the other writes nothing and acknowledges."""
+    sid = store.submit([{"tool": "reserve_inventory", "args": {"sku": "A", "qty": 1}}],
+                       agent_id="agent-twin")
+    [intent] = [e for e in store.events.log.bodies(sid) if e["kind"] == K.STEP_INTENT]
+    now_ns = time.time_ns()
+    monkeypatch.setattr(time, "time_ns", lambda: now_ns)  # one millisecond for both
+    first = StepRunner(store, "ss.twin").work(sid, 0, intent["seq"])
+    second = StepRunner(store, "ss.twin").work(sid, 0, intent["seq"])
+    send_first, send_second = next(first), next(second)  # both step_started, one head
+    assert isinstance(send_first, Send)
+    assert isinstance(send_second, Send)
+    replies_first = send_first.trip.execute(raise_on_error=False)
+    replies_second = send_second.trip.execute(raise_on_error=False)
+    assert isinstance(first.send(replies_first), Call)  # the lease holder calls the tool
+    with pytest.raises(StopIteration) as ended:
+        second.send(replies_second)
+    assert ended.value.value == "busy"
+    assert _kinds(store, sid)[-1:] == [K.STEP_STARTED]
+    assert _kinds(store, sid).count(K.STEP_STARTED) == 1

@@ -40,7 +40,9 @@
 --                                          last 'rpush' list, 0 if none)
 --         {0, head seq, head hash}         head moved: re-read, decide again (or
 --                                          it is this append, resent: the only
---                                          write then is the meta's seq, as is)
+--                                          write then is the meta's seq, as is;
+--                                          with a lease to hold or take, not
+--                                          while another token holds it)
 --         {-1, 0, holder}                  lease held by another token (fenced off)
 --         {-2, 0, phase}                   saga is in another phase
 --         {-3, 0, ''}                      no such chain, and this is no opening
@@ -62,6 +64,13 @@ end
 if seq ~= tonumber(ARGV[1]) or head ~= ARGV[2] then
   local n = tonumber(ARGV[7])
   if seq == tonumber(ARGV[1]) + n and head == ARGV[6 + 3 * n] then
+    -- the same events as this append's, at its place: this append sent before,
+    -- or another writer's that wrote the very same bodies (two deliveries of one
+    -- step in one worker, in one millisecond): that one holds the lease it took
+    if ARGV[3] ~= '' and ARGV[4] ~= 'release' then
+      local holder = redis.call('GET', KEYS[3])
+      if holder and holder ~= ARGV[3] then return {-1, 0, holder} end
+    end
     -- the head is this very append, sent again (its reply lost, or too few
     -- replicas confirmed it): rewrite the meta's seq with the value it has, or
     -- should have, so that this call replicates. A server that moves a
