@@ -79,7 +79,10 @@ def main(db: str, mode: str, out: str, final_text: str) -> None:
             start = None
         elif mode == "approve":
             start = Command(resume={"approved": True, "by": "alice"})
-        result = app.invoke(start, THREAD)
+        # "sync": the checkpoint holding the model's tool calls is saved before the
+        # tools run (LangGraph's default saves it while they run, and a SIGKILL then
+        # can lose it: the resume asks the model again, as if it never called)
+        result = app.invoke(start, THREAD, durability="sync")
         sagas = session.sagas
     with open(out, "w") as f:
         json.dump({"received": [seen(r) for r in model.received], "sagas": sagas,
