@@ -79,7 +79,7 @@ def demo(ctx: Context, n: int) -> None:
         store.events.ledger.flush()  # as `saga verify` does: chain what is pending first
         verdict = Verifier(store.events.log).verify()
         click.echo(f"saga verify: {'intact' if verdict.ok else 'INTEGRITY FAILURE'} "
-                   f"({verdict.events} events in {len(verdict.chains)} chains, "
+                   f"({verdict.events} events in {verdict.chain_count} chains, "
                    f"ledger included) in {time.monotonic() - began:.1f} s")
         sys.exit(0 if verdict.ok else 1)
 

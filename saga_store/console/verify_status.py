@@ -111,7 +111,7 @@ class VerifyStatus:
         anchor = self._anchor() if self.anchor_file else None
         ok = result.ok and (anchor is None or bool(anchor["ok"]))
         return Result(
-            ok, len(result.chains), result.events,
+            ok, result.chain_count, result.events,
             [{"chain": c.chain_id, "seq": c.first_bad_seq, "reason": c.reason,
               "detail": c.detail} for c in result.failures[:50]],
             [f"{c.chain_id}: {w}" for c in result.chains for w in c.warnings][:50],

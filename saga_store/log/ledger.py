@@ -328,9 +328,11 @@ class Ledger:
         """The bodies of entries written and not yet chained, oldest first (by chain)."""
         return [b for bodies in self.pending_by_chain().values() for b in bodies]
 
-    def pending_by_chain(self) -> dict[str, list[dict[str, Any]]]:
-        """Of each chain with entries pending, their bodies, oldest first."""
-        chains = self.chains()
+    def pending_by_chain(self, chains: list[str] | None = None,
+                         ) -> dict[str, list[dict[str, Any]]]:
+        """Of each chain (of ``chains``, default all) with entries pending, their
+        bodies, oldest first."""
+        chains = self.chains() if chains is None else chains
         pipe: Any = self.log.redis.pipeline(transaction=False)
         for c in chains:
             pipe.execute_command("LRANGE", keys.ledger_pending(c), 0, -1)
@@ -345,9 +347,10 @@ class Ledger:
         """Every chained entry of every ledger chain (by chain, in order)."""
         return [b for chain in self.present() for b in self.log.bodies(chain)]
 
-    def present(self) -> list[str]:
-        """The ledger chains that hold entries (one pipelined look at every chain)."""
-        chains = self.chains()
+    def present(self, chains: list[str] | None = None) -> list[str]:
+        """The ledger chains (of ``chains``, default all) that hold entries (one
+        pipelined look at every chain)."""
+        chains = self.chains() if chains is None else chains
         pipe = self.log.redis.pipeline(transaction=False)
         for c in chains:
             pipe.exists(keys.ledger_log(c))

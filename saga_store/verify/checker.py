@@ -36,9 +36,11 @@ from __future__ import annotations
 import hashlib
 import multiprocessing as mp
 import os
+import tempfile
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import orjson
@@ -48,7 +50,7 @@ from saga_store.log.canonical import canonical
 from saga_store.log.chain import Chain
 from saga_store.log.events import KNOWN_KINDS, SCHEMA_VERSION
 from saga_store.log.events import EventKind as K
-from saga_store.log.layout import LEGACY, ROOT, V1, Layout
+from saga_store.log.layout import LEGACY, ROOT, V1, Layout, bucket_chain
 from saga_store.log.ledger import CLOSING_KINDS, Ledger
 from saga_store.log.stream import (
     EMPTY,
@@ -251,6 +253,11 @@ class LedgerView:
     # saga -> its tombstone: (seq, hash) of the close it was archived at, and the
     # digest of the segment holding it (see saga_store.log.archive)
     archived: dict[str, tuple[int, bytes, str]] = field(default_factory=dict)
+    # a view of some buckets only (a store verified a group of buckets at a time):
+    # (the store's number of buckets, the buckets kept); entries of other buckets'
+    # sagas are left out, and those found in a bucket's chain noted as astray
+    only: tuple[int, frozenset[int]] | None = None
+    astray: dict[str, str] = field(default_factory=dict)  # saga -> a chain not its own
 
     def merge(self, other: LedgerView) -> None:
         """Take in what another part of the same ledger said (parallel checks)."""
@@ -273,6 +280,8 @@ class LedgerView:
             self.conflicts.setdefault(sid, why)
         for sid, stone in other.archived.items():
             self.archived.setdefault(sid, stone)
+        for sid, chain in other.astray.items():
+            self.astray.setdefault(sid, chain)
 
     def note(self, ev: dict[str, Any], chain: str = LEGACY) -> str | None:
         """Fold one ledger event of ``chain``; returns a reason if it is malformed.
@@ -283,6 +292,10 @@ class LedgerView:
         sid = data.get("saga_id") if isinstance(data, dict) else None
         if not isinstance(data, dict) or not isinstance(sid, str):
             return "ledger entry without a saga_id"
+        if self.only is not None and keys.bucket_of(sid, self.only[0]) not in self.only[1]:
+            if chain != LEGACY:  # the legacy chain holds every bucket's old sagas
+                self.astray.setdefault(sid, chain)
+            return None  # judged with its own bucket's group
         self.where.setdefault(sid, set()).add(chain)
         try:
             if ev["kind"] == K.LEDGER_OPENED:
@@ -423,14 +436,26 @@ def read_verified(log: SagaLog, saga_id: str) -> tuple[list[dict[str, Any]], Hea
 
 @dataclass
 class VerifyResult:
+    """The reports of a verification. ``chains`` holds every chain's report, or,
+    of a store verified a group of buckets at a time (``counted`` set), the
+    ledger's and those with a failure or a warning: a million sagas' reports
+    would hold hundreds of MB. ``counted``: (chains, events) verified in all."""
+
     chains: list[ChainReport]
+    counted: tuple[int, int] | None = None
 
     @property
     def ok(self) -> bool:
         return all(c.ok for c in self.chains)
 
     @property
+    def chain_count(self) -> int:
+        return len(self.chains) if self.counted is None else self.counted[0]
+
+    @property
     def events(self) -> int:
+        if self.counted is not None:
+            return self.counted[1]
         return sum(c.events for c in self.chains)
 
     @property
@@ -438,15 +463,74 @@ class VerifyResult:
         return [c for c in self.chains if not c.ok]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "chains": len(self.chains), "events": self.events,
+        return {"ok": self.ok, "chains": self.chain_count, "events": self.events,
                 "failures": [c.to_dict() for c in self.failures],
                 "warnings": [f"{c.chain_id}: {w}" for c in self.chains for w in c.warnings]}
+
+
+@dataclass
+class _Group:
+    """Ledger chains verified together (all that may hold entries), and the buckets
+    whose sagas the group judges (``only``: the store's number of buckets and
+    these; None: every saga)."""
+
+    chains: list[str]
+    only: tuple[int, frozenset[int]] | None
+
+
+class _Present:
+    """The sagas in Redis by group, from one SCAN: in memory for one group, in a
+    file a group for several (a million ids are about 90 MB as Python strings)."""
+
+    def __init__(self, groups: list[_Group]) -> None:
+        self._ids: list[str] = []
+        self._dir: tempfile.TemporaryDirectory[str] | None = None
+        self._files: list[Any] = []
+        self._group_of: dict[int, int] = {}
+        if len(groups) > 1:
+            self._dir = tempfile.TemporaryDirectory(prefix="saga-verify-")
+            self._files = [open(os.path.join(self._dir.name, str(i)), "w+",  # noqa: SIM115
+                                encoding="utf-8") for i in range(len(groups))]
+            self._group_of = {b: i for i, g in enumerate(groups) if g.only is not None
+                              for b in g.only[1]}
+            self._buckets = next(g.only[0] for g in groups if g.only is not None)
+
+    @classmethod
+    def scan(cls, log: SagaLog, groups: list[_Group]) -> _Present:
+        found = cls(groups)
+        for sid in log.chain_ids():
+            found.add(sid)
+        return found
+
+    def add(self, sid: str) -> None:
+        if not self._files:
+            self._ids.append(sid)
+        else:
+            self._files[self._group_of[keys.bucket_of(sid, self._buckets)]].write(sid + "\n")
+
+    def of(self, group: int) -> list[str]:
+        if not self._files:
+            return self._ids
+        fh = self._files[group]
+        fh.seek(0)
+        ids: list[str] = fh.read().split()
+        fh.close()
+        return ids
+
+    def close(self) -> None:
+        for fh in self._files:
+            fh.close()
+        if self._dir is not None:
+            self._dir.cleanup()
 
 
 class Verifier:
     """Verifies what is in Redis, across ``jobs`` processes for large logs."""
 
     PARALLEL_MIN_EVENTS = 200_000
+    # ledger entries (about three a saga) a group of buckets is verified with at
+    # once: about 40 MB of Python objects at the peak
+    GROUP_ENTRIES = 60_000
 
     def __init__(self, log: SagaLog, jobs: int | None = None) -> None:
         self.log = log
@@ -483,30 +567,96 @@ class Verifier:
         """Verify every chain (or one saga's and the ledger's) as Redis holds it,
         while writers may be at work: what is compared is read in an order, or as
         of one moment, that writers cannot make disagree (see
-        :mod:`saga_store.verify.live`)."""
+        :mod:`saga_store.verify.live`). A store of layout 2 or 3 larger than
+        :data:`GROUP_ENTRIES` ledger entries is verified a group of buckets at a
+        time: a saga is judged by its own bucket's ledger chain (and the legacy
+        one), which hold all the ledger says of it, so what the check holds at
+        once is a group's, not the store's."""
         ledger = Ledger(self.log)
         layout = self.log.layout
         # the root first: every ledger head it records is then held by the chains
         # read after it
         root = self._read_root() if layout.version >= 2 else None
+        groups = [_Group(layout.chains(), None)]
+        if saga_id is None and layout.version >= 2:
+            groups = self._groups(ledger.present())
+        # the sagas in Redis, each by its group (on disk when there are several);
+        # read before the ledger, so a saga found here has its opening in the
+        # ledger, chained or pending, by the time its group reads them
+        found = None if saga_id is not None else _Present.scan(self.log, groups)
+        ledgers: dict[str, ChainReport] = {}
+        kept: dict[str, ChainReport] = {}
+        count, events, waiting = 0, 0, 0
+        astray: dict[str, str] = {}
+        try:
+            for i, group in enumerate(groups):
+                ids = [saga_id] if saga_id is not None else found.of(i) if found else []
+                part, reports, pending, view = self._verify_group(ledger, group, ids,
+                                                                   found is not None,
+                                                                   progress)
+                waiting += pending
+                for rep in part:
+                    if rep.chain_id not in ledgers or (ledgers[rep.chain_id].ok
+                                                       and not rep.ok):
+                        ledgers[rep.chain_id] = rep  # the legacy chain is read by each
+                for rep in reports:
+                    count, events = count + 1, events + rep.events
+                    if not rep.ok or rep.warnings:
+                        kept[rep.chain_id] = rep
+                for sid, chain in view.astray.items():
+                    astray.setdefault(sid, chain)
+        finally:
+            if found is not None:
+                found.close()
+        for sid, chain in sorted(astray.items()):  # pushed into another bucket's chain
+            rep = ChainReport(sid)
+            rep.fail(0, "wrong_bucket", f"ledger chain {chain} holds an entry of this saga, "
+                     f"whose bucket's chain is {layout.ledger_of(sid)}: it was pushed "
+                     "there by hand")
+            kept[sid] = rep
+        first = next(iter(ledgers.values()), None) or ChainReport(
+            layout.ledger_of(saga_id) if saga_id else LEGACY)
+        ledgers.setdefault(first.chain_id, first)
+        if waiting:
+            first.warnings.append(f"{waiting} ledger entries written, not yet chained "
+                                  "(a worker's sweeper chains them)")
+        rejected = ledger.rejected()
+        if rejected:
+            entry, why = rejected[0]
+            first.fail(first.head_seq + 1, "rejected_entry",
+                       f"{len(rejected)} pending ledger entries were set aside by the "
+                       "sealer because their sagas' chains do not bear them out (forged, "
+                       "or the log was cut or rewritten since they were written); the "
+                       f"first ({why}): {entry[:160]!r}")
+        chains = list(ledgers.values())
+        roots = [self._check_root(*root, chains)] if root is not None else []
+        sagas = sorted(kept.values(), key=lambda rep: rep.chain_id)
+        if len(groups) == 1 and not astray:  # every report is at hand: keep them all
+            return VerifyResult([*chains, *roots, *reports])
+        return VerifyResult([*chains, *roots, *sagas],
+                            (len(chains) + len(roots) + count,
+                             sum(c.events for c in (*chains, *roots)) + events))
+
+    def _verify_group(self, ledger: Ledger, group: _Group, ids: list[str], whole: bool,
+                      progress: Progress | None,
+                      ) -> tuple[list[ChainReport], list[ChainReport], int, LedgerView]:
+        """One group's ledger chains and sagas: their reports, how many of its ledger
+        entries wait to be chained, and its view of the ledger. ``ids``: the sagas
+        found in Redis (``whole``: the group's; else the one saga asked about)."""
+        layout = self.log.layout
         # entries written and not yet chained; read first, so an entry chained while
         # this runs is seen in one place or the other
-        pending = ledger.pending_by_chain()
-        ledgers, view = self._check_ledgers(ledger.present(), progress)
-        if not ledgers:
-            ledgers = [ChainReport(layout.ledger_of(saga_id) if saga_id else LEGACY)]
+        pending = ledger.pending_by_chain(group.chains)
+        # the chains that hold entries now, after that read: a chain made since
+        # holds what was pending then
+        ledgers, view = self._check_ledgers(ledger.present(group.chains), progress,
+                                            group.only)
         for chain, bodies in pending.items():
             for body in bodies:
                 view.note(body, chain)
-        waiting = sum(map(len, pending.values()))
-        if waiting:
-            ledgers[0].warnings.append(f"{waiting} ledger entries written, not yet chained "
-                                       "(a worker's sweeper chains them)")
         gone: list[ChainReport] = []
-        if saga_id is not None:
-            ids: list[str] = [saga_id]
-        else:
-            present = set(self.log.chain_ids())
+        if whole:
+            present = set(ids)
             ids = sorted(present | (set(view.opened) - set(view.archived)))
             gone = archived_reports(view, present)
         reports = [*self._check_many(ids, progress), *gone]
@@ -522,16 +672,30 @@ class Verifier:
             return rep
         settle(self.log, reports, again, lambda sids: self._reread(sids, view, ledgers))
         archived_since(reports, lambda sids: self._reread(sids, view, ledgers))
-        rejected = ledger.rejected()
-        if rejected:
-            entry, why = rejected[0]
-            ledgers[0].fail(ledgers[0].head_seq + 1, "rejected_entry",
-                            f"{len(rejected)} pending ledger entries were set aside by the "
-                            "sealer because their sagas' chains do not bear them out (forged, "
-                            "or the log was cut or rewritten since they were written); the "
-                            f"first ({why}): {entry[:160]!r}")
-        roots = [self._check_root(*root, ledgers)] if root is not None else []
-        return VerifyResult([*ledgers, *roots, *reports])
+        return ledgers, reports, sum(map(len, pending.values())), view
+
+    def _groups(self, present: list[str]) -> list[_Group]:
+        """The buckets in groups of about :data:`GROUP_ENTRIES` ledger entries (by
+        the lengths now of the chains in ``present``), each with the legacy chain;
+        one group, with nothing left out, for a store that small."""
+        layout = self.log.layout
+        pipe = self.log.redis.pipeline(transaction=False)
+        for c in present:
+            pipe.xlen(keys.ledger_log(c))
+        sizes = dict(zip(present, pipe.execute() if present else [], strict=True))
+        if sum(sizes.values()) <= self.GROUP_ENTRIES:
+            return [_Group(layout.chains(), None)]
+        groups: list[_Group] = []
+        buckets: list[int] = []
+        held = 0
+        for b in range(layout.buckets):
+            buckets.append(b)
+            held += sizes.get(bucket_chain(b), 0)
+            if held >= self.GROUP_ENTRIES or b == layout.buckets - 1:
+                groups.append(_Group([LEGACY, *(bucket_chain(x) for x in buckets)],
+                                     (layout.buckets, frozenset(buckets))))
+                buckets, held = [], 0
+        return groups
 
     def _reread(self, saga_ids: list[str], view: LedgerView, ledgers: list[ChainReport],
                 ) -> Callable[[ChainReport], None]:
@@ -559,15 +723,17 @@ class Verifier:
         return judge
 
     def _check_ledgers(self, chains: list[str], progress: Progress | None,
+                       only: tuple[int, frozenset[int]] | None = None,
                        ) -> tuple[list[ChainReport], LedgerView]:
-        """Every ledger chain's report and what they say of the sagas. Chains are
-        independent: with many events they are checked in parallel, each child
-        returning its reports and its part of the view."""
-        view = LedgerView()
+        """Every ledger chain's report and what they say of the sagas (of the
+        buckets ``only`` names, if given). Chains are independent: with many events
+        they are checked in parallel, each child returning its reports and its part
+        of the view."""
+        view = LedgerView(only=only)
         if not self._parallel(chains, keys.ledger_log):
             return [self.check(c, progress, view) for c in chains], view
         by_id: dict[str, ChainReport] = {}
-        for reports, part in self._fork(_check_ledger_chunk, chains):
+        for reports, part in self._fork(partial(_check_ledger_chunk, only=only), chains):
             view.merge(part)
             for rep in reports:
                 by_id[rep.chain_id] = rep
@@ -656,6 +822,7 @@ def _check_chunk(ids: list[str]) -> list[ChainReport]:
     return [_child[0].check(sid) for sid in ids]
 
 
-def _check_ledger_chunk(chains: list[str]) -> tuple[list[ChainReport], LedgerView]:
-    view = LedgerView()
+def _check_ledger_chunk(chains: list[str], only: tuple[int, frozenset[int]] | None = None,
+                        ) -> tuple[list[ChainReport], LedgerView]:
+    view = LedgerView(only=only)
     return [_child[0].check(c, None, view) for c in chains], view
