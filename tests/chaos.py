@@ -110,7 +110,9 @@ class Report:
     unconfirmed_submits: int = 0  # submits told "not confirmed" (sent again, same id)
     unconfirmed_logged: int = 0  # workers' appends told "not confirmed" (their log)
     lost: int = 0  # sagas whose submit was acknowledged and whose log is gone
-    stranded: int = 0  # sagas not final at the end
+    # sagas not final at the end and in no index a sweeper reads: no worker will
+    # ever look at them (one not final but indexed only ran out of time)
+    stranded: int = 0
     effects: int = 0
     compensations: int = 0
     tool_reruns: int = 0
@@ -512,6 +514,7 @@ def check(rep: Report, store: SagaStore, ids: dict[str, str], ledger: Path,
     _check_doubles(rep, db)
     comp_kinds = set(FORWARD.values())
     log_counts: Counter[str] = Counter()
+    indexed = set(in_flight(store.redis))
     for sid, shape in ids.items():
         rows = sorted(by_saga.pop(sid, []))
         if shape == "invalid":
@@ -525,7 +528,9 @@ def check(rep: Report, store: SagaStore, ids: dict[str, str], ledger: Path,
             continue
         st = store.state(sid)
         rep.by_state[str(st.status)] += 1
-        rep.stranded += not st.final
+        if not st.final and sid not in indexed:
+            rep.stranded += 1
+            rep.fail(f"{sid} ({shape}): stranded, {st.status} and in no index a sweeper reads")
         log_counts[f"finished {st.status}"] += 1
         expected = {EXPECTED[shape]}
         if any(s.status == "in_doubt" for s in st.steps.values()):
