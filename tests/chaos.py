@@ -35,7 +35,7 @@ from typing import Any
 import redis
 
 from saga_store import Registry, SagaStore, Settings, keys
-from saga_store.errors import InvalidInput
+from saga_store.errors import InvalidInput, StoreUnavailable
 from saga_store.execution import jobs
 from saga_store.execution.enqueue import in_flight
 from saga_store.log.layout import names_of
@@ -46,6 +46,7 @@ from saga_store.testing.cluster import RedisClusterServers
 from saga_store.testing.workers import ASYNC_CONCURRENCY, WorkerProcess
 
 from . import chaos_tools
+from .chaos_failover import LaggedFailovers
 from .chaos_tools import FORWARD
 
 TOOLS = "tests.chaos_tools"
@@ -80,6 +81,11 @@ class Config:
     # replica holds it, so a failover loses nothing the soak counted (the cluster
     # soak's default: without it a master killed can take acknowledged appends)
     wait_replicas: int = 0
+    # replica-lag failovers instead of the one kill and the reshard, back to back
+    # under load (tests/chaos_failover.py): a master's replica stopped and cut off
+    # for at least lag_stall_ms, the master SIGKILLed, the replica promoted
+    master_kills: int = 0
+    lag_stall_ms: int = 1500
 
     @property
     def slots(self) -> int:
@@ -98,6 +104,15 @@ class Report:
     redis_restarts: int = 0
     failovers: int = 0
     reshards: int = 0
+    takeovers: int = 0  # promotions the cluster did not make on its own
+    lag_bytes: list[int] = field(default_factory=list)  # per lagged failover
+    waits_cut: int = 0  # lagged failovers that killed a master with a WAIT blocked
+    unconfirmed_submits: int = 0  # submits told "not confirmed" (sent again, same id)
+    unconfirmed_logged: int = 0  # workers' appends told "not confirmed" (their log)
+    lost: int = 0  # sagas whose submit was acknowledged and whose log is gone
+    # sagas not final at the end and in no index a sweeper reads: no worker will
+    # ever look at them (one not final but indexed only ran out of time)
+    stranded: int = 0
     effects: int = 0
     compensations: int = 0
     tool_reruns: int = 0
@@ -134,6 +149,16 @@ class Report:
             *([] if c.cluster else [("Redis kill -9 + restart", str(self.redis_restarts))]),
             *([("master kill -9 (failover), reshard", f"{self.failovers}, {self.reshards}")]
               if c.cluster else []),
+            *([("lagged failovers: takeovers, WAIT cut off",
+                f"{self.takeovers}, {self.waits_cut} of {self.failovers}"),
+               ("bytes the promoted replica lacked min / p50 / max",
+                f"{min(self.lag_bytes, default=0)} / "
+                f"{sorted(self.lag_bytes)[len(self.lag_bytes) // 2] if self.lag_bytes else 0}"
+                f" / {max(self.lag_bytes, default=0)}"),
+               ("appends not confirmed: submits, workers",
+                f"{self.unconfirmed_submits}, {self.unconfirmed_logged}")]
+              if c.master_kills else []),
+            ("acknowledged sagas lost, stranded", f"{self.lost}, {self.stranded}"),
             ("forward effects", str(self.effects)),
             ("compensations", str(self.compensations)),
             ("tool bodies re-run after a kill", str(self.tool_reruns)),
@@ -266,7 +291,10 @@ def run(cfg: Config, out: Any = sys.stdout) -> Report:
         store = SagaStore(client, registry, Settings(lease_ms=cfg.lease_ms,
                                                      wait_replicas=cfg.wait_replicas),
                           queues=rq_redis)
-        faults = ClusterFaults(srv, rep) if isinstance(srv, RedisClusterServers) else None
+        faults: ClusterFaults | LaggedFailovers | None = None
+        if isinstance(srv, RedisClusterServers):
+            faults = LaggedFailovers(srv, cfg.master_kills, cfg.lag_stall_ms, cfg.seed) \
+                if cfg.master_kills else ClusterFaults(srv, rep)
         pools = Pools(cfg, env, work / "workers.log")
         ids: dict[str, str] = {}
         submitted = threading.Event()
@@ -279,8 +307,8 @@ def run(cfg: Config, out: Any = sys.stdout) -> Report:
                         time.sleep(0.01)
                     sid = f"chaos-{n}"
                     try:
-                        store.submit(plan_for(shape, rng_for(cfg, n), n),
-                                     agent_id=f"agent-{n % 16}", saga_id=sid)
+                        _submit(store, rep, plan_for(shape, rng_for(cfg, n), n),
+                                f"agent-{n % 16}", sid)
                     except InvalidInput:
                         if shape != "invalid":
                             raise
@@ -303,13 +331,17 @@ def run(cfg: Config, out: Any = sys.stdout) -> Report:
                     raise errors[0]
                 active = len(in_flight(client))
                 done = len(ids) - active if ids else 0
-                if submitted.is_set() and active == 0:
+                # not while a master is down: its indexes are not read then
+                if submitted.is_set() and active == 0 and not (
+                        isinstance(faults, LaggedFailovers) and faults.busy):
                     break
                 if now - started > cfg.timeout_s:
                     rep.fail(f"timed out after {cfg.timeout_s:.0f} s with "
                              f"{active} sagas not final")
                     break
-                if faults is not None:
+                if isinstance(faults, LaggedFailovers):
+                    faults.start()
+                elif faults is not None:
                     faults.step(done / cfg.sagas, cfg)
                 elif not restarted and done >= cfg.redis_restart_at * cfg.sagas:
                     assert isinstance(srv, RedisServer)
@@ -330,8 +362,10 @@ def run(cfg: Config, out: Any = sys.stdout) -> Report:
                     next_kill = now + rng.uniform(0.5, 1.5) * cfg.kill_every_s
                 _track_recovery(client, pending, rep)
                 if now - last_print > 5:
+                    lagged = (f", {len(faults.done)} lagged failovers"
+                              if isinstance(faults, LaggedFailovers) else "")
                     print(f"  {now - started:6.1f} s  {done}/{cfg.sagas} final, "
-                          f"{rep.pool_kills} kills", file=out, flush=True)
+                          f"{rep.pool_kills} kills{lagged}", file=out, flush=True)
                     last_print = now
                 time.sleep(0.02)
             deadline = time.monotonic() + 30
@@ -343,6 +377,8 @@ def run(cfg: Config, out: Any = sys.stdout) -> Report:
             pools.stop()
             if faults is not None:
                 faults.join()
+        if isinstance(faults, LaggedFailovers):
+            _count_failovers(rep, faults, work / "workers.log")
         rep.seconds = time.monotonic() - started
         check(rep, store, ids, ledger, metrics_dir, srv.url)
     return rep
@@ -403,6 +439,39 @@ class ClusterFaults:
             self.rep.fail(f"cluster fault failed: {exc!r}")
 
 
+def _submit(store: SagaStore, rep: Report, plan: list[dict[str, Any]], agent: str,
+            sid: str) -> None:
+    """Submit until it is acknowledged: one told "not confirmed" (too few replicas
+    acknowledged it, or its master failed over) is sent again under the same id,
+    as a client should, and attaches to the saga if that stands."""
+    for _ in range(100):
+        try:
+            store.submit(plan, agent_id=agent, saga_id=sid)
+            return
+        except StoreUnavailable as exc:
+            if "not confirmed" not in str(exc):
+                raise
+            rep.unconfirmed_submits += 1
+    raise StoreUnavailable(f"{sid}: 100 submits, none confirmed")
+
+
+def _count_failovers(rep: Report, faults: LaggedFailovers, workers_log: Path) -> None:
+    """The lagged failovers as measured, and the workers' appends told "not
+    confirmed" (each logged once by the worker it happened to)."""
+    for exc in faults.errors:
+        rep.fail(f"lagged failover failed: {exc!r}")
+    rep.failovers = len(faults.done)
+    rep.takeovers = sum(f.takeover for f in faults.done)
+    rep.waits_cut = sum(f.wait_cut for f in faults.done)
+    rep.lag_bytes = [f.lag_bytes for f in faults.done]
+    if rep.failovers < rep.config.master_kills:
+        rep.fail(f"{rep.failovers} of {rep.config.master_kills} lagged master kills ran "
+                 "before the sagas were done; run more sagas")
+    if workers_log.exists():
+        with workers_log.open(errors="replace") as f:
+            rep.unconfirmed_logged = sum("not confirmed" in line for line in f)
+
+
 def rng_for(cfg: Config, n: int) -> random.Random:
     return random.Random(cfg.seed * 1_000_003 + n)
 
@@ -445,6 +514,7 @@ def check(rep: Report, store: SagaStore, ids: dict[str, str], ledger: Path,
     _check_doubles(rep, db)
     comp_kinds = set(FORWARD.values())
     log_counts: Counter[str] = Counter()
+    indexed = set(in_flight(store.redis))
     for sid, shape in ids.items():
         rows = sorted(by_saga.pop(sid, []))
         if shape == "invalid":
@@ -452,8 +522,15 @@ def check(rep: Report, store: SagaStore, ids: dict[str, str], ledger: Path,
             if not store.events.log.head(sid).empty or rows:
                 rep.fail(f"{sid}: invalid input left a trace")
             continue
+        if store.events.log.head(sid).empty:
+            rep.lost += 1  # its submit was acknowledged: a replica held the opening
+            rep.fail(f"{sid} ({shape}): acknowledged, and its log is gone")
+            continue
         st = store.state(sid)
         rep.by_state[str(st.status)] += 1
+        if not st.final and sid not in indexed:
+            rep.stranded += 1
+            rep.fail(f"{sid} ({shape}): stranded, {st.status} and in no index a sweeper reads")
         log_counts[f"finished {st.status}"] += 1
         expected = {EXPECTED[shape]}
         if any(s.status == "in_doubt" for s in st.steps.values()):
@@ -537,6 +614,10 @@ def _check_metrics(rep: Report, metrics_dir: Path, log_counts: Counter[str]) -> 
     from prometheus_client import CollectorRegistry
     from prometheus_client.multiprocess import MultiProcessCollector
     reg = CollectorRegistry()
+    # a process killed between creating its file and sizing it leaves it empty:
+    # no samples, and the collector cannot read it (struct.error)
+    for empty in (f for f in metrics_dir.glob("*.db") if f.stat().st_size == 0):
+        empty.unlink()
     # no-untyped-call: the library leaves it untyped
     MultiProcessCollector(reg, path=str(metrics_dir))  # type: ignore[no-untyped-call]
     got: Counter[str] = Counter()
@@ -571,15 +652,24 @@ def main(argv: list[str] | None = None) -> int:
                    help="the log on a six-node Redis Cluster (a master killed, slots resharded)")
     p.add_argument("--wait-replicas", type=int, default=None,
                    help="SAGA_WAIT_REPLICAS for every process (default: 1 with --cluster, else 0)")
+    p.add_argument("--master-kills", type=int, default=Config.master_kills,
+                   help="with --cluster: this many replica-lag failovers (a master's replica "
+                        "stopped and cut off, the master SIGKILLed, the replica promoted) "
+                        "instead of one plain kill and a reshard")
+    p.add_argument("--lag-stall-ms", type=int, default=Config.lag_stall_ms,
+                   help="how long a lagging replica is stopped at least before the kill")
     a = p.parse_args(argv)
+    if a.master_kills and not a.cluster:
+        p.error("--master-kills needs --cluster")
     cfg = Config(sagas=a.sagas, step_pools=a.step_pools, compensator_pools=a.compensator_pools,
                  workers_per_pool=a.workers_per_pool, kill_every_s=a.kill_every,
                  in_flight=a.in_flight, seed=a.seed, worker_kind=a.worker_kind,
                  cluster=a.cluster, wait_replicas=a.wait_replicas if a.wait_replicas is not None
-                 else int(a.cluster))
+                 else int(a.cluster), master_kills=a.master_kills, lag_stall_ms=a.lag_stall_ms)
     print(f"chaos soak: {cfg.sagas} sagas, a pool SIGKILLed every ~{cfg.kill_every_s} s, "
-          + ("a cluster master SIGKILLed, slots resharded" if cfg.cluster
-             else "Redis restarted once"), flush=True)
+          + (f"{cfg.master_kills} cluster masters SIGKILLed with their replicas lagging"
+             if cfg.master_kills else "a cluster master SIGKILLed, slots resharded"
+             if cfg.cluster else "Redis restarted once"), flush=True)
     rep = run(cfg)
     print(rep.table())
     for f in rep.failures:

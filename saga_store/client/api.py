@@ -366,8 +366,21 @@ class SagaStore:
             for p, k in zip(planned, added_at, strict=True):
                 if p in taken and replies[k]:
                     self.redis.zrem(self.events.keys.active(p.saga_id), p.saga_id)
-            if len(planned) == 1 and self._resubmitted(taken[0]):
-                return [taken[0].saga_id]  # the saga stands: its workers or sweeper drive it
+            if len(planned) == 1:
+                # the same plan sent again attaches only to a saga a replica holds: one
+                # on the master only (its first send not confirmed) is not confirmed
+                # now either, and one gone by the time it is read was lost in a failover
+                unconfirmed = queued[0].shortfall(replies)
+                if unconfirmed is not None:
+                    raise unconfirmed
+                standing = self._resubmitted(taken[0])
+                if standing is None:
+                    raise StoreUnavailable(
+                        f"submit of {taken[0].saga_id} is not confirmed: the saga refused "
+                        "this open as one that stands and was gone when read (a failover "
+                        f"lost it); submit again with saga_id={taken[0].saga_id}")
+                if standing:
+                    return [taken[0].saga_id]  # it stands: its workers or sweeper drive it
             raise InvalidInput(f"saga {taken[0].saga_id} already exists with another plan; "
                                "choose another id or omit it (nothing was written)",
                                field="saga_id")
@@ -383,15 +396,16 @@ class SagaStore:
         execute(trip, *(p.opening.ledger_written for p in planned))
         return [p.saga_id for p in planned]
 
-    def _resubmitted(self, p: _Planned) -> bool:
+    def _resubmitted(self, p: _Planned) -> bool | None:
         """Whether the saga ``p`` names was opened by this very plan (the same agent,
         conversation, tools, arguments and call ids): a submit sent again. Secret
         arguments are compared under the saga's own salt while the saga keeps it
         (until it closes); after that, a plan that differs only in a secret is the
-        same plan, and the closed saga's id is returned."""
+        same plan, and the closed saga's id is returned. None: there is no such
+        saga (any more)."""
         rows = next(self.events.log.pages(p.saga_id, 0, page=1), [])
         if not rows:
-            return False
+            return None
         first = orjson.loads(body_and_hash(rows[0][1])[0])
         data = first.get("data") or {}
         if first.get("agent_id") != p.agent_id or \

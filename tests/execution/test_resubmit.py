@@ -92,3 +92,35 @@ def test_a_submit_not_confirmed_is_resubmitted_safely(ledger: Path) -> None:
         assert len(effects("bill")) == 1
         for c in (m, r, client):
             c.close()
+
+
+def test_a_submit_sent_again_is_not_confirmed_while_no_replica_holds_the_saga() -> None:
+    """SAGA_WAIT_REPLICAS=1, the replica stopped and cut off: the submit is not
+    confirmed, and neither is the same plan sent again, which finds the saga on the
+    master only; the master is then SIGKILLed and the replica promoted, and the saga
+    is not there. Before, the second submit attached and returned the saga id (its
+    WAIT's shortfall ignored for an open that wrote nothing): a saga the client was
+    told stands was lost in the failover (found by the cluster chaos soak's
+    replica-lag failovers)."""
+    with master_and_replica() as (master, replica):
+        client = redis.Redis.from_url(master.url)
+        store = SagaStore(client, Registry.from_modules(TOOLS),
+                          Settings(wait_replicas=1, wait_timeout_ms=300))
+        m = redis.Redis(port=master.port)
+        told: list[object] = []  # what the client was told, submit by submit
+        with stopped(replica):
+            m.execute_command("CLIENT", "KILL", "TYPE", "replica")
+            for _ in range(2):
+                try:
+                    told.append(store.submit(PLAN, agent_id="agent-r", saga_id="PAY-2"))
+                except StoreUnavailable as exc:
+                    told.append(exc)
+            master.kill()
+        r = redis.Redis(port=replica.port)
+        r.execute_command("REPLICAOF", "NO", "ONE")  # promoted, as a failover would
+        promoted = SagaStore(r, Registry.from_modules(TOOLS), Settings())
+        assert promoted.events.log.head("PAY-2").empty  # the opening was on the master only
+        assert all(isinstance(t, StoreUnavailable) and "not confirmed" in str(t)
+                   and "saga_id=PAY-2" in str(t) for t in told), told
+        for c in (m, r, client):
+            c.close()
