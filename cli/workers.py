@@ -166,9 +166,8 @@ def serve_metrics(client: Any, port: int, host: str, *, multiprocess: bool,
     rq_redis = client if rq_redis is None else fail_fast(rq_redis)
     registry = CollectorRegistry()
     if multiprocess:
-        from prometheus_client import multiprocess as mp
-        # no-untyped-call: the library leaves it untyped
-        mp.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        from saga_store.ops.metrics import WorkerFilesCollector
+        registry.register(WorkerFilesCollector(os.environ["PROMETHEUS_MULTIPROC_DIR"]))
     log = None if multiprocess else logging.getLogger("saga_store.metrics")
     watch = DurabilityWatch(client, check_s, log)
     registry.register(RedisCollector(client, durability=watch, rq_redis=rq_redis))

@@ -234,3 +234,28 @@ def test_a_compensation_that_goes_stuck_uncalled_counts_as_failed(
         assert state.status == "stuck", state.status
         assert_eventually(lambda: want in _scrape(port), timeout=30,
                           what="the failed compensation's count", swallow=(OSError,))
+
+
+@pytest.mark.real_redis
+@pytest.mark.timeout(120)
+def test_a_worker_killed_as_it_made_its_metrics_file_does_not_break_the_scrape(
+        saga_store: SagaStore, worker_env: dict[str, str], ledger: Path,
+        tmp_path: Path) -> None:
+    """A worker SIGKILLed right after it created its multiprocess file leaves the
+    file empty (the header not yet written). The pool's /metrics still answers, with
+    the live workers' counters, instead of failing every scrape from then on."""
+    port, files = free_port(), tmp_path / "prometheus"
+    files.mkdir()
+    (files / "counter_4194304.db").touch()  # what that kill leaves behind
+    env = {**worker_env, "PROMETHEUS_MULTIPROC_DIR": str(files)}
+    with workers(env, TOOLS, "-n", "2", "--metrics-port", str(port)):
+        sid = saga_store.submit([{"tool": "reserve_inventory", "args": {"sku": "A", "qty": 1}}],
+                                agent_id="agent-m")
+        saga_store.wait(sid, timeout=30)
+
+        def counted() -> str | None:
+            text = _scrape(port)
+            return text if 'tool="reserve_inventory"} 1.0' in text else None
+        text = assert_eventually(counted, timeout=30, what="the step counted",
+                                 swallow=(OSError,))
+    assert 'saga_steps_total{outcome="succeeded",tool="reserve_inventory"} 1.0' in text
