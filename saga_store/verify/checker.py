@@ -528,9 +528,10 @@ class Verifier:
     """Verifies what is in Redis, across ``jobs`` processes for large logs."""
 
     PARALLEL_MIN_EVENTS = 200_000
-    # ledger entries (about three a saga) a group of buckets is verified with at
-    # once: about 40 MB of Python objects at the peak
-    GROUP_ENTRIES = 60_000
+    # ledger entries (two or three a saga) a group of buckets is verified with at
+    # once: `saga verify` then peaks at about 85 MB of RSS, whatever the store's
+    # size (benchmarks/RESULTS.md)
+    GROUP_ENTRIES = 15_000
 
     def __init__(self, log: SagaLog, jobs: int | None = None) -> None:
         self.log = log
