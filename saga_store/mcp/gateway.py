@@ -37,7 +37,6 @@ from saga_store.errors import ConflictError, FencedOff, InvalidInput, KeyReuseEr
 from saga_store.execution.idempotency import (
     DedupeRecords,
     args_digest,
-    claim_fate,
     explicit_key,
     step_key,
 )
@@ -490,11 +489,7 @@ class Gateway:
         session's saga was rolled back before the call was logged) is taken over."""
         agent = self.session.agent_id
         claim = self.dedupe.claim(agent, key, digest, saga_id, step)
-        if claim.status == "exists" and claim.state == "pending" and claim.saga_id != saga_id:
-            fate, _ = claim_fate(self.store.state(str(claim.saga_id)), key)
-            if fate == "never":
-                claim = self.dedupe.claim(agent, key, digest, saga_id, step, take_from=claim)
-        return claim
+        return self.dedupe.take_over(agent, key, digest, saga_id, step, claim, self.store.state)
 
     async def _call(self, name: str, args: dict[str, Any], key: str,
                     timeout_s: float | None = None,
