@@ -1,9 +1,11 @@
 """The compensator: the workers' driver of the unwind.
 
 What to do next is decided by :mod:`saga_store.protocol.unwind` from the
-folded log; this module does the I/O around it: it takes the saga's lease,
-reads the log, runs probes and compensations through the registry, appends
-what the protocol makes of their answers, and closes the saga. Every append
+folded log, and asked for by the one unwind loop the MCP gateway drives too
+(:mod:`saga_store.protocol.unwinding`); this module does the I/O around it: it
+takes the saga's lease, reads the log, runs the probes and compensations the
+loop yields through the registry, appends the events it yields, waits out its
+back-offs with the lease kept, and closes the saga. Every append
 carries the lease token, so a compensator that lost its lease can write
 nothing; after a crash the next one resumes from the log and never repeats a
 finished compensation (they have their own keys anyway).
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import time
 from typing import Any
 
@@ -28,7 +29,7 @@ from saga_store.log.pipeline import answered, lean
 from saga_store.log.store import ChainWriter
 from saga_store.log.stream import Lease, release_lease
 from saga_store.ops import tracing
-from saga_store.protocol import unwind
+from saga_store.protocol import unwind, unwinding
 from saga_store.protocol.build import Item
 from saga_store.protocol.outcome import Outcome
 from saga_store.protocol.state import SagaState, StepState, fold
@@ -74,9 +75,16 @@ class RegistryCatalogue:
         comp = self.registry.get(spec.compensation)
         return unwind.Undo(comp.name, spec.mapping, comp.retry.max_attempts, comp.retry.backoff)
 
-    def probe_of(self, st: StepState) -> str | None:
+    def probe_of(self, st: StepState) -> unwind.Probing | None:
+        """The step's probe, given each of its parameters the step has (an in-doubt
+        call is looked up by what it was asked)."""
         spec = self.spec(st.tool)
-        return spec.probe if spec is not None else None
+        probe = self.spec(spec.probe) if spec is not None and spec.probe else None
+        if probe is None:
+            return None
+        given = st.args or {}
+        return unwind.Probing(probe.name, {p: f"$.input.{p}" for p in probe.params
+                                           if p in given})
 
 
 class Compensator:
@@ -152,47 +160,57 @@ class Compensator:
             ctx = pipe.execute()[0]
         writer = Writer(ChainWriter(self.store.events, saga_id, head), bodies, ctx, state)
         lease = Lease(token, LeaseMode.ACQUIRE, self.store.settings.lease_ms)
-        probed: set[int] = set()
+        loop = unwinding.unwinding(state, self.tools)
+        answer: Any = None
         while True:
-            act = unwind.next_action(state, self.tools, frozenset(probed))
-            if isinstance(act, unwind.Append):
-                yield from writer.append(act.items, lease)
-                if self.store.metrics is not None:
-                    self.store.metrics.count_uncalled_compensations(act.items)
-            elif isinstance(act, unwind.Probe):
-                probed.add(act.step)
-                found = yield from self._probe(act, state, self._hold(writer, lease))
-                yield from writer.append(unwind.probed(act, found), lease)
-            elif isinstance(act, unwind.Compensate):
-                yield from self._compensate(writer, state, act, lease)
-            elif isinstance(act, unwind.Close):
-                return (yield from self._close(writer, state, act, token))
-            else:
-                return str(act.status)
+            try:
+                req = loop.send(answer)
+            except StopIteration as stop:
+                end: unwind.Close | unwind.Done = stop.value
+                break
+            answer = yield from self._do(req, writer, state, lease)
+        if isinstance(end, unwind.Close):
+            return (yield from self._close(writer, state, end, token))
+        return str(end.status)
+
+    def _do(self, req: unwinding.Request, writer: Writer, state: SagaState,
+            lease: Lease) -> Work[Outcome | None]:
+        """One thing the unwind asks for, done on this worker (its lease kept)."""
+        if isinstance(req, unwinding.Write):
+            yield from writer.append(req.items, lease)
+            if self.store.metrics is not None:
+                self.store.metrics.count_uncalled_compensations(req.items)
+            if req.settles is not None and req.outcome is not None:
+                self._count(req.settles.undo.tool, req.outcome)
+                if req.outcome.ok:
+                    fault("comp_after_outcome")  # its retraction rides on the next append
+            return None
+        if isinstance(req, unwinding.Wait):
+            yield Pause(req.seconds, self._hold(writer, lease))
+            return None
+        st = state.steps[req.step]
+        if isinstance(req, unwind.Probe):
+            ctx = StepContext(req.key, state.saga_id, st.step, 1, st.tool_call_id,
+                              state.agent_id)
+            found: Outcome = yield Call(self.store.registry.get(req.tool), req.args, ctx,
+                                        lease=self._hold(writer, lease))
+            return found
+        return (yield from self._compensate(writer, state, req, lease))
 
     def _compensate(self, writer: Writer, state: SagaState, act: unwind.Compensate,
-                    lease: Lease) -> Work[None]:
-        """One try of a compensation: its intent, the call, its outcome (and the
-        saga stuck when the tries are used up); waits out the backoff after a failure."""
-        yield from writer.append([act.intent], lease)
+                    lease: Lease) -> Work[Outcome]:
+        """One try of a compensation, its intent logged: the call, in its span."""
         fault("comp_after_intent")
         st = state.steps[act.step]
         ctx = StepContext(act.key, state.saga_id, act.step, act.attempt, st.tool_call_id,
                           state.agent_id)
         with tracing.tool_span(act.undo.tool, st.tool_call_id, state.saga_id, act.step,
                                parent=st.trace, compensation=True) as span:
-            outcome = yield Call(self.store.registry.get(act.undo.tool), act.args, ctx,
-                                 lease=self._hold(writer, lease))
+            outcome: Outcome = yield Call(self.store.registry.get(act.undo.tool), act.args,
+                                          ctx, lease=self._hold(writer, lease))
             tracing.outcome(span, outcome.kind, outcome.error)
         fault("comp_after_tool")
-        items, retry_in = unwind.compensated(state, act, outcome, self.tools.resume_hint)
-        yield from writer.append(items, lease)
-        self._count(act.undo.tool, outcome)
-        if outcome.ok:
-            fault("comp_after_outcome")  # its retraction rides on the next append
-        if retry_in is not None:
-            # jitter: retries don't march in step
-            yield Pause(retry_in * (0.5 + random.random()), self._hold(writer, lease))
+        return outcome
 
     def _hold(self, writer: Writer, lease: Lease) -> Hold:
         """The saga's lease, kept while a call or a back-off runs (see :mod:`.lease`)."""
@@ -226,18 +244,6 @@ class Compensator:
         process killed in between leaves the counter behind the log, not ahead."""
         if self.store.metrics is not None:
             self.store.metrics.compensations.labels(tool, str(outcome.kind)).inc()
-
-    def _probe(self, act: unwind.Probe, state: SagaState, hold: Hold) -> Work[Any]:
-        """Ask the probe tool whether the in-doubt call happened: it gets the step's
-        arguments and idempotency key and returns a result dict (it happened),
-        ``{"happened": false}`` (it did not), or raises (still unknown)."""
-        spec = self.store.registry.get(act.tool)
-        st = state.steps[act.step]
-        args = {k: v for k, v in (st.args or {}).items() if k in spec.params}
-        ctx = StepContext(st.idem_key or "", state.saga_id, st.step, 1, st.tool_call_id,
-                          state.agent_id)
-        outcome = yield Call(spec, args, ctx, lease=hold)
-        return outcome.result if outcome.ok else None
 
 
 class Writer:

@@ -169,11 +169,8 @@ class Saga:
             if claim_fate(self.state, key)[0] == "pending":
                 return Claim("new")  # not in our log: this saga's one driver calls again
             return claim
-        fate, _ = claim_fate(self.store.events.state(str(claim.saga_id)), key)
-        if fate != "never":
-            return claim
-        return self.store.dedupe.claim(self.state.agent_id, key, digest, self.saga_id, n,
-                                       take_from=claim)
+        return self.store.dedupe.take_over(self.state.agent_id, key, digest, self.saga_id, n,
+                                           claim, self.store.events.state)
 
     def _validate(self, tool: str, args: Any) -> tuple[ToolSpec, dict[str, Any]]:
         try:

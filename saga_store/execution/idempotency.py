@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,6 @@ from saga_store.log.scripts import CLAIM
 from saga_store.protocol.state import SagaState, Status
 
 _DOMAIN = "saga-store/idem/v1"
-
 
 
 def step_key(saga_id: str, tool: str, args: Any) -> str:
@@ -97,6 +96,21 @@ class DedupeRecords:
         saga, step_s, state, result = (x.decode() for x in reply[1:5])
         return Claim("exists", saga, int(step_s), state,
                      orjson.loads(result) if result else None)
+
+    def take_over(self, agent_id: str | None, key: str, digest: str, saga_id: str, step: int,
+                  claim: Claim, holder: Callable[[str], SagaState]) -> Claim:
+        """The one take-over of a claim: ``claim`` (what :meth:`claim` reported) is
+        taken over for (``saga_id``, ``step``) when it is pending in another saga
+        whose log (``holder`` folds it) says it can never become a step (see
+        :func:`claim_fate`); otherwise it is returned as it was. A claim pending in
+        ``saga_id`` itself is its caller's to judge (a reply of its own that was lost).
+        """
+        if claim.status != "exists" or claim.state != "pending" or claim.saga_id == saga_id:
+            return claim
+        fate, _ = claim_fate(holder(str(claim.saga_id)), key)
+        if fate != "never":
+            return claim
+        return self.claim(agent_id, key, digest, saga_id, step, take_from=claim)
 
     def finish(self, agent_id: str | None, key: str, state: str, result: Any,
                pipe: Any = None) -> None:

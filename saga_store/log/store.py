@@ -34,6 +34,7 @@ from saga_store.log.stream import (
     head_of,
 )
 from saga_store.ops.connection import connect
+from saga_store.protocol import build
 from saga_store.protocol.state import FINAL, SagaState, Status, fold, paused_gc, phase_of
 from saga_store.protocol.vocab import Phase
 from saga_store.settings import Settings
@@ -103,7 +104,7 @@ class EventStore:
         rides = self.keys.bucketed  # the ledger's entry goes with the saga (layout 3)
         # the opening events have no context projection: the cursor starts past them
         call = writer.prepare(
-            [(K.SAGA_STARTED, {"agent_id": agent_id, "data": payload or None}), *then],
+            [build.saga_started(agent_id, payload), *then],
             meta={"agent_id": agent_id, "state": Status.RUNNING, "phase": Phase.FORWARD,
                   "ctx_seq": len(then), OPEN_FLAG: int(rides),
                   **({"conversation_id": conversation_id} if conversation_id else {})},

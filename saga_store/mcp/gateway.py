@@ -31,13 +31,12 @@ from typing import TYPE_CHECKING, Any
 from saga_store import keys
 from saga_store.approval import notify
 from saga_store.approval import requests as approvals
-from saga_store.approval.policy import Decision, Policy, Verdict
+from saga_store.approval.policy import Policy, Verdict
 from saga_store.client.context import project, tell
-from saga_store.errors import ConflictError, FencedOff, InvalidInput, KeyReuseError, MappingError
+from saga_store.errors import ConflictError, FencedOff, InvalidInput, KeyReuseError
 from saga_store.execution.idempotency import (
     DedupeRecords,
     args_digest,
-    claim_fate,
     explicit_key,
     step_key,
 )
@@ -57,12 +56,18 @@ from saga_store.mcp.results import (
     scrubbed,
 )
 from saga_store.mcp.turns import CURRENT, Turns, exclusive_now
-from saga_store.protocol import build, unwind
-from saga_store.protocol.forward import commit_blocker, repeat_of
-from saga_store.protocol.mapping import resolve_all
-from saga_store.protocol.state import SagaState, Status, StepState, fold
+from saga_store.protocol import build, unwind, unwinding
+from saga_store.protocol.delivery import Act, gate, last_approval
+from saga_store.protocol.forward import (
+    Leftover,
+    commit_blocker,
+    failure_unwinds,
+    left_over,
+    repeat_of,
+)
+from saga_store.protocol.outcome import Outcome
+from saga_store.protocol.state import SagaState, StepState, fold
 from saga_store.protocol.vocab import (
-    Approval,
     CompStatus,
     OutcomeKind,
     Phase,
@@ -440,20 +445,22 @@ class Gateway:
         step = st.next_step
         verdict = self.policy.decide(name, cls.for_policy(self.policy.trust_server_hints),
                                      args)
+        gated = gate(None, lambda: verdict)  # the workers' gate: run, deny, or ask a person
         intent = build.step_intent(step, name, logged, cls.reversibility, None, key,
                                    keyed=bool(explicit))
         started = build.step_started(step, 1, worker=EXECUTOR)
         try:
-            self._add(writer, [intent, started] if verdict.decision is Decision.ALLOW
-                      else [intent], phase=Phase.FORWARD)
+            self._add(writer, [intent, started] if gated is None else [intent],
+                      phase=Phase.FORWARD)
         except (FencedOff, ConflictError, InvalidInput):
             # refused, so certainly not logged: a retry must be able to run the call
             # (a lost reply may have logged it: then the claim stays, for the log to settle)
             if explicit:
                 self.dedupe.release(st.agent_id, key, digest, writer.saga_id, step)
             raise
-        if verdict.decision is not Decision.ALLOW:
-            denial = await self._gate(writer, step, name, logged, cls, verdict, meta, cancel)
+        if gated is not None:
+            denial = gated.outcome.error if gated.outcome is not None else \
+                await self._gate(writer, step, name, logged, cls, verdict, meta, cancel)
             if denial is not None:
                 self._add(writer, [build.step_outcome(step, OutcomeKind.FAILED, error=denial)])
                 if explicit:  # the key's record says how it ended, not "pending" for a week
@@ -490,11 +497,7 @@ class Gateway:
         session's saga was rolled back before the call was logged) is taken over."""
         agent = self.session.agent_id
         claim = self.dedupe.claim(agent, key, digest, saga_id, step)
-        if claim.status == "exists" and claim.state == "pending" and claim.saga_id != saga_id:
-            fate, _ = claim_fate(self.store.state(str(claim.saga_id)), key)
-            if fate == "never":
-                claim = self.dedupe.claim(agent, key, digest, saga_id, step, take_from=claim)
-        return claim
+        return self.dedupe.take_over(agent, key, digest, saga_id, step, claim, self.store.state)
 
     async def _call(self, name: str, args: dict[str, Any], key: str,
                     timeout_s: float | None = None,
@@ -543,7 +546,8 @@ class Gateway:
                       outcome: CallOutcome) -> CallOutcome:
         """A call failed: a read-only one rolls nothing back; a mutating one rolls
         back the session's saga, and the answer says what was undone."""
-        if not cls.mutating and not outcome.in_doubt:
+        kind = OutcomeKind.IN_DOUBT if outcome.in_doubt else OutcomeKind.FAILED
+        if not failure_unwinds(kind, cls.reversibility, session=True):
             self._project(writer)
             return outcome
         await exclusive_now()  # a read in doubt rolls back alone, as a mutating call
@@ -602,9 +606,7 @@ class Gateway:
                     cls: Classification, verdict: Verdict,
                     meta: Mapping[str, Any] | None = None,
                     cancel: Cancellation | None = None) -> str | None:
-        """None if the call may run; else why not. Waits for a person when asked to."""
-        if verdict.decision is Decision.DENY:
-            return f"denied by policy ({verdict.reason})"
+        """Ask a person: None if they grant the call, else why not."""
         timeout_s = self.policy.approval_timeout_s
         undo = ({"tool": cls.compensation.tool, "mapping": dict(cls.compensation.args)}
                 if cls.compensation else None)
@@ -620,10 +622,10 @@ class Gateway:
         log.warning("saga %s step %d (%s) waits for approval: saga approve %s %d",
                     writer.saga_id, step, name, writer.saga_id, step)
         return await self._await_decision(writer, step, name, timeout_s,
-                                          (meta or {}).get("progressToken"), cancel)
+                                          (meta or {}).get("progressToken"), verdict, cancel)
 
     async def _await_decision(self, writer: ChainWriter, step: int, name: str,
-                              timeout_s: float, token: Any,
+                              timeout_s: float, token: Any, verdict: Verdict,
                               cancel: Cancellation | None = None) -> str | None:
         """Wait for the step's approval to be decided: granted (None), denied (why),
         denied by its deadline, or withdrawn when the client cancels the call or its
@@ -637,13 +639,10 @@ class Gateway:
         every = self.saga_store.settings.approval_progress_s
         told, next_tell = 0, now
         while True:
-            s = self._refresh().steps[step]
-            if s.approval is Approval.GRANTED:
+            decided = gate(last_approval(self._refresh().steps[step]), lambda: verdict)
+            if decided is None or decided.act is Act.FAIL:  # a person decided
                 writer.head = self.store.log.head(writer.saga_id)
-                return None
-            if s.approval is Approval.DENIED:
-                writer.head = self.store.log.head(writer.saga_id)
-                return approvals.denial((s.approval_data or {}).get("decision"))
+                return decided.outcome.error if decided and decided.outcome else None
             now = time.monotonic()
             cancelled = cancel is not None and cancel.requested
             if cancelled or self.closing or (deadline is not None and now > deadline):
@@ -703,9 +702,10 @@ class Gateway:
 
     async def rollback(self, writer: ChainWriter, reason: str) -> tuple[str, list[str]]:
         """Compensate the saga's succeeded mutating calls, last first, through the
-        downstream server: the unwind of :mod:`saga_store.protocol.unwind`, with the
-        workers' retries and backoff. Works from the log, so a later gateway can
-        finish it. Returns how the saga ended and what was undone, last first."""
+        downstream server: the workers' own unwind loop
+        (:func:`saga_store.protocol.unwinding.unwinding`), with their retries, jittered
+        backoff, probes and keys. Works from the log, so a later gateway can finish
+        it. Returns how the saga ended and what was undone, last first."""
         import anyio
         bodies, head, verdict = read_verified(self.store.log, writer.saga_id)
         if not verdict.ok:  # compensations take their arguments from this log
@@ -717,65 +717,47 @@ class Gateway:
         if st.final:
             self._close(writer)
             return str(st.status), []
-        if st.status is Status.RUNNING:
-            self._apply(writer, st, [build.saga_failed(reason)])
-        elif st.status is Status.STUCK:  # a gateway started again is how a stuck unwind resumes
-            self._apply(writer, st, [build.saga_resumed(st.reason)])
+        self._apply(writer, st, unwind.opening(st, reason))
         undone: list[str] = []
-        catalogue = GatewayCatalogue(self)
-        probed: set[int] = set()
+        loop = unwinding.unwinding(st, GatewayCatalogue(self))
+        answer: Outcome | None = None
         while True:
-            act = unwind.next_action(st, catalogue, frozenset(probed))
-            if isinstance(act, unwind.Append):
-                self._apply(writer, st, act.items)
-            elif isinstance(act, unwind.Probe):
-                probed.add(act.step)
-                self._apply(writer, st, unwind.probed(act, await self._probe(act, st)))
-            elif isinstance(act, unwind.Compensate):
-                self._apply(writer, st, [act.intent])
-                comp = self.classification(st.steps[act.step].tool or "").compensation
-                out = as_outcome(await self._call(act.undo.tool, act.args, act.key,
-                                                   comp.timeout_s if comp else None))
-                items, retry_in = unwind.compensated(st, act, out, catalogue.resume_hint)
-                self._apply(writer, st, items)
-                if out.ok:
-                    undone.append(f"{st.steps[act.step].tool} (step {act.step})")
-                elif retry_in is not None:
-                    await anyio.sleep(retry_in)
-            elif isinstance(act, unwind.Close):
-                if act.attention:  # listed before the close is visible (see the compensator)
-                    self.store.redis.sadd(self.store.keys.needs_attention(writer.saga_id),
-                                          writer.saga_id)
-                self._apply(writer, st, [act.item])
-                self._close(writer)
-                notify.needs_attention(writer.saga_id, st.agent_id, act.attention)
-                return ("needs attention" if act.attention else "compensated"), undone
-            else:  # stuck: it waits for a person, or the next gateway to start
-                self._project(writer)
-                if self.session.writer is writer:  # the session's next call opens a new saga
-                    self.session.writer, self.session.state = None, None
-                return str(act.status), undone
-
-    async def _probe(self, act: unwind.Probe, st: SagaState) -> Any:
-        """Ask the server's probe tool whether the in-doubt call happened: its
-        structured answer ``{"happened": false}``, or the call's result as the
-        gateway logs results; None when the probe could not tell."""
-        step = st.steps[act.step]
-        probe = self.classification(step.tool or "").probe
-        assert probe is not None
-        try:
-            args = resolve_all(probe.args, step.args or {}, None)
-        except MappingError:
-            return None
-        out = await self._call(act.tool, args, f"{step.idem_key}:probe")
-        if not out.ok or out.in_doubt:
-            return None
-        if isinstance(out.structured, dict) and out.structured.get("happened") is False:
-            return {"happened": False}
-        return out.logged()
+            try:
+                req = loop.send(answer)
+            except StopIteration as stop:
+                end: unwind.Close | unwind.Done = stop.value
+                break
+            answer = None
+            if isinstance(req, unwinding.Write):
+                self._apply(writer, st, req.items)
+                if req.settles is not None and req.outcome is not None and req.outcome.ok:
+                    undone.append(f"{st.steps[req.settles.step].tool} (step {req.settles.step})")
+            elif isinstance(req, unwinding.Wait):
+                await anyio.sleep(req.seconds)
+            elif isinstance(req, unwind.Probe):
+                answer = probe_outcome(await self._call(req.tool, req.args, req.key))
+            else:
+                comp = self.classification(st.steps[req.step].tool or "").compensation
+                answer = as_outcome(await self._call(req.undo.tool, req.args, req.key,
+                                                     comp.timeout_s if comp else None))
+        if isinstance(end, unwind.Close):
+            if end.attention:  # listed before the close is visible (see the compensator)
+                self.store.redis.sadd(self.store.keys.needs_attention(writer.saga_id),
+                                      writer.saga_id)
+            self._apply(writer, st, [end.item])
+            self._close(writer)
+            notify.needs_attention(writer.saga_id, st.agent_id, end.attention)
+            return ("needs attention" if end.attention else "compensated"), undone
+        # stuck: it waits for a person, or the next gateway to start
+        self._project(writer)
+        if self.session.writer is writer:  # the session's next call opens a new saga
+            self.session.writer, self.session.state = None, None
+        return str(end.status), undone
 
     def _apply(self, writer: ChainWriter, st: SagaState, items: list[build.Item]) -> None:
         """Append ``items`` (with the gateway's lease) and fold them into ``st``."""
+        if not items:
+            return
         for ev in writer.append_riding(items):
             st.apply(ev)
 
@@ -805,10 +787,11 @@ class Gateway:
             st = fold(sid, bodies)
             writer = ChainWriter(self.store, sid, head, self.leases.lease)
             self.store.pay_ledger_debts(sid, st)  # what a gateway killed mid-close owed
-            if st.final:
+            left = left_over(st)
+            if left is Leftover.CLOSE:
                 self._close(writer)
                 continue
-            if st.status is Status.RUNNING and commit_blocker(st) is None:
+            if left is Leftover.COMMIT:
                 writer.append_many([build.saga_committed()], phase=Phase.FORWARD)
                 self._close(writer)
                 done.append((sid, "committed"))
@@ -834,9 +817,20 @@ class GatewayCatalogue:
         return unwind.Undo(cls.compensation.tool, cls.compensation.args,
                            cls.compensation.max_attempts)
 
-    def probe_of(self, st: StepState) -> str | None:
+    def probe_of(self, st: StepState) -> unwind.Probing | None:
         probe = self.gateway.classification(st.tool or "").probe
-        return probe.tool if probe is not None else None
+        return unwind.Probing(probe.tool, probe.args) if probe is not None else None
+
+
+def probe_outcome(out: CallOutcome) -> Outcome:
+    """A probe's answer in the protocol's terms: ``{"happened": false}`` when the
+    server says so in its structured content, else the call's result as the gateway
+    logs results (it happened); a call that failed or broke tells nothing."""
+    if not out.ok or out.in_doubt:
+        return Outcome.failed(out.text[:2000])
+    if isinstance(out.structured, dict) and out.structured.get("happened") is False:
+        return Outcome.succeeded({"happened": False})
+    return Outcome.succeeded(out.logged())
 
 
 def still_standing(st: SagaState) -> list[str]:

@@ -20,6 +20,12 @@ Item = tuple[str, dict[str, Any]]
 
 # -- forward -----------------------------------------------------------------
 
+def saga_started(agent_id: str, data: Mapping[str, Any] | None) -> Item:
+    """A saga's first event: its agent, and what its opener says of it (executor,
+    plan, conversation, the open's own id...)."""
+    return K.SAGA_STARTED, {"agent_id": agent_id, "data": dict(data) if data else None}
+
+
 def step_intent(n: int, tool: str, logged_args: Mapping[str, Any], reversibility: str,
                 tool_call_id: str | None, idem_key: str, *, keyed: bool = False,
                 trace: Mapping[str, str] | None = None) -> Item:

@@ -25,7 +25,8 @@ from saga_store.approval.policy import Decision, Verdict
 from saga_store.log.events import EventKind as K
 from saga_store.log.stream import EMPTY, Head
 from saga_store.protocol.outcome import Outcome
-from saga_store.protocol.vocab import OutcomeKind
+from saga_store.protocol.state import StepState
+from saga_store.protocol.vocab import Approval, OutcomeKind
 
 
 @dataclass
@@ -104,19 +105,40 @@ def on_delivery(view: StepView, tool: ToolFacts | None, tool_error: str = "") ->
 
 
 def _gate(view: StepView, tool: ToolFacts) -> Decided | None:
-    if view.approval is not None:
-        kind, data = view.approval
+    return gate(view.approval, tool.gate)
+
+
+def gate(approval: tuple[str, Any] | None, policy: Callable[[], Verdict]) -> Decided | None:
+    """The one approval gate, for a worker's delivery and a gateway's call alike:
+    None if the step may run; FAIL with the denial; AWAIT while a person decides;
+    GATE to ask one. ``approval``: the step's last approval event (kind, data), if
+    any (:func:`last_approval`); ``policy`` is asked only when there is none."""
+    if approval is not None:
+        kind, data = approval
         if kind == K.APPROVAL_GRANTED:
             return None
         if kind == K.APPROVAL_DENIED:
             return Decided(Act.FAIL, Outcome.failed(denial(data)))
         return Decided(Act.AWAIT)  # requested and not decided yet
-    verdict = tool.gate()
+    verdict = policy()
     if verdict.decision is Decision.ALLOW:
         return None
     if verdict.decision is Decision.DENY:
         return Decided(Act.FAIL, Outcome.failed(f"denied by policy ({verdict.reason})"))
     return Decided(Act.GATE, verdict=verdict)
+
+
+_APPROVAL_KINDS = {Approval.REQUESTED: K.APPROVAL_REQUESTED, Approval.GRANTED: K.APPROVAL_GRANTED,
+                   Approval.DENIED: K.APPROVAL_DENIED}
+
+
+def last_approval(st: StepState) -> tuple[str, Any] | None:
+    """A folded step's last approval event as :func:`gate` takes it (kind, data)."""
+    if st.approval is None:
+        return None
+    data = st.approval_data if st.approval is Approval.REQUESTED else \
+        (st.approval_data or {}).get("decision")
+    return _APPROVAL_KINDS[st.approval], data
 
 
 def denial(decision: Any) -> str:

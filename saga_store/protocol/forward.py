@@ -4,13 +4,14 @@ saga may commit."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from enum import StrEnum
 from typing import Any
 
 from saga_store.errors import KeyReuseError
 from saga_store.protocol import build
 from saga_store.protocol.build import Item
 from saga_store.protocol.outcome import Outcome
-from saga_store.protocol.state import SagaState
+from saga_store.protocol.state import SagaState, Status
 from saga_store.protocol.vocab import Follow, OutcomeKind, Reversibility, StepStatus
 
 
@@ -25,6 +26,37 @@ def commit_blocker(state: SagaState) -> str | None:
             continue
         return f"step {n} ({st.tool}) is {st.status}, not succeeded"
     return None
+
+
+def failure_unwinds(kind: OutcomeKind, reversibility: str | None, *, session: bool) -> bool:
+    """The one failure rule: whether a step's outcome unwinds its saga. Every outcome
+    but success does, on workers. In a ``session`` (an agent calling through the MCP
+    gateway, which answers each call and goes on) a read that failed does not: it
+    changed nothing, the commit rule lets it stand, and the agent decides what
+    next. A read in doubt unwinds even there: the saga could not commit over it."""
+    if kind is OutcomeKind.SUCCEEDED:
+        return False
+    return not (session and kind is OutcomeKind.FAILED
+                and reversibility == Reversibility.READONLY)
+
+
+class Leftover(StrEnum):
+    """What becomes of a saga whose driver stopped mid-session (:func:`left_over`)."""
+
+    CLOSE = "close"  # final already: only the driver's bookkeeping is left
+    COMMIT = "commit"  # going forward, and the commit rule holds: its calls stand
+    UNWIND = "unwind"  # anything else: unwound (begun, resumed or finished)
+
+
+def left_over(state: SagaState) -> Leftover:
+    """What a driver that finds a session another one left does with it: a saga
+    going forward whose every call settled as the commit rule wants is committed
+    (its calls were answered: they stand), any other unfinished one is unwound."""
+    if state.final:
+        return Leftover.CLOSE
+    if state.status is Status.RUNNING and commit_blocker(state) is None:
+        return Leftover.COMMIT
+    return Leftover.UNWIND
 
 
 def repeat_of(state: SagaState, key: str, tool: str, logged_args: Any) -> int | None:
@@ -91,7 +123,7 @@ def outcome_events(step: int, intent: Mapping[str, Any], outcome: Outcome, *,
         # a late outcome is a fact the unwind needs; the compensator may have
         # stepped back while this worker held the lease, so it is queued again
         return items, Follow.COMPENSATE
-    if not outcome.ok or outcome.postcondition_failed:
+    if failure_unwinds(outcome.kind, None, session=False) or outcome.postcondition_failed:
         why = outcome.error or f"postcondition {outcome.postcondition_failed} failed"
         items.append(build.saga_failed(f"step {step}: {why}"))
         return items, Follow.COMPENSATE

@@ -3,23 +3,27 @@
 :func:`next_action` looks at the folded state and says what a driver does
 next: append events that settle a step (:class:`Append`), ask a probe whether
 an in-doubt call happened (:class:`Probe`), run a compensation
-(:class:`Compensate`), or close the saga (:class:`Close`). The driver does the
-I/O, appends what :func:`probed` or :func:`compensated` make of the answer,
-applies the events to the state, and asks again. Drivers differ only in how
-they call tools: the workers' compensator through the registry, the MCP
-gateway through its downstream server (:class:`Catalogue`).
+(:class:`Compensate`), or close the saga (:class:`Close`). The loop that asks
+again after each answer, appending what :func:`probed` or :func:`compensated`
+make of it, is written once (:mod:`saga_store.protocol.unwinding`); drivers
+differ only in how they call tools, append and wait: the workers' compensator
+through the registry, the MCP gateway through its downstream server
+(:class:`Catalogue`). :func:`opening` says how an unwind begins (failed, or
+resumed when stuck).
 
 Rules, last step first (:func:`saga_store.state.unwind_order`):
 
 - a step that never started is failed (it never will run); a started step
   with no outcome is in doubt;
 - a failed or read-only step has nothing to undo;
-- an in-doubt step is first settled by its probe, when it has one;
+- an in-doubt step is first settled by its probe, when it has one: called with
+  arguments from its static mapping of the step's input and with the step's own
+  key (it looks the call up by it);
 - a step whose tool cannot be undone is ``step_not_compensable``: the saga
   will end needing a person;
 - a compensable step gets ``compensation_intent`` then its compensation, with
   arguments from the static mapping only and a key derived from the step's;
-  a failure is retried with backoff up to the compensation's ``max_attempts``
+  a failure is retried with jittered backoff up to the compensation's ``max_attempts``
   (counted from the last resume), then the saga is stuck;
 - when every step is settled: ``saga_compensated``, or
   ``saga_needs_attention`` naming the steps a person must look at.
@@ -52,6 +56,16 @@ class Undo:
     backoff: Callable[[int], float] = lambda attempt: min(2.0, 0.05 * 2 ** (attempt - 1))
 
 
+@dataclass(frozen=True)
+class Probing:
+    """How an in-doubt step's probe is asked: the tool, and its arguments as a
+    static mapping from the step's input (a probe never sees an output: there is
+    none). A registry tool's probe maps each of its parameters the step has."""
+
+    tool: str
+    mapping: Mapping[str, str]
+
+
 class Catalogue(Protocol):
     """What an unwind needs to know of the tools: the workers' registry, or what
     the gateway knows of its downstream server's tools."""
@@ -61,8 +75,8 @@ class Catalogue(Protocol):
     def undo_of(self, st: StepState) -> Undo | str:
         """How to undo the step, or why it cannot be undone."""
 
-    def probe_of(self, st: StepState) -> str | None:
-        """The name of the tool that tells whether the in-doubt call happened."""
+    def probe_of(self, st: StepState) -> Probing | None:
+        """The probe that tells whether the step's in-doubt call happened, if any."""
 
 
 @dataclass(frozen=True)
@@ -74,10 +88,14 @@ class Append:
 
 @dataclass(frozen=True)
 class Probe:
-    """Ask ``tool`` whether step ``step``'s in-doubt call happened."""
+    """Ask ``tool`` whether step ``step``'s in-doubt call happened: with ``args``
+    (from the probe's mapping) and the step's own key (``key``: the probe looks
+    the call up by it)."""
 
     step: int
     tool: str
+    args: dict[str, Any] = field(default_factory=dict)
+    key: str = ""
 
 
 @dataclass(frozen=True)
@@ -128,14 +146,26 @@ def next_action(state: SagaState, tools: Catalogue,
         if st.status is StepStatus.FAILED or st.reversibility is Reversibility.READONLY:
             continue
         if st.status is StepStatus.IN_DOUBT and n not in probed:
-            probe = tools.probe_of(st)
+            probe = _probe(state, st, tools.probe_of(st))
             if probe is not None:
-                return Probe(n, probe)
+                return probe
         undo = tools.undo_of(st)
         if isinstance(undo, str):
             return Append([build.not_compensable(n, undo)])
         return _compensate(state, st, undo)
     return Close(build.saga_closed_unwound(attention), attention)
+
+
+def _probe(state: SagaState, st: StepState, probing: Probing | None) -> Probe | None:
+    """The probe of ``st``; None when it has none, or its mapping finds no value (the
+    step is compensated unprobed, as when a probe cannot tell)."""
+    if probing is None:
+        return None
+    try:
+        args = resolve_all(probing.mapping, st.args or {}, None)
+    except MappingError:
+        return None
+    return Probe(st.step, probing.tool, args, step_probe_key(state, st))
 
 
 def _compensate(state: SagaState, st: StepState, undo: Undo) -> Action:
@@ -158,6 +188,23 @@ def step_compensation_key(state: SagaState, st: StepState) -> str:
     """The one derivation of a compensation's idempotency key: from the step's own
     key (every step written since keys exist has one), else from its position."""
     return compensation_key(st.idem_key or f"{state.saga_id}/{st.step}")
+
+
+def step_probe_key(state: SagaState, st: StepState) -> str:
+    """The key a probe is called with: the step's own, so the probe can look up the
+    call made under it (derived from its position for steps logged without one)."""
+    return st.idem_key or f"{state.saga_id}/{st.step}"
+
+
+def opening(state: SagaState, reason: str) -> list[Item]:
+    """What a driver appends to unwind ``state`` now: ``saga_failed`` for a saga
+    still going forward, ``saga_resumed`` for a stuck one (a driver started again is
+    how a stuck unwind resumes), nothing for one already unwinding or final."""
+    if state.status is Status.RUNNING:
+        return [build.saga_failed(reason)]
+    if state.status is Status.STUCK:
+        return [build.saga_resumed(state.reason)]
+    return []
 
 
 def compensated(state: SagaState, act: Compensate, outcome: Outcome,

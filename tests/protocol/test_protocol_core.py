@@ -52,8 +52,8 @@ class Tools:
             return "tool is irreversible"
         return unwind.Undo("release", {"id": "$.output.id"}, self.attempts, lambda a: 0.5 * a)
 
-    def probe_of(self, st: StepState) -> str | None:
-        return self.probe
+    def probe_of(self, st: StepState) -> unwind.Probing | None:
+        return unwind.Probing(self.probe, {"x": "$.input.x"}) if self.probe else None
 
 
 FAILED = build.saga_failed("step 2 failed")
@@ -72,7 +72,7 @@ FAILED = build.saga_failed("step 2 failed")
     # in doubt with a probe: ask it first
     ([*done(0), intent(1), build.step_started(1, 1),
       build.step_outcome(1, OutcomeKind.IN_DOUBT, error="t"), FAILED], Tools(probe="p"),
-     unwind.Probe(1, "p")),
+     unwind.Probe(1, "p", {"x": 1}, "key1")),
     # irreversible: not compensable, and the saga will need a person
     ([*done(0), FAILED], Tools(irreversible=frozenset({"reserve"})),
      unwind.Append([build.not_compensable(0, "tool is irreversible")])),
