@@ -404,9 +404,14 @@ class Gateway:
         if name in SESSION_TOOLS:
             return await self._session_tool(name, args)
         cls = self.classification(name)
-        problem = self._invalid(name, args)
-        if problem:
-            return CallOutcome(False, None, problem)  # nothing ran; nothing to undo
+        # arguments the tool's listed schema rejects, or a tool the server does not
+        # list: the call still goes to the server, so the client gets the server's own
+        # error, and its refusal rolls nothing back (the server refused what it was
+        # never going to run); a call a person would have to approve is refused here
+        refused = self._invalid(name, args)
+        if refused and gate(None, lambda: self.policy.decide(
+                name, cls.for_policy(self.policy.trust_server_hints), args)) is not None:
+            return CallOutcome(False, None, refused)  # nothing ran; nothing to undo
         writer = self._open()
         st = self.session.state
         assert st is not None
@@ -477,13 +482,19 @@ class Gateway:
             outcome = await self._task_result(outcome.task_id)
         outcome = scrubbed(outcome, secrets)
         said = as_outcome(outcome)
+        # the server refused a call its own schema rejects (or a tool it does not
+        # list): taken as refused before it ran, so nothing is rolled back for it
+        refusal = {"refused": refused} if refused and not outcome.ok \
+            and not outcome.in_doubt else {}
         try:
             self._add(writer, [build.step_outcome(step, said.kind, result=said.result,
-                                                  error=said.error, tool=name)])
+                                                  error=said.error, tool=name, **refusal)])
             if explicit:
                 self.dedupe.finish(st.agent_id, key,
                                    "succeeded" if outcome.ok else "failed", outcome.logged())
-            if not outcome.ok or outcome.in_doubt:
+            if refusal:
+                self._project(writer)
+            elif not outcome.ok or outcome.in_doubt:
                 outcome = await self._failed(writer, name, cls, outcome)
         except BaseException:
             # the outcome may be logged (an append whose reply was lost did happen) and

@@ -16,13 +16,15 @@ from saga_store.protocol.vocab import Follow, OutcomeKind, Reversibility, StepSt
 
 
 def commit_blocker(state: SagaState) -> str | None:
-    """The one commit rule: every step succeeded, except reads that failed (they
-    changed nothing). Returns why the saga may not commit, or None."""
+    """The one commit rule: every step succeeded, except reads that failed and calls
+    the callee refused before running them (they changed nothing). Returns why the
+    saga may not commit, or None."""
     for n in sorted(state.steps):
         st = state.steps[n]
         if st.status is StepStatus.SUCCEEDED:
             continue
-        if st.status is StepStatus.FAILED and st.reversibility is Reversibility.READONLY:
+        if st.status is StepStatus.FAILED and (st.refused or
+                                               st.reversibility is Reversibility.READONLY):
             continue
         return f"step {n} ({st.tool}) is {st.status}, not succeeded"
     return None

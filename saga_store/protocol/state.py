@@ -50,6 +50,10 @@ class StepState:
     approval: Approval | None = None
     approval_data: Any = None  # the preview; then who decided, and why
     resolved_by: Any = None  # who settled the compensation by hand, and their note
+    # a failure the callee refused before running it (arguments its own schema
+    # rejects, a tool it does not have): nothing to undo, and the commit rule lets it
+    # stand, as a read that failed
+    refused: bool = False
 
     @property
     def finished(self) -> bool:
@@ -150,6 +154,7 @@ class SagaState:
             st.status, st.result = StepStatus.SUCCEEDED, _get(data, "result")
         elif kind == K.STEP_FAILED:
             st.status, st.error = StepStatus.FAILED, _get(data, "error")
+            st.refused = bool(_get(data, "refused"))
         elif kind == K.STEP_IN_DOUBT:
             st.status, st.error = StepStatus.IN_DOUBT, _get(data, "error")
         elif kind == K.COMPENSATION_INTENT:

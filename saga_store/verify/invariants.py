@@ -25,11 +25,12 @@ class Invariants:
     """Feed events in order; :meth:`feed` returns a reason string at the first violation."""
 
     __slots__ = ("approvals", "closed", "comp_done", "comp_open", "last_comp", "outcome",
-                 "readonly", "started", "unwinding", "walked")
+                 "readonly", "refused", "started", "unwinding", "walked")
 
     def __init__(self) -> None:
         self.outcome: dict[int, str | None] = {}  # step -> last outcome kind (None: intent only)
         self.readonly: set[int] = set()
+        self.refused: set[int] = set()  # failures the callee refused before running them
         self.started: set[int] = set()
         self.comp_open: set[int] = set()
         self.comp_done: set[int] = set()
@@ -56,6 +57,8 @@ class Invariants:
         if step not in self.outcome:
             return f"{kind} for step {step}, which has no intent"
         if kind in (K.STEP_STARTED, K.STEP_SUCCEEDED, K.STEP_FAILED, K.STEP_IN_DOUBT):
+            if kind == K.STEP_FAILED and isinstance(data, dict) and data.get("refused"):
+                self.refused.add(step)
             return self._forward(kind, step)
         if kind == K.STEP_DUPLICATE_SUPPRESSED:
             return None
@@ -137,9 +140,11 @@ class Invariants:
         if kind == K.SAGA_COMMITTED:
             if self.unwinding:
                 return "saga_committed after compensation began"
-            # a read that failed changed nothing, so it leaves nothing behind
+            # a read that failed, or a call refused before it ran, changed nothing,
+            # so it leaves nothing behind
             open_steps = [s for s, o in self.outcome.items() if o != K.STEP_SUCCEEDED
-                          and not (o == K.STEP_FAILED and s in self.readonly)]
+                          and not (o == K.STEP_FAILED and (s in self.readonly
+                                                           or s in self.refused))]
             if open_steps:
                 return f"saga_committed with step {open_steps[0]} not succeeded"
         if kind == K.SAGA_COMPENSATED:
