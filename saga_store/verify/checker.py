@@ -267,6 +267,7 @@ class LedgerView:
     # saga -> its tombstone: (seq, hash) of the close it was archived at, and the
     # digest of the segment holding it (see saga_store.log.archive)
     archived: dict[str, tuple[int, bytes, str]] = field(default_factory=dict)
+    cut: set[str] = field(default_factory=set)  # ledger chains with an archived prefix
 
     def merge(self, other: LedgerView) -> None:
         """Take in what another part of the same ledger said (parallel checks)."""
@@ -385,10 +386,14 @@ def archived_check(rep: ChainReport, view: LedgerView) -> None:
     ledger recorded, so the ledger still proves how the saga ended. Its events are
     checked offline, in the archive (``saga verify --archive``)."""
     seq, h, _ = view.archived[rep.chain_id]
+    sid = rep.chain_id
     if rep.events:
         rep.fail(0, "ledger_conflict", "the ledger says this saga was archived, but its log "
                  "is still in Redis")
-    elif view.closed.get(rep.chain_id) != (seq, h):
+    elif sid not in view.closed and sid not in view.opened \
+            and view.where.get(sid, set()) & view.cut:
+        return  # its opening and close moved out with its chain's archived prefix
+    elif view.closed.get(sid) != (seq, h):
         rep.fail(seq, "forged_close", f"the ledger's tombstone of this saga names seq {seq}, "
                  "which is not the close the ledger recorded")
 
@@ -525,6 +530,7 @@ class Verifier:
         # this runs is seen in one place or the other
         pending = ledger.pending_by_chain()
         ledgers, view = self._check_ledgers(ledger.present(), progress)
+        view.cut = {rep.chain_id for rep in ledgers if rep.base.seq >= 0}
         if not ledgers:
             ledgers = [ChainReport(layout.ledger_of(saga_id) if saga_id else LEGACY)]
         for chain, bodies in pending.items():
@@ -588,6 +594,7 @@ class Verifier:
         for c in chains:
             for body in pending.get(c, []):
                 view.note(body, c)
+        view.cut |= {rep.chain_id for rep in ledgers if rep.base.seq >= 0}
         judged = all(rep.ok for rep in ledgers)
 
         def judge(rep: ChainReport) -> None:

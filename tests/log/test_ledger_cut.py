@@ -111,6 +111,27 @@ def test_a_saga_still_open_holds_the_cut_before_its_opening(
     assert result.ok, [f.to_dict() for f in result.failures]
 
 
+def test_a_tombstone_left_in_redis_after_its_saga_s_close_was_cut_still_verifies(
+        client: redis.Redis, store: EventStore, redis_url: str, tmp_path: Path) -> None:
+    """Under steady load a saga's tombstone comes long after its opening and close,
+    behind younger sagas' entries: the chain is cut between them, and both
+    verifies still pass with the close in the archive and the tombstone in Redis."""
+    first = committed_saga(store, steps=1).saga_id
+    Ledger(store.log).flush()
+    Ledger(store.log).record_root()  # the chain at seq 1, first's close
+    archive(redis_url, tmp_path)  # first's tombstone: seq 2
+    committed_saga(store, steps=1)
+    Ledger(store.log).flush()
+    archive(redis_url, tmp_path, before="1h")
+    assert parse_base(client.get(keys.ledger_base(CHAIN))).seq == 1
+    kinds = {b["kind"] for b in Ledger(store.log).bodies() if b["data"]["saga_id"] == first}
+    assert kinds == {"saga_archived"}
+    result = Verifier(store.log).verify()
+    assert result.ok, [f.to_dict() for f in result.failures]
+    code, output = verify_archive(redis_url, tmp_path, "--with-store")
+    assert code == 0, output
+
+
 def test_a_prefix_trimmed_by_hand_with_a_made_up_base_fails_verify_naming_the_chain(
         client: redis.Redis, store: EventStore, redis_url: str, tmp_path: Path) -> None:
     """A base the root never recorded (a real entry's seq and hash, or made up)
