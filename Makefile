@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real test-parity test-cluster lint typecheck bench bench-peers bench-cluster chaos clean \
+.PHONY: demo test test-real test-parity test-cluster lint typecheck bench bench-peers bench-cluster bench-soak chaos clean \
 	example-openai-agents example-pydantic-ai example-langgraph example-anthropic
 
 $(STAMP): pyproject.toml
@@ -97,6 +97,13 @@ $(PEERS_STAMP): $(STAMP)
 # spread over buckets and masters (QUICK=1: one small round)
 bench-cluster: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_cluster --rounds $(ROUNDS) $(if $(filter 1,$(QUICK)),--quick)
+
+# Redis memory over a soak: 50 sagas/s of 3-step plans through an asyncio worker,
+# `saga archive --closed-before 5m --every 30s` beside it, used_memory sampled every
+# 10 s (SOAK_MINUTES=20 by default; about that long; memory, not CPU)
+SOAK_MINUTES ?= 20
+bench-soak: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_soak --minutes $(SOAK_MINUTES)
 
 bench-peers: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.bench_peers --rounds $(ROUNDS) $(if $(filter 1,$(QUICK)),--quick) $(PEERS_ARGS)

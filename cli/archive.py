@@ -67,6 +67,9 @@ def archive(ctx: Context, closed_before: str, folder: str, batch: int, per_segme
                    f"in {len(done.segments)} segments) to {folder}"
                    + (f", manifest {done.manifest}" if done.manifest else "")
                    + f"; removed {done.removed - done.resumed} from Redis")
+        if done.ledger_cuts:
+            click.echo(f"moved {done.ledger_entries} ledger entries of archived sagas out of "
+                       f"Redis ({done.ledger_cuts} chains cut)")
         for sid, why in sorted(done.skipped.items())[:20]:
             click.echo(f"left {sid}: {why}", err=True)
 

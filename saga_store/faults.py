@@ -19,8 +19,11 @@ ledger entry not yet pushed). Queue point: ``junk_moved`` (a job id RQ cannot
 take moved onto the intermediate list by a worker of one queue, not yet
 dropped). Archive points (``saga archive``): ``archive_after_segment`` (a segment
 renamed into place, the run's manifest not yet written), ``archive_after_manifest``
-(the manifest written, no saga removed yet) and ``archive_removing`` (after each
-batch of removal scripts, earlier runs' unfinished ones included). Off unless
+(the manifest written, no saga removed yet) ``archive_removing`` (after each
+batch of removal scripts, earlier runs' unfinished ones included),
+``archive_after_ledger_segment`` (the ledger segment renamed into place, the
+manifest not yet written) and ``archive_cutting`` (after each batch of ledger
+cuts, an earlier run's included). Off unless
 both variables are set.
 """
 

@@ -22,7 +22,7 @@ names them; every key user asks it).
     ss:sweep:<g>          string   the lease of the sweeper of bucket group g (layout 3)
     ss:sweeper:last       hash     the last sweep of any worker: at_ms (Redis time),
                                    by (worker), indexes looked at, jobs queued
-    ss:ledger:{b<n>}:...  the same four keys for bucket n's ledger chain (layout 2;
+    ss:ledger:{b<n>}:...  the same five keys for bucket n's ledger chain (layout 2;
                                    its chain id is "ledger:<n>")
     ss:ledger:{root}:log  stream   the root chain: the buckets' heads, recorded
                                    by anchors and sweepers (layout 2)
@@ -33,6 +33,9 @@ names them; every key user asks it).
     ss:ledger:{ledger}:lease string  the sealer's lease
     ss:ledger:{ledger}:rejected stream  pending entries the sealer refused to chain
                                    (their saga's chain does not bear them out), with why
+    ss:ledger:{ledger}:base string  "<seq> <hash hex>": the chain's last entry
+                                   'saga archive' moved out (its prefix 0 .. seq is
+                                   in the archive); absent: the chain starts at seq 0
     ss:{<A>_}:idem:<key>  hash     dedupe record of an explicit idempotency key
                                    given in any saga of agent A (A owns a namespace)
     ss:idem:{<A>:<key>}   hash     the same, for an agent A that owns no namespace
@@ -132,6 +135,10 @@ def ledger_lease(chain_id: str) -> str:
 
 def ledger_rejected(chain_id: str) -> str:
     return f"{PREFIX}:ledger:{{{ledger_tag(chain_id)}}}:rejected"
+
+
+def ledger_base(chain_id: str) -> str:
+    return f"{PREFIX}:ledger:{{{ledger_tag(chain_id)}}}:base"
 
 
 def active_for(saga_id: str) -> str:

@@ -18,7 +18,12 @@ A run, holding a lock on the archive folder:
    the close it was archived at, its tombstone goes onto its bucket's ledger
    pending list and its keys go (log, meta, lease, driver, secrets, blobs; its
    index entries). So no saga is removed without its segment and tombstone, and
-   a rerun never archives one twice.
+   a rerun never archives one twice;
+6. moves out of Redis the prefix of each ledger chain whose sagas are all
+   archived, up to a head the root chain recorded
+   (:mod:`saga_store.log.ledger_cut`): written to a ledger segment the same
+   manifest lists, then cut; the cuts a killed run's manifest lists are made
+   first, before the ledger is read.
 
 Removing needs UNLINK, which the worker and agent ACL users lack on purpose: an
 operator runs it with an admin user. It needs layout 3, where the pending list
@@ -45,13 +50,14 @@ import orjson
 from saga_store import keys
 from saga_store.errors import IntegrityError, InvalidInput, StoreUnavailable
 from saga_store.faults import fault
+from saga_store.log import ledger_cut
 from saga_store.log import segments as seg
 from saga_store.log.canonical import canonical
 from saga_store.log.events import EventKind as K
 from saga_store.log.ledger import CLOSING_KINDS, Ledger
 from saga_store.log.removal import Close, Remover
 from saga_store.log.scripts import RENEW_LEASE, TAKE_OVER_LEASE
-from saga_store.log.stream import SagaLog, body_and_hash, command, release_lease, stamp_of
+from saga_store.log.stream import EMPTY, SagaLog, body_and_hash, command, release_lease, stamp_of
 from saga_store.verify.checker import ChainChecker
 
 BATCH = 500  # sagas read, or removed, per round trip
@@ -84,12 +90,15 @@ class ArchiveReport:
     skipped: dict[str, str] = field(default_factory=dict)  # saga -> why it stays
     due: int = 0  # of a dry run: sagas it would archive, and earlier runs' to finish
     unfinished: int = 0
+    ledger_entries: int = 0  # ledger entries moved out of Redis (this run's cuts)
+    ledger_cuts: int = 0  # ledger chains cut (this run's, and earlier runs' finished)
 
     def to_dict(self) -> dict[str, Any]:
         return {"due": self.due, "unfinished": self.unfinished, "written": self.written,
                 "removed": self.removed, "resumed": self.resumed,
                 "events": self.events, "bytes": self.bytes, "segments": self.segments,
-                "manifest": self.manifest, "cleared": self.cleared, "skipped": self.skipped}
+                "manifest": self.manifest, "cleared": self.cleared, "skipped": self.skipped,
+                "ledger_entries": self.ledger_entries, "ledger_cuts": self.ledger_cuts}
 
 
 class Archiver:
@@ -114,23 +123,29 @@ class Archiver:
         """Archive every saga closed before ``closed_before_ms`` (Unix ms); with
         ``dry_run``, only count them (and what earlier runs left), writing nothing."""
         if dry_run:
-            listed = self._listed()[0] if self.folder.is_dir() else {}
-            closes, stoned = self._ledger()
+            listed = self._listed() if self.folder.is_dir() else seg.Listed()
+            closes, stoned, _ = self._ledger()
+            stoned |= listed.cut_sagas
             self.report.due = sum(c.ts < closed_before_ms and sid not in stoned
-                                  and sid not in listed for sid, c in closes.items())
-            self.report.unfinished = len(listed.keys() - stoned)
+                                  and sid not in listed.sagas for sid, c in closes.items())
+            self.report.unfinished = len(listed.sagas.keys() - stoned)
             return self.report
         self._may_remove()
         self.folder.mkdir(parents=True, exist_ok=True)
         with self._locked(), self._leased():
             listed = self._clear_leftovers()
             self.ledger.flush()
-            closes, stoned = self._ledger()
-            self._remove(self._unfinished(listed, stoned), resumed=True)
+            self._cut(list(listed.cuts.values()), listed.digests)  # a killed run's
+            closes, stoned, reads = self._ledger()
+            stoned |= listed.cut_sagas
+            self._remove(self._unfinished(listed.sagas, stoned), resumed=True)
             picks = [c for sid, c in sorted(closes.items())
-                     if c.ts < closed_before_ms and sid not in stoned and sid not in listed]
-            done = self._write(picks)
+                     if c.ts < closed_before_ms and sid not in stoned
+                     and sid not in listed.sagas]
+            cuts = ledger_cut.plan(self.log, reads, listed.cuts, self.report.skipped)
+            done, cut = self._write(picks, cuts)
             self._remove(done)
+            self._cut(cut, None)
             self.ledger.seal_many(sorted({self.log.layout.ledger_of(c.saga_id) for c in done}))
         return self.report
 
@@ -139,11 +154,16 @@ class Archiver:
 
     # -- reading the ledger -----------------------------------------------
 
-    def _ledger(self) -> tuple[dict[str, Close], set[str]]:
-        """The chained closes by saga, and the sagas with a tombstone (chained or pending)."""
+    def _ledger(self) -> tuple[dict[str, Close], set[str], dict[str, ledger_cut.ChainRead]]:
+        """The chained closes by saga, the sagas with a tombstone (chained or pending),
+        and each ledger chain as read (after its base)."""
         closes: dict[str, Close] = {}
         stoned: set[str] = set()
-        for ev in self.ledger.bodies():
+        present = self.ledger.present()
+        held = ledger_cut.bases(self.log, present)
+        reads = {c: ledger_cut.read_chain(self.log, c, held.get(c, EMPTY))
+                 for c in present}
+        for ev in (e.ev for read in reads.values() for e in read.entries):
             data = ev.get("data") or {}
             sid = data.get("saga_id")
             if ev.get("kind") == K.LEDGER_CLOSED and isinstance(sid, str):
@@ -153,7 +173,25 @@ class Archiver:
                 stoned.add(sid)
         stoned.update(b["data"]["saga_id"] for b in self.ledger.pending()
                       if b["kind"] == K.LEDGER_ARCHIVED)
-        return closes, stoned
+        return closes, stoned, reads
+
+    def _cut(self, cuts: list[dict[str, Any]], digests: dict[str, str] | None) -> None:
+        """Make ``cuts`` in Redis, ``batch`` chains a round trip. ``digests``: of an
+        earlier run's cuts, each ledger segment held to its manifest first (a
+        changed file cuts nothing)."""
+        if digests is not None:  # an earlier run's: only those not made yet
+            held = ledger_cut.bases(self.log, [c["chain"] for c in cuts])
+            cuts = [c for c in cuts if held.get(c["chain"], EMPTY).seq < c["to"]]
+        for name in sorted({c["segment"] for c in cuts}) if digests is not None else []:
+            path = self.folder / name
+            if not path.exists() or seg.file_digest(path) != (digests or {}).get(name):
+                raise IntegrityError(f"ledger segment {name} is missing or changed since its "
+                                     "manifest listed it; nothing was cut: run 'saga verify "
+                                     f"--archive {self.folder}'")
+        for i in range(0, len(cuts), self.batch):
+            self._renew()
+            self.report.ledger_cuts += ledger_cut.apply(self.log, cuts[i:i + self.batch])
+            fault("archive_cutting")
 
     # -- one run at a time --------------------------------------------------
 
@@ -207,32 +245,20 @@ class Archiver:
                                    "it finish, then run again") from None
             yield
 
-    def _clear_leftovers(self) -> dict[str, tuple[dict[str, Any], dict[str, str]]]:
-        """Drop what a killed run left that no manifest lists; return the sagas the
-        manifests list: saga -> (its entry, its segment's digest by name)."""
-        listed, names = self._listed()
+    def _clear_leftovers(self) -> seg.Listed:
+        """Drop what a killed run left that no manifest lists; return what the
+        manifests list."""
+        listed = self._listed()
         for path in self.folder.iterdir():
             if path.name.startswith(seg.TMP_PREFIX) or (
-                    path.match(seg.SEGMENTS) and path.name not in names):
+                    (path.match(seg.SEGMENTS) or path.match(seg.LEDGER_SEGMENTS))
+                    and path.name not in listed.digests):
                 path.unlink()
                 self.report.cleared.append(path.name)
         return listed
 
-    def _listed(self) -> tuple[dict[str, tuple[dict[str, Any], dict[str, str]]], set[str]]:
-        """The sagas the folder's manifests list (saga -> its entry, its manifest's
-        segment digests by name), and the segments they list."""
-        listed: dict[str, tuple[dict[str, Any], dict[str, str]]] = {}
-        names: set[str] = set()
-        for path in seg.manifests(self.folder):
-            doc = seg.read_manifest(path, self.log.chain)
-            if not seg.signature_ok(doc, self.log.chain):
-                raise IntegrityError(f"{path} does not verify (its signature); nothing was "
-                                     f"removed: run 'saga verify --archive {self.folder}'")
-            digests = {s["name"]: s["sha256"] for s in doc["segments"]}
-            names.update(digests)
-            for entry in doc["sagas"]:
-                listed[entry["saga_id"]] = (entry, digests)
-        return listed, names
+    def _listed(self) -> seg.Listed:
+        return seg.listed(self.folder, self.log.chain)
 
     def _unfinished(self, listed: dict[str, tuple[dict[str, Any], dict[str, str]]],
                     stoned: set[str]) -> list[Close]:
@@ -263,8 +289,10 @@ class Archiver:
 
     # -- writing segments ---------------------------------------------------
 
-    def _write(self, picks: list[Close]) -> list[Close]:
-        """Write ``picks`` to segments and the run's manifest; returns those written."""
+    def _write(self, picks: list[Close], cuts: list[ledger_cut.Cut],
+               ) -> tuple[list[Close], list[dict[str, Any]]]:
+        """Write ``picks`` to segments, ``cuts`` to a ledger segment, and the run's
+        manifest; returns the sagas written and the cuts as the manifest lists them."""
         run = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + os.urandom(3).hex()
         done: list[Close] = []
         entries: list[dict[str, Any]] = []
@@ -289,14 +317,16 @@ class Archiver:
             done += kept
             self.report.segments.append(name)
             self.report.bytes += size
-        if not done:
-            return []
+        lsegs, listed_cuts = self._write_cuts(run, cuts)
+        if not done and not listed_cuts:
+            return [], []
         chains = {self.log.layout.ledger_of(c.saga_id) for c in done}
         root = self.ledger.record_root()
         doc: dict[str, Any] = {
             **seg.FORMAT, "mode": self.log.chain.mode, "layout": self.log.layout.record(),
             "run": run, "created_ms": time.time_ns() // 1_000_000, "segments": segs,
-            "sagas": entries, "root": [root.seq, root.hash.hex()],
+            "sagas": entries, "ledger_segments": lsegs, "cuts": listed_cuts,
+            "root": [root.seq, root.hash.hex()],
             "heads": {c: [h.seq, h.hash.hex()] for c, h in sorted(self.ledger.heads().items())
                       if c in chains}}
         doc["sig"] = seg.sign(self.log.chain, doc)
@@ -304,8 +334,25 @@ class Archiver:
         seg.write_atomic(self.folder, name, [canonical(doc) + b"\n"], gz=False)
         self.report.manifest = name
         self.report.written = len(done)
+        self.report.ledger_entries = sum(c.seq - c.start + 1 for c in cuts)
         fault("archive_after_manifest")
-        return done
+        return done, listed_cuts
+
+    def _write_cuts(self, run: str, cuts: list[ledger_cut.Cut],
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """The ledger segment of ``cuts`` (their entries, as chained), written; its
+        listing and the cuts', for the manifest."""
+        if not cuts:
+            return [], []
+        name = f"ledger-{run}.jsonl.gz"
+        self._renew()
+        digest = seg.write_atomic(self.folder, name, ledger_cut.lines_of(cuts), gz=True)
+        size = (self.folder / name).stat().st_size
+        fault("archive_after_ledger_segment")
+        self.report.bytes += size
+        return ([{"name": name, "sha256": digest, "bytes": size,
+                  "entries": sum(c.seq - c.start + 1 for c in cuts)}],
+                [c.to_dict(name) for c in cuts])
 
     def _lines(self, picks: list[Close], kept: list[Close]) -> Iterator[bytes]:
         """The segment's lines, a batch of sagas at a time; each saga that verifies

@@ -572,7 +572,19 @@ class Ledger:
         return warnings
 
     def _hold_to(self, chain: str, seq: int, want: str, what: str) -> None:
-        """Raise :class:`AnchorMismatch` unless ``chain`` holds hash ``want`` at ``seq``."""
+        """Raise :class:`AnchorMismatch` unless ``chain`` holds hash ``want`` at ``seq``
+        (or, of a ledger chain whose prefix was archived, it is at or before the
+        chain's base: the archive holds it, 'saga verify --archive' checks it)."""
+        raw = command(self.log.raw, "GET", keys.ledger_base(chain)) if chain != ROOT else None
+        if raw is not None:
+            bseq, _, bhash = raw.decode().partition(" ")
+            if bseq.isdigit() and seq < int(bseq):
+                return
+            if bseq.isdigit() and seq == int(bseq):
+                if bhash != want:
+                    raise AnchorMismatch(f"the {what} forked from the anchor at seq {seq}: its "
+                                         "archived prefix ends at another hash")
+                return
         eid = keys.entry_id(seq)
         rows = command(self.log.raw, "XRANGE", keys.ledger_log(chain), eid, eid)
         if not rows:

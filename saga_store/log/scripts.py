@@ -6,6 +6,7 @@ the keys of one hash tag (one Cluster slot).
     claim.lua            claim an idempotency key
     fence_lease.lua      keep a worker's lease while it works, or say it is lost
     heartbeat.lua        note a worker's heartbeat by Redis's clock
+    ledger_cut.lua       drop a ledger chain's archived prefix, recording its base
     release_lease.lua    expire a lease if the token still holds it
     renew_lease.lua      extend a held lease, or retake it if it lapsed
     schedule.lua         put a saga in an index of sagas in flight, by Redis's clock

@@ -12,9 +12,17 @@ then one line per large payload its events refer to by digest,
 A body is the very bytes that were hashed, so a chain verifies offline, with
 the HMAC key if it was chained with one.
 
+A ledger segment, ``ledger-<run>.jsonl.gz``, holds the prefixes of ledger
+chains a run moved out of Redis (see :mod:`saga_store.log.ledger_cut`), one
+line per entry, exactly as chained: ``{"chain": C, "seq": n, "b": <body>, "h":
+<hash, hex>}``.
+
 A manifest, ``manifest-<run>.json``, one per run, lists the segments (with the
-SHA-256 of each file), the sagas (each one's segment and final head), and the
-ledger chains' and root's heads when they were archived; it is signed with
+SHA-256 of each file), the sagas (each one's segment and final head), the
+ledger segment (``ledger_segments``) and its cuts (``cuts``: each chain's
+``from`` .. ``to`` seqs, the hash at ``to``, and the sagas whose every ledger
+entry it holds), and the ledger chains' and root's heads when they were
+archived; it is signed with
 HMAC-SHA256 under the store's key when one is configured. Only a segment that
 a manifest lists counts: every file is written under a temporary name,
 fsync'd and renamed, the manifest last, so a run killed part-way leaves nothing
@@ -28,18 +36,20 @@ import hashlib
 import hmac
 import os
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from saga_store.errors import CannotVerify, InvalidInput
+from saga_store.errors import CannotVerify, IntegrityError, InvalidInput
 from saga_store.log.canonical import canonical
 from saga_store.log.chain import Chain
 
 FORMAT = {"archive": "saga-store", "v": 1}
 TAG = b"saga-store/archive/v1\x00"
 SEGMENTS, MANIFESTS = "seg-*.jsonl.gz", "manifest-*.json"
+LEDGER_SEGMENTS = "ledger-*.jsonl.gz"
 TMP_PREFIX = ".tmp-"
 
 
@@ -126,3 +136,35 @@ def signature_ok(doc: dict[str, Any], chain: Chain) -> bool:
 
 def manifests(folder: Path) -> list[Path]:
     return sorted(folder.glob(MANIFESTS))
+
+
+@dataclass
+class Listed:
+    """What a folder's manifests list."""
+
+    # saga -> (its entry, its manifest's segment digests by name)
+    sagas: dict[str, tuple[dict[str, Any], dict[str, str]]] = field(default_factory=dict)
+    digests: dict[str, str] = field(default_factory=dict)  # every file listed, by name
+    cuts: dict[str, dict[str, Any]] = field(default_factory=dict)  # chain -> its latest cut
+    cut_sagas: set[str] = field(default_factory=set)  # sagas whose ledger entries moved out
+
+
+def listed(folder: Path, chain: Chain) -> Listed:
+    """Read every manifest of ``folder``; raises :class:`IntegrityError` if one's
+    signature does not hold (nothing may be removed on its word)."""
+    out = Listed()
+    for path in manifests(folder):
+        doc = read_manifest(path, chain)
+        if not signature_ok(doc, chain):
+            raise IntegrityError(f"{path} does not verify (its signature); nothing was "
+                                 f"removed: run 'saga verify --archive {folder}'")
+        digests = {s["name"]: s["sha256"] for s in doc["segments"]}
+        out.digests.update(digests)
+        out.digests.update({s["name"]: s["sha256"] for s in doc.get("ledger_segments", [])})
+        for entry in doc["sagas"]:
+            out.sagas[entry["saga_id"]] = (entry, digests)
+        for cut in doc.get("cuts", []):
+            if cut["to"] > out.cuts.get(cut["chain"], {"to": -1})["to"]:
+                out.cuts[cut["chain"]] = cut
+            out.cut_sagas.update(cut["sagas"])
+    return out

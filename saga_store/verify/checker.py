@@ -5,7 +5,9 @@ events come from (Redis or an exported file). It stops at the first bad seq
 and names a reason class:
 
     missing_entry   a seq is absent (deleted entry)
-    head_trimmed    the chain does not start at seq 0
+    head_trimmed    the chain does not start at seq 0 (of a ledger chain whose
+                    prefix was archived: at the base it records, a head the
+                    root chain recorded)
     bad_entry_id    an entry id that is not 0-(seq+1)
     broken_link     prev is not the previous hash (edited prev, insert, swap)
     hash_mismatch   the hash does not cover the body (edited payload or hash,
@@ -46,6 +48,7 @@ from typing import Any
 import orjson
 
 from saga_store import keys
+from saga_store.log import ledger_cut
 from saga_store.log.canonical import canonical
 from saga_store.log.chain import Chain
 from saga_store.log.events import KNOWN_KINDS, SCHEMA_VERSION
@@ -79,6 +82,7 @@ class ChainReport:
     head_seq: int = -1
     head_hash: bytes = b""
     first_hash: bytes = b""
+    base: Head = EMPTY  # of a ledger chain whose prefix was archived: where it starts
     last_kind: str | None = None
     status: Status | None = None  # the fold's state and phase (of a saga's chain)
     phase: Phase | None = None
@@ -99,7 +103,7 @@ class ChainChecker:
     """Checks one chain; feed entries in stored order, then read ``report``."""
 
     __slots__ = ("chain_id", "expect", "expect_eid", "invariants", "last", "link", "phase",
-                 "prev", "prev_hex", "report", "stamped", "status", "version")
+                 "prev", "prev_hex", "report", "stamped", "start", "status", "version")
 
     def __init__(self, chain: Chain, chain_id: str) -> None:
         self.chain_id = chain_id
@@ -115,6 +119,17 @@ class ChainChecker:
         self.phase = Phase.FORWARD  # what the kinds so far make it, and the state
         self.status = Status.RUNNING
         self.stamped = False  # entries carry their phase from some point on, then always
+        self.start = 0
+
+    def from_base(self, base: Head) -> ChainChecker:
+        """Start after ``base``, the last entry of an archived prefix (a ledger
+        chain's): the next entry must be seq base+1 and link to base's hash."""
+        if base.seq >= 0:
+            self.prev, self.prev_hex = base.hash, base.hash.hex()
+            self.start = self.expect = base.seq + 1
+            self.expect_eid = b"0-%d" % (base.seq + 2)
+            self.report.base = base
+        return self
 
     def feed(self, body: bytes, h: bytes, *, eid: bytes | None = None,
              ev: dict[str, Any] | None = None, stamp: bytes | None = None) -> bool:
@@ -194,8 +209,9 @@ class ChainChecker:
     def _bad_position(self, n: int, pos: int) -> bool:
         if pos < 0:
             self.report.fail(n, "bad_entry_id", "entry id is not of the form 0-(seq+1)")
-        elif n == 0:
-            self.report.fail(0, "head_trimmed", f"chain starts at seq {pos}, not 0")
+        elif n == self.start:
+            self.report.fail(n, "head_trimmed", f"chain starts at seq {pos}, not {n}" + (
+                f" (after its archived prefix's last entry, seq {n - 1})" if n else ""))
         else:
             self.report.fail(n, "missing_entry", f"seq {n} is missing; next stored is {pos}")
         return False
@@ -203,8 +219,8 @@ class ChainChecker:
     def finish(self) -> ChainReport:
         """The report, with the head and counts filled in."""
         rep = self.report
-        rep.events = self.expect
-        if self.expect:
+        rep.events = self.expect - self.start
+        if self.expect > self.start:
             rep.head_seq, rep.head_hash = self.expect - 1, self.prev
             rep.last_kind = self.last.get("kind")
             rep.status, rep.phase = self.status, self.phase
@@ -258,6 +274,7 @@ class LedgerView:
     # sagas are left out, and those found in a bucket's chain noted as astray
     only: tuple[int, frozenset[int]] | None = None
     astray: dict[str, str] = field(default_factory=dict)  # saga -> a chain not its own
+    cut: set[str] = field(default_factory=set)  # ledger chains with an archived prefix
 
     def merge(self, other: LedgerView) -> None:
         """Take in what another part of the same ledger said (parallel checks)."""
@@ -382,10 +399,14 @@ def archived_check(rep: ChainReport, view: LedgerView) -> None:
     ledger recorded, so the ledger still proves how the saga ended. Its events are
     checked offline, in the archive (``saga verify --archive``)."""
     seq, h, _ = view.archived[rep.chain_id]
+    sid = rep.chain_id
     if rep.events:
         rep.fail(0, "ledger_conflict", "the ledger says this saga was archived, but its log "
                  "is still in Redis")
-    elif view.closed.get(rep.chain_id) != (seq, h):
+    elif sid not in view.closed and sid not in view.opened \
+            and view.where.get(sid, set()) & view.cut:
+        return  # its opening and close moved out with its chain's archived prefix
+    elif view.closed.get(sid) != (seq, h):
         rep.fail(seq, "forged_close", f"the ledger's tombstone of this saga names seq {seq}, "
                  "which is not the close the ledger recorded")
 
@@ -541,10 +562,26 @@ class Verifier:
               view: LedgerView | None = None,
               seen: Callable[[int, dict[str, Any]], None] | None = None) -> ChainReport:
         """One chain's report; ``view`` takes in each entry of a ledger chain,
-        ``seen`` each event that passed (its seq and body) as it is read."""
-        checker = ChainChecker(self.log.chain, chain_id)
+        ``seen`` each event that passed (its seq and body) as it is read. A ledger
+        chain whose prefix was archived is read from its base; one cut again while
+        it was read (by 'saga archive') is read again."""
+        if not keys.is_ledger(chain_id):
+            return self._check(chain_id, EMPTY, progress, view, seen)
+        base = ledger_cut.bases(self.log, [chain_id]).get(chain_id, EMPTY)
+        for _ in range(3):
+            rep = self._check(chain_id, base, progress, view, seen)
+            now = ledger_cut.bases(self.log, [chain_id]).get(chain_id, EMPTY)
+            if rep.reason != "head_trimmed" or now == base:
+                break
+            base = now
+        return rep
+
+    def _check(self, chain_id: str, base: Head, progress: Progress | None,
+               view: LedgerView | None,
+               seen: Callable[[int, dict[str, Any]], None] | None) -> ChainReport:
+        checker = ChainChecker(self.log.chain, chain_id).from_base(base)
         feed = checker.feed
-        for rows in self.log.pages(chain_id):
+        for rows in self.log.pages(chain_id, max(base.seq + 1, 0)):
             for eid, fields in rows:
                 if len(fields) == 6 and fields[0] == b"b" and fields[4] == b"p":
                     ok = feed(fields[1], fields[3], eid=eid, stamp=fields[5])
@@ -631,6 +668,11 @@ class Verifier:
                        f"first ({why}): {entry[:160]!r}")
         chains = list(ledgers.values())
         roots = [self._check_root(*root, chains)] if root is not None else []
+        if root is None:
+            for rep in chains:
+                if rep.base.seq >= 0:
+                    rep.fail(rep.base.seq + 1, "head_trimmed", "the chain starts after an "
+                             "archived prefix, but this store has no root chain to hold it")
         sagas = sorted(kept.values(), key=lambda rep: rep.chain_id)
         if len(groups) == 1 and not astray:  # every report is at hand: keep them all
             return VerifyResult([*chains, *roots, *reports])
@@ -652,6 +694,7 @@ class Verifier:
         # holds what was pending then
         ledgers, view = self._check_ledgers(ledger.present(group.chains), progress,
                                             group.only)
+        view.cut = {rep.chain_id for rep in ledgers if rep.base.seq >= 0}
         for chain, bodies in pending.items():
             for body in bodies:
                 view.note(body, chain)
@@ -716,6 +759,7 @@ class Verifier:
         for c in chains:
             for body in pending.get(c, []):
                 view.note(body, c)
+        view.cut |= {rep.chain_id for rep in ledgers if rep.base.seq >= 0}
         judged = all(rep.ok for rep in ledgers)
 
         def judge(rep: ChainReport) -> None:
@@ -758,6 +802,10 @@ class Verifier:
         if not root.ok:
             return root
         known = {rep.chain_id: rep for rep in ledgers}
+        self._hold_bases(ledgers, recorded)
+        # a chain cut since it was read: what the root recorded up to its new base
+        # is in the archive now ('saga verify --archive' holds it there)
+        cut = ledger_cut.bases(self.log, sorted(known))
         pipe: Any = self.log.raw.pipeline(transaction=False)
         for _, chain, seq, _ in recorded:
             eid = keys.entry_id(max(seq, 0))
@@ -765,6 +813,16 @@ class Verifier:
         for (at, chain, seq, h), rows in zip(recorded, pipe.execute() if recorded else [],
                                              strict=True):
             rep = known.get(chain)
+            base = rep.base if rep is not None else EMPTY
+            if seq < base.seq or (not rows and seq <= cut.get(chain, EMPTY).seq
+                                  and rep is not None and rep.ok):
+                continue
+            if seq == base.seq:
+                if base.hash.hex() != h:
+                    root.fail(at, "root_mismatch", f"the root recorded another hash for "
+                              f"{chain} at seq {seq} than the base its archived prefix ends at")
+                    break
+                continue
             if rep is None or rep.head_seq < seq or not rows:
                 ends = rep.head_seq if rep is not None else -1
                 root.fail(at, "root_mismatch", f"the root recorded {chain} at seq {seq}; that "
@@ -775,6 +833,29 @@ class Verifier:
                           f"at seq {seq}: that chain was rewritten")
                 break
         return root
+
+    def _hold_bases(self, ledgers: list[ChainReport],
+                    recorded: list[tuple[int, str, int, str]]) -> None:
+        """Fail each ledger chain that starts at a base (its prefix archived) the root
+        never recorded as its head: a prefix cut by hand, or a base made up. The
+        root is read again once if need be: a cut made while this ran may be at a
+        head the root recorded after it was read."""
+        heads = {(c, s, h) for _, c, s, h in recorded}
+        again = False
+        for rep in ledgers:
+            b = rep.base
+            if b.seq < 0 or (rep.chain_id, b.seq, b.hash.hex()) in heads:
+                continue
+            if not again:
+                again = True
+                heads |= {(c, s, h) for _, c, s, h in self._read_root()[1]}
+                if (rep.chain_id, b.seq, b.hash.hex()) in heads:
+                    continue
+            rep.ok = True  # this verdict overrides any other on the chain
+            rep.first_bad_seq = rep.reason = None
+            rep.fail(b.seq + 1, "head_trimmed", f"the chain starts after seq {b.seq}, at a "
+                     "base the root chain never recorded as its head: its prefix was cut by "
+                     "hand, or its base (ss:ledger:{...}:base) was made up")
 
     def _check_many(self, ids: list[str], progress: Progress | None) -> list[ChainReport]:
         if not self._parallel(ids, self.log.keys.log):
