@@ -47,9 +47,10 @@ def test_groups_of_buckets_give_the_verdicts_of_one_pass(client: redis.Redis) ->
     assert whole.ok
     assert grouped.ok
     assert (grouped.chain_count, grouped.events) == (whole.chain_count, whole.events)
-    assert grouped.chain_count == 60 + 16 + 1  # the sagas, the buckets' chains, the root
+    chains = len(store.ledger.present())  # the buckets' chains that hold entries
+    assert grouped.chain_count == 60 + chains + 1  # the sagas, those chains, the root
     # of a store verified in groups only the ledger's reports and the failures are kept
-    assert len(grouped.chains) == 17
+    assert len(grouped.chains) == chains + 1
 
     # damage of four kinds, in sagas of different buckets
     edited, deleted, astray = sagas[3], sagas[17], sagas[41]
