@@ -166,16 +166,14 @@ def test_the_demo_never_writes_into_a_redis_nobody_named(
 
 @pytest.mark.real_redis
 def test_demo_tells_the_order_story_with_real_workers(redis_url: str) -> None:
-    """saga demo against a real Redis: worker processes, rollback, commit, verify, < 10 s."""
+    """saga demo against a real Redis: worker processes, rollback, commit, verify (its
+    time, 10 s at most, is measured by benchmarks/bench_demo.py, not here)."""
     import subprocess
     import sys
-    import time
     env = {**__import__("os").environ, "SAGA_REDIS_URL": redis_url,
            "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-    began = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "saga_store.cli.main", "demo"], env=env,
                          capture_output=True, timeout=60, check=False)
-    elapsed = time.monotonic() - began
     text = out.stdout.decode()
     assert out.returncode == 0, out.stderr
     assert "with 2 worker processes" in text
@@ -184,7 +182,6 @@ def test_demo_tells_the_order_story_with_real_workers(redis_url: str) -> None:
     assert "is compensated" in text
     assert "is committed" in text
     assert "saga verify: intact" in text
-    assert elapsed < 10
 
 
 @pytest.mark.real_redis
