@@ -70,6 +70,9 @@ def archive(ctx: Context, closed_before: str, folder: str, batch: int, per_segme
         if done.ledger_cuts:
             click.echo(f"moved {done.ledger_entries} ledger entries of archived sagas out of "
                        f"Redis ({done.ledger_cuts} chains cut)")
+        if done.context_events:
+            click.echo(f"trimmed {done.context_events} context events older than the "
+                       "cut-off from the agents' context streams")
         for sid, why in sorted(done.skipped.items())[:20]:
             click.echo(f"left {sid}: {why}", err=True)
 

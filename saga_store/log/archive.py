@@ -50,7 +50,7 @@ import orjson
 from saga_store import keys
 from saga_store.errors import IntegrityError, InvalidInput, StoreUnavailable
 from saga_store.faults import fault
-from saga_store.log import ledger_cut
+from saga_store.log import context_trim, ledger_cut
 from saga_store.log import segments as seg
 from saga_store.log.canonical import canonical
 from saga_store.log.events import EventKind as K
@@ -92,13 +92,15 @@ class ArchiveReport:
     unfinished: int = 0
     ledger_entries: int = 0  # ledger entries moved out of Redis (this run's cuts)
     ledger_cuts: int = 0  # ledger chains cut (this run's, and earlier runs' finished)
+    context_events: int = 0  # context events older than the cut-off, trimmed
 
     def to_dict(self) -> dict[str, Any]:
         return {"due": self.due, "unfinished": self.unfinished, "written": self.written,
                 "removed": self.removed, "resumed": self.resumed,
                 "events": self.events, "bytes": self.bytes, "segments": self.segments,
                 "manifest": self.manifest, "cleared": self.cleared, "skipped": self.skipped,
-                "ledger_entries": self.ledger_entries, "ledger_cuts": self.ledger_cuts}
+                "ledger_entries": self.ledger_entries, "ledger_cuts": self.ledger_cuts,
+                "context_events": self.context_events}
 
 
 class Archiver:
@@ -147,6 +149,8 @@ class Archiver:
             self._remove(done)
             self._cut(cut, None)
             self.ledger.seal_many(sorted({self.log.layout.ledger_of(c.saga_id) for c in done}))
+            # the agents' context feeds: what is older than the cut-off (see context_trim)
+            self.report.context_events += context_trim.trim(self.log, closed_before_ms)[1]
         return self.report
 
     def _may_remove(self) -> None:

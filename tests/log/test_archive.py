@@ -18,6 +18,7 @@ from saga_store.log.events import EventKind as K
 from saga_store.log.ledger import Ledger, tombstone
 from saga_store.log.store import EventStore
 from saga_store.ops import acl
+from saga_store.testing import assert_eventually
 from saga_store.verify.checker import Verifier
 
 from ..helpers import committed_saga
@@ -302,3 +303,47 @@ def test_a_saga_archived_while_verify_runs_is_not_a_deleted_one(
     assert ran == [2]
     assert not any(store.exists(s) for s in done)
     assert res.ok, res.to_dict()["failures"]
+
+
+def test_archive_trims_the_context_feeds_but_not_from_a_saga_still_in_flight(
+        client: redis.Redis, store: EventStore, redis_url: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's context stream (``ss:ctx:{A}``) loses the events older than the
+    cut-off (here: the closed sagas'), and keeps those from when its saga still in
+    flight began; a second run trims nothing more."""
+    from saga_store.client.context import project
+    from saga_store.execution.enqueue import schedule
+    from saga_store.log import context_trim
+    monkeypatch.setattr(context_trim, "SKEW_MS", 0)  # one host: no clock runs behind
+    done = [committed_saga(store, steps=2).saga_id for _ in range(3)]
+    for sid in done:
+        project(store, sid)
+    feed = keys.agent_ctx("agent-1")
+    last = client.xrevrange(feed, count=1)[0][0]
+    assert_eventually(lambda: int(client.time()[0]) * 1000 + int(client.time()[1]) // 1000
+                      > int(last.split(b"-")[0]), timeout=5, what="Redis's clock to move on")
+    running = store.open("agent-1")
+    running.append(K.STEP_INTENT, step=0, tool="tool_0", tool_call_id="call-0",
+                   data={"args": {}, "reversibility": "compensable"})
+    running.append(K.STEP_STARTED, step=0, attempt=1)
+    running.append(K.STEP_SUCCEEDED, step=0, tool="tool_0", data={"result": {"ok": 1}})
+    project(store, running.saga_id)
+    pipe = client.pipeline(transaction=False)
+    schedule(pipe, store.keys, running.saga_id, 60_000)  # in flight, as a submit lists it
+    pipe.execute()
+
+    def sagas_told() -> list[str]:
+        return sorted({orjson.loads(f[b"e"])["saga_id"] for _, f in client.xrange(feed)})
+    assert sagas_told() == sorted([*done, running.saga_id])
+    kept = client.xlen(feed) - sum(orjson.loads(f[b"e"])["saga_id"] in done
+                                   for _, f in client.xrange(feed))
+    env = env_of(redis_url)
+    args = ["archive", "--closed-before", "0s", "--to", str(tmp_path / "archive")]
+    out = CliRunner().invoke(cli, args, env=env)
+    assert out.exit_code == 0, out.output
+    assert sagas_told() == [running.saga_id], out.output
+    assert client.xlen(feed) == kept
+    assert "trimmed" in out.output
+    again = CliRunner().invoke(cli, args, env=env)
+    assert "trimmed" not in again.output
+    assert client.xlen(feed) == kept
