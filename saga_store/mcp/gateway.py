@@ -404,14 +404,17 @@ class Gateway:
         if name in SESSION_TOOLS:
             return await self._session_tool(name, args)
         cls = self.classification(name)
-        # arguments the tool's listed schema rejects, or a tool the server does not
-        # list: the call still goes to the server, so the client gets the server's own
-        # error, and its refusal rolls nothing back (the server refused what it was
-        # never going to run); a call a person would have to approve is refused here
-        refused = self._invalid(name, args)
-        if refused and gate(None, lambda: self.policy.decide(
-                name, cls.for_policy(self.policy.trust_server_hints), args)) is not None:
-            return CallOutcome(False, None, refused)  # nothing ran; nothing to undo
+        # A tool the server does not list: the call still goes to it, so the client
+        # gets the server's own answer, and its refusal rolls nothing back (a server
+        # cannot run a tool it does not have); one a person would have to approve is
+        # refused here. Arguments the tool's listed schema rejects are refused here,
+        # unsent: a server that coerces them might run part of the call, which a
+        # refusal would then hide.
+        problem = self._invalid(name, args)
+        refused = problem if problem and self.tools and name not in self.tools else None
+        if problem and (refused is None or gate(None, lambda: self.policy.decide(
+                name, cls.for_policy(self.policy.trust_server_hints), args)) is not None):
+            return CallOutcome(False, None, problem)  # nothing ran; nothing to undo
         writer = self._open()
         st = self.session.state
         assert st is not None
@@ -482,8 +485,8 @@ class Gateway:
             outcome = await self._task_result(outcome.task_id)
         outcome = scrubbed(outcome, secrets)
         said = as_outcome(outcome)
-        # the server refused a call its own schema rejects (or a tool it does not
-        # list): taken as refused before it ran, so nothing is rolled back for it
+        # the server refused a call of a tool it does not list: refused before it
+        # ran, so nothing is rolled back for it
         refusal = {"refused": refused} if refused and not outcome.ok \
             and not outcome.in_doubt else {}
         try:
