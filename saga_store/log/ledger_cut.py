@@ -43,8 +43,9 @@ import orjson
 import redis
 
 from saga_store import keys
-from saga_store.errors import IntegrityError, InvalidInput
+from saga_store.errors import ConflictError, IntegrityError, InvalidInput, StoreUnavailable
 from saga_store.log.events import EventKind as K
+from saga_store.log.events import body_dict
 from saga_store.log.layout import ROOT
 from saga_store.log.scripts import source
 from saga_store.log.stream import EMPTY, Head, SagaLog, body_and_hash, command
@@ -215,13 +216,43 @@ def lines_of(cuts: list[Cut]) -> Iterator[bytes]:
         yield b"".join(c.lines)
 
 
+CUTS_PER_ENTRY = 100  # cut records per root entry, as ledger.ROOT_HEADS heads
+
+
+def record(log: SagaLog, cuts: list[dict[str, Any]]) -> None:
+    """Write each cut into the root chain (a ``ledger_heads`` entry whose ``cuts``
+    name each chain's new base, seq and hash) before it is made: ``saga verify``
+    takes a chain's base only where the root records a cut at it, so a prefix
+    trimmed by hand, or a base set by hand at a head the root recorded, fails
+    (with an HMAC key nobody without it can write such a record)."""
+    moved = sorted((c["chain"], [int(c["to"]), str(c["hash"])]) for c in cuts)
+    for _ in range(8):
+        head = log.head(ROOT)
+        entries = [body_dict(ROOT, 0, K.LEDGER_HEADS,
+                             data={"heads": {}, "cuts": dict(moved[i:i + CUTS_PER_ENTRY])})
+                   for i in range(0, len(moved), CUTS_PER_ENTRY)]
+        try:
+            log.append(ROOT, entries, head)
+            return
+        except ConflictError:
+            continue  # a root record of heads went in first: append after it
+    raise StoreUnavailable("the root chain kept moving; is something rewriting it?")
+
+
+def recorded_cuts(body: dict[str, Any]) -> Iterator[tuple[str, int, str]]:
+    """The cuts a root entry records: (chain, seq, hash hex)."""
+    for chain, rec in ((body.get("data") or {}).get("cuts") or {}).items():
+        yield str(chain), int(rec[0]), str(rec[1])
+
+
 def apply(log: SagaLog, cuts: list[dict[str, Any]]) -> int:
     """Make ``cuts`` (as a manifest lists them) in Redis, one script each, in one
-    round trip; returns how many were made now (not made before). Raises
-    :class:`IntegrityError` if one is refused: the chain no longer holds what
-    was archived."""
+    round trip, once the root chain records them (:func:`record`); returns how
+    many were made now (not made before). Raises :class:`IntegrityError` if one
+    is refused: the chain no longer holds what was archived."""
     if not cuts:
         return 0
+    record(log, cuts)
     try:
         sha = log.raw.script_load(LEDGER_CUT)
     except redis.exceptions.NoPermissionError as exc:

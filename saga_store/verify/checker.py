@@ -557,6 +557,8 @@ class Verifier:
     def __init__(self, log: SagaLog, jobs: int | None = None) -> None:
         self.log = log
         self.jobs = jobs if jobs is not None else (os.cpu_count() or 1)
+        # the ledger cuts the root chain records (chain, seq, hash hex), as last read
+        self._cut_records: set[tuple[str, int, str]] = set()
 
     def check(self, chain_id: str, progress: Progress | None = None,
               view: LedgerView | None = None,
@@ -790,10 +792,13 @@ class Verifier:
         """The root chain's report, and the ledger heads it records, from one read:
         (root seq, ledger chain, its seq, its hash)."""
         recorded: list[tuple[int, str, int, str]] = []
+        cuts: set[tuple[str, int, str]] = set()
+        self._cut_records = cuts
 
         def heads(at: int, body: dict[str, Any]) -> None:
             for chain, (seq, h) in (body.get("data") or {}).get("heads", {}).items():
                 recorded.append((at, str(chain), int(seq), str(h)))
+            cuts.update(ledger_cut.recorded_cuts(body))
         return self.check(ROOT, seen=heads), recorded
 
     def _check_root(self, root: ChainReport, recorded: list[tuple[int, str, int, str]],
@@ -837,25 +842,27 @@ class Verifier:
     def _hold_bases(self, ledgers: list[ChainReport],
                     recorded: list[tuple[int, str, int, str]]) -> None:
         """Fail each ledger chain that starts at a base (its prefix archived) the root
-        never recorded as its head: a prefix cut by hand, or a base made up. The
-        root is read again once if need be: a cut made while this ran may be at a
-        head the root recorded after it was read."""
-        heads = {(c, s, h) for _, c, s, h in recorded}
+        never recorded a cut at (``saga archive`` records each cut in the root before
+        it makes it): a prefix cut by hand, or a base made up, even at a head the
+        root recorded. The root is read again once if need be: a cut made while
+        this ran is recorded after the root was read."""
+        cuts = set(self._cut_records)
         again = False
         for rep in ledgers:
             b = rep.base
-            if b.seq < 0 or (rep.chain_id, b.seq, b.hash.hex()) in heads:
+            if b.seq < 0 or (rep.chain_id, b.seq, b.hash.hex()) in cuts:
                 continue
             if not again:
                 again = True
-                heads |= {(c, s, h) for _, c, s, h in self._read_root()[1]}
-                if (rep.chain_id, b.seq, b.hash.hex()) in heads:
+                self._read_root()
+                cuts |= self._cut_records
+                if (rep.chain_id, b.seq, b.hash.hex()) in cuts:
                     continue
             rep.ok = True  # this verdict overrides any other on the chain
             rep.first_bad_seq = rep.reason = None
             rep.fail(b.seq + 1, "head_trimmed", f"the chain starts after seq {b.seq}, at a "
-                     "base the root chain never recorded as its head: its prefix was cut by "
-                     "hand, or its base (ss:ledger:{...}:base) was made up")
+                     "base the root chain never recorded a cut at: its prefix was cut by "
+                     "hand, or its base (ss:ledger:{...}:base) was set by hand")
 
     def _check_many(self, ids: list[str], progress: Progress | None) -> list[ChainReport]:
         if not self._parallel(ids, self.log.keys.log):

@@ -202,3 +202,27 @@ def test_verify_archive_with_the_store_fails_when_redis_starts_past_the_archive(
     code, output = verify_archive(redis_url, tmp_path, "--with-store")
     assert code == 1, output
     assert CHAIN in output, output
+
+
+@pytest.mark.parametrize("trim", [True, False], ids=["trimmed", "base-only"])
+def test_a_saga_hidden_behind_a_base_set_at_a_head_the_root_recorded_fails_verify(
+        client: redis.Redis, store: EventStore, redis_url: str, trim: bool) -> None:
+    """Someone with write access deletes a saga that was never archived, then sets
+    the chain's base at a head the root did record past its entries (trimming the
+    prefix, or not): that is no cut 'saga archive' made, and verify says so."""
+    hidden = committed_saga(store, steps=1).saga_id
+    committed_saga(store, steps=1)
+    Ledger(store.log).flush()
+    Ledger(store.log).record_root()  # the root records the chain's head, seq 3
+    committed_saga(store, steps=1)
+    Ledger(store.log).flush()
+    head = client.xrange(keys.ledger_log(CHAIN))[3][1][b"h"].hex()
+    for key in client.scan_iter(match=f"*{hidden}*"):
+        client.unlink(key)
+    client.set(keys.ledger_base(CHAIN), f"3 {head}")
+    if trim:
+        client.xtrim(keys.ledger_log(CHAIN), minid="0-5", approximate=False)
+    out = CliRunner().invoke(cli, ["verify"], env=env_of(redis_url))
+    assert out.exit_code == 1, out.output
+    failures = {f.chain_id: f for f in Verifier(store.log).verify().failures}
+    assert failures[CHAIN].reason == "head_trimmed"
