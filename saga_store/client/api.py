@@ -47,6 +47,7 @@ from saga_store.execution.trip import Trip
 from saga_store.faults import fault
 from saga_store.ids import check_id, check_saga_id, plan_call_id, scoped_saga_id
 from saga_store.log.pipeline import execute, lean
+from saga_store.log.replicas import queue_wait, shortfall
 from saga_store.log.store import EventStore, Opening
 from saga_store.log.stream import SideWrite, body_and_hash
 from saga_store.ops.cluster import is_cluster
@@ -62,6 +63,8 @@ if TYPE_CHECKING:
     from saga_store.ops.metrics import Metrics
 
 WAIT_SLICE_MS = 1000
+CONFIRM_TTL_MS = 10_000  # the key a resend's WAIT is confirmed by: it only has to replicate
+CONFIRM = "redis.call('SET', KEYS[1], '1', 'PX', ARGV[1]) return 1"
 EXECUTORS = ("workers", "inline")
 
 
@@ -370,7 +373,8 @@ class SagaStore:
                 # the same plan sent again attaches only to a saga a replica holds: one
                 # on the master only (its first send not confirmed) is not confirmed
                 # now either, and one gone by the time it is read was lost in a failover
-                unconfirmed = queued[0].shortfall(replies)
+                unconfirmed = self._confirm_standing(taken[0].saga_id) \
+                    if self.events.log.settings.wait_replicas else None
                 if unconfirmed is not None:
                     raise unconfirmed
                 standing = self._resubmitted(taken[0])
@@ -395,6 +399,20 @@ class SagaStore:
                          p.plan[0]["tool"])
         execute(trip, *(p.opening.ledger_written for p in planned))
         return [p.saga_id for p in planned]
+
+    def _confirm_standing(self, saga_id: str) -> StoreUnavailable | None:
+        """Whether the replicas hold a saga whose open this client's resend found
+        standing: a write under the saga's hash tag, then a WAIT on that connection.
+        A refused open writes nothing, and a WAIT covers only what its connection
+        wrote (a resend's connection is usually a new one); once a replica has this
+        write it has everything the master had before it, the saga's opening among
+        it. The error it amounts to when they do not, or None."""
+        pipe = lean(self.redis)
+        # a script, as any write of an agent's user to its own keys
+        pipe.eval(CONFIRM, 1, self.events.keys.base(saga_id) + ":confirm", CONFIRM_TTL_MS)
+        queue_wait(pipe, self.events.log.settings)
+        return shortfall(saga_id, pipe.execute(raise_on_error=False)[-1],
+                         self.events.log.settings)
 
     def _resubmitted(self, p: _Planned) -> bool | None:
         """Whether the saga ``p`` names was opened by this very plan (the same agent,

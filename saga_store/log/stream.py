@@ -282,15 +282,6 @@ class Queued:
         return self.call.confirmed(replies[self.at],
                                    replies[self.at + 1] if self.waits else None)
 
-    def shortfall(self, replies: list[Any]) -> StoreUnavailable | None:
-        """For an append that wrote nothing (an open refused: the saga stands): the
-        error its WAIT's reply amounts to when that falls short. The WAIT then
-        confirms the connection's earlier writes, a first send of the same open
-        among them: a saga found on the master only is not confirmed either."""
-        if not self.waits:
-            return None
-        return shortfall(self.call.chain_id, replies[self.at + 1], self.call.log.settings)
-
     def others(self, replies: list[Any]) -> list[Any]:
         """The replies of the pipeline's other commands, in order."""
         end = self.at + 1 + self.waits

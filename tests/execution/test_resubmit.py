@@ -124,3 +124,30 @@ def test_a_submit_sent_again_is_not_confirmed_while_no_replica_holds_the_saga() 
                    and "saga_id=PAY-2" in str(t) for t in told), told
         for c in (m, r, client):
             c.close()
+
+
+def test_a_submit_sent_again_on_a_new_connection_is_not_confirmed_while_the_replica_lags(
+        ) -> None:
+    """The replica stopped but still connected (lagging): the submit is not confirmed,
+    and the same plan sent again from another client (a new connection, as after a
+    reply lost with its connection) is not either. A WAIT covers what its own
+    connection wrote; a refused open writes nothing, so on a new connection the WAIT
+    answered at once with the replicas connected, however far behind, and the
+    client was told a saga on the master only stands."""
+    with master_and_replica() as (master, replica):
+        settings = Settings(wait_replicas=1, wait_timeout_ms=300)
+        told: list[object] = []
+        clients = []
+        with stopped(replica):
+            for _ in range(2):  # each send from a client of its own
+                client = redis.Redis.from_url(master.url)
+                clients.append(client)
+                store = SagaStore(client, Registry.from_modules(TOOLS), settings)
+                try:
+                    told.append(store.submit(PLAN, agent_id="agent-r", saga_id="PAY-3"))
+                except StoreUnavailable as exc:
+                    told.append(exc)
+        assert all(isinstance(t, StoreUnavailable) and "not confirmed" in str(t)
+                   for t in told), told
+        for c in clients:
+            c.close()
