@@ -516,12 +516,9 @@ class _Present:
                               for b in g.only[1]}
             self._buckets = next(g.only[0] for g in groups if g.only is not None)
 
-    @classmethod
-    def scan(cls, log: SagaLog, groups: list[_Group]) -> _Present:
-        found = cls(groups)
+    def scan(self, log: SagaLog) -> None:
         for sid in log.chain_ids():
-            found.add(sid)
-        return found
+            self.add(sid)
 
     def add(self, sid: str) -> None:
         if not self._files:
@@ -623,12 +620,14 @@ class Verifier:
         # the sagas in Redis, each by its group (on disk when there are several);
         # read before the ledger, so a saga found here has its opening in the
         # ledger, chained or pending, by the time its group reads them
-        found = None if saga_id is not None else _Present.scan(self.log, groups)
+        found = None if saga_id is not None else _Present(groups)
         ledgers: dict[str, ChainReport] = {}
         kept: dict[str, ChainReport] = {}
         count, events, waiting = 0, 0, 0
         astray: dict[str, str] = {}
         try:
+            if found is not None:
+                found.scan(self.log)
             for i, group in enumerate(groups):
                 ids = [saga_id] if saga_id is not None else found.of(i) if found else []
                 part, reports, pending, view = self._verify_group(ledger, group, ids,
