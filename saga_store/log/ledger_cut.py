@@ -121,9 +121,18 @@ class Cut:
 
 def cut_points(read: ChainRead, elsewhere: set[str]) -> set[int]:
     """The seqs the chain may be cut at: each ends a prefix (after the base) whose
-    sagas are all archived (a tombstone chained), and is not the chain's last."""
-    stoned = {(e.ev.get("data") or {}).get("saga_id") for e in read.entries
-              if e.ev.get("kind") == K.LEDGER_ARCHIVED}
+    sagas are all archived (a tombstone chained after the saga's last opening: an
+    id opened again after its archive is a saga of its own, not archived), and is
+    not the chain's last."""
+    last_open: dict[Any, int] = {}
+    last_stone: dict[Any, int] = {}
+    for e in read.entries:
+        sid = (e.ev.get("data") or {}).get("saga_id")
+        if e.ev.get("kind") == K.LEDGER_OPENED:
+            last_open[sid] = e.seq
+        elif e.ev.get("kind") == K.LEDGER_ARCHIVED:
+            last_stone[sid] = e.seq
+    stoned = {sid for sid, at in last_stone.items() if at > last_open.get(sid, -1)}
     points = set()
     for e in read.entries[:-1]:
         sid = (e.ev.get("data") or {}).get("saga_id")

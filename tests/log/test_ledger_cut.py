@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from saga_store.cli.main import cli
 
 from saga_store import keys
+from saga_store.log.events import EventKind as K
 from saga_store.log.ledger import Ledger
 from saga_store.log.ledger_cut import parse_base
 from saga_store.log.segments import file_digest
@@ -226,3 +227,24 @@ def test_a_saga_hidden_behind_a_base_set_at_a_head_the_root_recorded_fails_verif
     assert out.exit_code == 1, out.output
     failures = {f.chain_id: f for f in Verifier(store.log).verify().failures}
     assert failures[CHAIN].reason == "head_trimmed"
+
+
+def test_a_saga_id_opened_again_after_its_archive_holds_the_cut_before_its_new_opening(
+        client: redis.Redis, store: EventStore, redis_url: str, tmp_path: Path) -> None:
+    """An id a caller chose, archived, then opened again (its log was gone, so the
+    open went through): the tombstone of its first life does not archive its
+    second, whose opening stays in Redis, uncut."""
+    first = store.open("agent-1", saga_id="ORDER-9")
+    first.append(K.SAGA_COMMITTED)
+    Ledger(store.log).flush()
+    archive(redis_url, tmp_path)
+    again = store.open("agent-1", saga_id="ORDER-9")  # its second life, still open
+    Ledger(store.log).flush()
+    Ledger(store.log).record_root()  # records the chain past the second opening
+    committed_saga(store, steps=1)
+    Ledger(store.log).flush()
+    archive(redis_url, tmp_path, before="1h")
+    openings = [b for b in Ledger(store.log).bodies()
+                if b["kind"] == K.LEDGER_OPENED and b["data"]["saga_id"] == "ORDER-9"]
+    assert openings, "the open saga's opening was cut"
+    assert again.saga_id == "ORDER-9"
