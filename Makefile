@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-real test-parity test-cluster lint typecheck bench bench-peers bench-cluster bench-soak chaos clean \
+.PHONY: demo test test-real test-parity test-cluster lint typecheck bench bench-peers bench-cluster bench-soak bench-verify-memory bench-demo chaos clean \
 	example-openai-agents example-pydantic-ai example-langgraph example-anthropic
 
 $(STAMP): pyproject.toml
@@ -104,6 +104,16 @@ bench-cluster: $(STAMP)
 SOAK_MINUTES ?= 20
 bench-soak: $(STAMP)
 	$(BIN)/python -m benchmarks.bench_soak --minutes $(SOAK_MINUTES)
+
+# saga verify's peak RSS and time on one store of VERIFY_SAGAS, whole and in groups of
+# buckets (memory, not CPU)
+VERIFY_SAGAS ?= 100000
+bench-verify-memory: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_verify_memory --sagas $(VERIFY_SAGAS) --groups 0,15000
+
+# saga demo with real workers, timed (median of 5) against its 10 s target
+bench-demo: $(STAMP)
+	$(BIN)/python -m benchmarks.bench_demo --runs 5
 
 bench-peers: $(PEERS_STAMP)
 	$(BIN)/python -m benchmarks.bench_peers --rounds $(ROUNDS) $(if $(filter 1,$(QUICK)),--quick) $(PEERS_ARGS)
