@@ -22,8 +22,9 @@ renamed into place, the run's manifest not yet written), ``archive_after_manifes
 (the manifest written, no saga removed yet) ``archive_removing`` (after each
 batch of removal scripts, earlier runs' unfinished ones included),
 ``archive_after_ledger_segment`` (the ledger segment renamed into place, the
-manifest not yet written) and ``archive_cutting`` (after each batch of ledger
-cuts, an earlier run's included). Off unless
+manifest not yet written), ``archive_cut_recorded`` (a batch of cuts recorded in
+the root chain, none of them made yet) and ``archive_cutting`` (after each batch
+of ledger cuts, an earlier run's included). Off unless
 both variables are set.
 """
 

@@ -44,6 +44,7 @@ import redis
 
 from saga_store import keys
 from saga_store.errors import ConflictError, IntegrityError, InvalidInput, StoreUnavailable
+from saga_store.faults import fault
 from saga_store.log.events import EventKind as K
 from saga_store.log.events import body_dict
 from saga_store.log.layout import ROOT
@@ -262,6 +263,7 @@ def apply(log: SagaLog, cuts: list[dict[str, Any]]) -> int:
     if not cuts:
         return 0
     record(log, cuts)
+    fault("archive_cut_recorded")
     try:
         sha = log.raw.script_load(LEDGER_CUT)
     except redis.exceptions.NoPermissionError as exc:

@@ -62,6 +62,7 @@ def check_each_entry_once(client: redis.Redis, folder: Path) -> int:
 
 @pytest.mark.parametrize(("point", "at"), [("archive_after_ledger_segment", 1),
                                            ("archive_after_manifest", 1),
+                                           ("archive_cut_recorded", 1),
                                            ("archive_cutting", 1)])
 def test_a_run_killed_around_a_ledger_cut_is_finished_by_the_next(
         client: redis.Redis, store: EventStore, redis_url: str, tmp_path: Path,
