@@ -575,6 +575,20 @@ class Verifier:
             base = now
         return rep
 
+    def _check_bases_read_once(self, chains: list[str], progress: Progress | None,
+                               view: LedgerView) -> list[ChainReport]:
+        """:meth:`check` of each ledger chain, their bases read in one round trip
+        before and one after (not two a chain): a chain cut while it was read, and
+        failed for it, is checked again on its own."""
+        before = ledger_cut.bases(self.log, chains)
+        reports = [self._check(c, before.get(c, EMPTY), progress, view, None) for c in chains]
+        after = ledger_cut.bases(self.log, chains)
+        for i, c in enumerate(chains):
+            if reports[i].reason == "head_trimmed" and after.get(c, EMPTY) != \
+                    before.get(c, EMPTY):
+                reports[i] = self.check(c, progress, view)
+        return reports
+
     def _check(self, chain_id: str, base: Head, progress: Progress | None,
                view: LedgerView | None,
                seen: Callable[[int, dict[str, Any]], None] | None) -> ChainReport:
@@ -777,7 +791,7 @@ class Verifier:
         of the view."""
         view = LedgerView(only=only)
         if not self._parallel(chains, keys.ledger_log):
-            return [self.check(c, progress, view) for c in chains], view
+            return self._check_bases_read_once(chains, progress, view), view
         by_id: dict[str, ChainReport] = {}
         for reports, part in self._fork(partial(_check_ledger_chunk, only=only), chains):
             view.merge(part)
