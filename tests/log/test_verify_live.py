@@ -32,6 +32,8 @@ from ..helpers import committed_saga
 pytestmark = [pytest.mark.real_redis, pytest.mark.timeout(180)]
 TOOLS = "tests.ledger_tools"
 PLAN = [{"tool": "noop", "args": {"n": n}} for n in range(3)]
+# steps of 20 ms: a drain a few verify runs long on a fast machine as on a slow one
+SLOW_PLAN = [{"tool": "slow_noop", "args": {"seconds": 0.02}} for _ in range(3)]
 FINAL = {Status.COMMITTED, Status.COMPENSATED, Status.NEEDS_ATTENTION}
 
 
@@ -89,12 +91,12 @@ def drain_verifying(url: str, store: SagaStore, ids: list[str], sub: Submitter,
 
 def test_verify_says_intact_every_time_while_workers_drain_sagas(
         server: RedisServer, worker_env: dict[str, str], tmp_path: Path) -> None:
-    """200 plans drain through two workers while 40 more are opened: every verify
-    run on the way exits 0, and there were several."""
+    """200 plans (steps of 20 ms) drain through two workers while 40 more are
+    opened: every verify run on the way exits 0, and there were several."""
     env = {**worker_env, "SAGA_REDIS_URL": server.url}
     store = SagaStore(redis.Redis.from_url(server.url), Registry.from_modules(TOOLS),
                       Settings(lease_ms=1000))
-    ids = store.submit_many([PLAN] * 200, agent_id="agent-1")
+    ids = store.submit_many([SLOW_PLAN] * 200, agent_id="agent-1")
     with workers(env, TOOLS, count=2, log=tmp_path / "workers.log"):
         runs = drain_verifying(server.url, store, ids, Submitter(server.url, 4))
     bad = [r for r in runs if r["exit"] != 0]
