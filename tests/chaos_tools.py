@@ -76,11 +76,15 @@ def unlink_crm(customer: str, ctx: StepContext) -> dict[str, Any]:
     return {"unlinked": customer}
 
 
+def happened(kind: str, ctx: StepContext) -> bool:
+    """Whether the ledger holds the effect ``kind`` under this call's key (a probe)."""
+    return db().execute("SELECT 1 FROM effects WHERE kind = ? AND key = ?",
+                        (kind, ctx.idempotency_key)).fetchone() is not None
+
+
 @tool(reversibility=Reversibility.READONLY)
 def crm_probe(customer: str, ctx: StepContext) -> dict[str, Any]:
-    row = db().execute("SELECT 1 FROM effects WHERE kind = 'crm' AND key = ?",
-                       (ctx.idempotency_key,)).fetchone()
-    return {"customer": customer} if row else {"happened": False}
+    return {"customer": customer} if happened("crm", ctx) else {"happened": False}
 
 
 @tool(compensation=unlink_crm, mapping={"customer": "$.input.customer"}, probe=crm_probe,
@@ -147,9 +151,7 @@ def unhold(slot: str, ctx: StepContext) -> dict[str, Any]:
 
 @tool(reversibility=Reversibility.READONLY)
 def hold_probe(slot: str, ctx: StepContext) -> dict[str, Any]:
-    row = db().execute("SELECT 1 FROM effects WHERE kind = 'hold' AND key = ?",
-                       (ctx.idempotency_key,)).fetchone()
-    return {"slot": slot} if row else {"happened": False}
+    return {"slot": slot} if happened("hold", ctx) else {"happened": False}
 
 
 @tool(compensation=unhold, mapping={"slot": "$.input.slot"}, probe=hold_probe, timeout=2,
